@@ -1,0 +1,238 @@
+"""One dataclass per TOML section. Every field carries a one-line doc (shown by `train.py --help`).
+
+Choices are written as `Literal[...]` so that the loader can check them and list what is allowed.
+Each section's `validate()` checks what can be checked without knowing the world size; checks that
+need the process count (batch divisibility by data-parallel degree, mesh products) happen where the
+mesh is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from titan_tpu.config.errors import ConfigError
+
+
+def opt(default: Any, doc: str) -> Any:
+    """A dataclass field with a default and its one-line doc."""
+    return field(default=default, metadata={"doc": doc})
+
+
+def _require(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{key}: {message}")
+
+
+@dataclass
+class JobConfig:
+    dump_folder: str = opt("./outputs", "Folder for metrics, the resolved config and checkpoints.")
+    description: str = opt("", "Free text describing the run; written into the resolved config.")
+
+    def validate(self) -> None:
+        _require(bool(self.dump_folder), "job.dump_folder", "must not be empty")
+
+
+@dataclass
+class DeviceConfig:
+    type: Literal["auto", "tpu", "cuda", "cpu"] = opt(
+        "auto", "Device to train on; auto picks tpu, then cuda, then cpu."
+    )
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass
+class ModelConfig:
+    name: str = opt("llama3", "Model family, a name from the model registry.")
+    flavor: str = opt("debug", "Size of the model, a flavor of that family.")
+
+    def validate(self) -> None:
+        _require(bool(self.name), "model.name", "must not be empty")
+        _require(bool(self.flavor), "model.flavor", "must not be empty")
+
+
+@dataclass
+class TrainingConfig:
+    steps: int = opt(200, "Number of optimizer steps to train for.")
+    seq_len: int = opt(256, "Tokens per training sequence.")
+    global_batch_size: int = opt(8, "Sequences per optimizer step, summed over all data-parallel ranks.")
+    local_batch_size: int = opt(
+        8, "Sequences per forward pass on one rank; gradients accumulate up to the global batch."
+    )
+    dtype: Literal["bfloat16", "float32"] = opt(
+        "bfloat16", "Compute dtype; float32 turns mixed precision off (parameters stay float32)."
+    )
+    max_norm: float = opt(1.0, "Clip the global gradient norm to this value; 0 disables clipping.")
+    seed: int = opt(0, "Seed for weight init, data order and dropout-free RNG state.")
+    deterministic: bool = opt(False, "Use deterministic algorithms (bitwise-repeatable runs, slower).")
+
+    def validate(self) -> None:
+        _require(self.steps >= 1, "training.steps", f"must be >= 1, got {self.steps}")
+        _require(self.seq_len >= 2, "training.seq_len", f"must be >= 2, got {self.seq_len}")
+        _require(
+            self.local_batch_size >= 1,
+            "training.local_batch_size",
+            f"must be >= 1, got {self.local_batch_size}",
+        )
+        _require(
+            self.global_batch_size >= self.local_batch_size
+            and self.global_batch_size % self.local_batch_size == 0,
+            "training.global_batch_size",
+            f"must be a multiple of training.local_batch_size ({self.local_batch_size}), "
+            f"got {self.global_batch_size}",
+        )
+        _require(self.max_norm >= 0, "training.max_norm", f"must be >= 0, got {self.max_norm}")
+
+
+@dataclass
+class OptimizerConfig:
+    name: Literal["AdamW"] = opt("AdamW", "Optimizer.")
+    lr: float = opt(3e-4, "Peak learning rate (reached at the end of warmup).")
+    beta1: float = opt(0.9, "AdamW beta1.")
+    beta2: float = opt(0.95, "AdamW beta2.")
+    eps: float = opt(1e-8, "AdamW epsilon.")
+    weight_decay: float = opt(0.1, "Decoupled weight decay (not applied to norms and biases).")
+    implementation: Literal["auto", "foreach", "fused", "for-loop"] = opt(
+        "auto", "AdamW kernel: auto lets PyTorch choose; fused needs device support."
+    )
+
+    def validate(self) -> None:
+        _require(self.lr > 0, "optimizer.lr", f"must be > 0, got {self.lr}")
+        for key in ("beta1", "beta2"):
+            value = getattr(self, key)
+            _require(0 <= value < 1, f"optimizer.{key}", f"must be in [0, 1), got {value}")
+        _require(self.eps > 0, "optimizer.eps", f"must be > 0, got {self.eps}")
+        _require(self.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0")
+
+
+@dataclass
+class LRSchedulerConfig:
+    warmup_steps: int = opt(20, "Steps of linear warmup from near zero to optimizer.lr.")
+    decay_type: Literal["linear", "cosine", "constant"] = opt(
+        "cosine", "Shape of the decay after warmup."
+    )
+    min_lr_ratio: float = opt(0.1, "Learning rate at the last step, as a fraction of optimizer.lr.")
+
+    def validate(self) -> None:
+        _require(self.warmup_steps >= 0, "lr_scheduler.warmup_steps", "must be >= 0")
+        _require(
+            0 <= self.min_lr_ratio <= 1,
+            "lr_scheduler.min_lr_ratio",
+            f"must be in [0, 1], got {self.min_lr_ratio}",
+        )
+
+
+@dataclass
+class DataConfig:
+    source: Literal["embedded", "files", "huggingface"] = opt(
+        "embedded",
+        "embedded: the Python standard library's own sources (no download); files: data.path; "
+        "huggingface: a datasets name or folder in data.path.",
+    )
+    path: str = opt("", "File, folder or glob of .txt/.jsonl/.parquet files; or a datasets name.")
+    text_field: str = opt("text", "Field holding the text in .jsonl, .parquet and datasets records.")
+    hf_split: str = opt("train", "Split to read from a Hugging Face dataset.")
+    tokenizer: str = opt("byte", "byte (built-in byte-level) or a path to a tokenizer.json or its folder.")
+    shuffle: bool = opt(True, "Shuffle packed sequences within a buffer (seeded).")
+    shuffle_buffer: int = opt(1024, "Number of packed sequences shuffled together.")
+
+    def validate(self) -> None:
+        if self.source in ("files", "huggingface"):
+            _require(bool(self.path), "data.path", f"is required when data.source = '{self.source}'")
+        _require(self.shuffle_buffer >= 1, "data.shuffle_buffer", "must be >= 1")
+        _require(bool(self.tokenizer), "data.tokenizer", "must be 'byte' or a path")
+
+
+@dataclass
+class ParallelismConfig:
+    dp_replicate: int = opt(1, "Data-parallel replicas (HSDP outer axis, spans slices over DCN).")
+    dp_shard: int = opt(-1, "FSDP shard degree; -1 takes every process not used by the other axes.")
+    tp: int = opt(1, "Tensor-parallel degree (innermost axis, fastest links).")
+    ep: int = opt(1, "Expert-parallel degree for MoE models, carved from dp_shard.")
+    sequence_parallel: bool = opt(True, "With tp > 1, shard norms and residuals along the sequence.")
+    loss_parallel: bool = opt(False, "With tp > 1, compute the loss on vocab-sharded logits.")
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = opt(
+        "default", "Free gathered parameters after forward: default = all blocks but the last."
+    )
+    fsdp_reduce_dtype: Literal["float32", "bfloat16"] = opt(
+        "float32", "Dtype in which FSDP reduces gradients."
+    )
+    fsdp_cpu_offload: bool = opt(False, "Keep sharded parameters and optimizer state in host memory.")
+
+    def validate(self) -> None:
+        for key in ("dp_replicate", "tp", "ep"):
+            value = getattr(self, key)
+            _require(value >= 1, f"parallelism.{key}", f"must be >= 1, got {value}")
+        _require(
+            self.dp_shard == -1 or self.dp_shard >= 1,
+            "parallelism.dp_shard",
+            f"must be -1 or >= 1, got {self.dp_shard}",
+        )
+
+
+@dataclass
+class ActivationCheckpointConfig:
+    mode: Literal["none", "full", "selective"] = opt(
+        "none", "Recompute activations in backward: none, every block (full), or selective."
+    )
+    selective_option: str = opt(
+        "2", "With mode = selective: 'op' (save matmul outputs) or N (checkpoint every Nth block)."
+    )
+
+    def validate(self) -> None:
+        option = self.selective_option
+        _require(
+            option == "op" or (option.isdigit() and int(option) >= 1),
+            "activation_checkpoint.selective_option",
+            f"must be 'op' or a positive integer, got '{option}'",
+        )
+
+
+@dataclass
+class CompileConfig:
+    enable: bool = opt(False, "torch.compile each transformer block and the loss.")
+    backend: str = opt("auto", "torch.compile backend; auto = the device's default (inductor, or torch_tpu's).")
+
+    def validate(self) -> None:
+        _require(bool(self.backend), "compile.backend", "must not be empty")
+
+
+@dataclass
+class CheckpointConfig:
+    enable: bool = opt(False, "Save checkpoints with torch.distributed.checkpoint and resume from them.")
+    folder: str = opt("checkpoint", "Checkpoint folder, relative to job.dump_folder.")
+    interval: int = opt(500, "Save every this many steps (and at the last step).")
+    keep_latest_k: int = opt(3, "Keep this many newest complete checkpoints; 0 keeps all.")
+    async_mode: Literal["disabled", "async"] = opt(
+        "disabled", "async writes in the background while training continues."
+    )
+    load_step: int = opt(-1, "Resume from this step; -1 takes the newest complete checkpoint.")
+    initial_load_path: str = opt(
+        "", "Hugging Face folder (config.json + safetensors) to take the initial weights from."
+    )
+    export_dtype: Literal["float32", "bfloat16"] = opt(
+        "float32", "Dtype of weights exported to Hugging Face format."
+    )
+    create_seed_checkpoint: bool = opt(
+        False, "Write step-0 initial weights and exit, so differently laid out runs start equal."
+    )
+
+    def validate(self) -> None:
+        _require(self.interval >= 1, "checkpoint.interval", f"must be >= 1, got {self.interval}")
+        _require(self.keep_latest_k >= 0, "checkpoint.keep_latest_k", "must be >= 0")
+        _require(
+            self.load_step >= -1, "checkpoint.load_step", f"must be -1 or a step, got {self.load_step}"
+        )
+
+
+@dataclass
+class MetricsConfig:
+    log_freq: int = opt(10, "Log one record every this many steps (and at the first and last step).")
+    enable_tensorboard: bool = opt(False, "Also write TensorBoard event files to dump_folder/tb.")
+    enable_wandb: bool = opt(False, "Also log to Weights & Biases (offline unless you are logged in).")
+    wandb_project: str = opt("titan_tpu", "Weights & Biases project name.")
+
+    def validate(self) -> None:
+        _require(self.log_freq >= 1, "metrics.log_freq", f"must be >= 1, got {self.log_freq}")
