@@ -1,0 +1,60 @@
+"""A pre-norm decoder block, generic over its attention and feed-forward modules."""
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from models.common.attention import Attention
+from models.common.norms import RMSNorm
+
+
+class InitializableFeedForward(Protocol):
+    """What a block needs from its feed-forward: a dense SwiGLU and a mixture of experts both qualify."""
+
+    def init_weights(self, out_init_std: float) -> None: ...
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def depth_scaled_init_std(layer_id: int, base_std: float = 0.02) -> float:
+    """Init std for the projections that write into the residual stream of block `layer_id`.
+
+    Each block adds two such outputs; shrinking them with depth keeps the residual's variance bounded
+    (TorchTitan's depth_init convention).
+    """
+    return base_std / (2 * (layer_id + 1)) ** 0.5
+
+
+class TransformerBlock(nn.Module):
+    """h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)).
+
+    The submodules are built by the model family and passed in, so Llama, Qwen 3 and Qwen 3 MoE share
+    this block and its parameter names (which tensor-parallel plans and checkpoint adapters address).
+    """
+
+    def __init__(
+        self,
+        attention: Attention,
+        feed_forward: nn.Module,
+        dim: int,
+        norm_eps: float,
+        out_init_std: float,
+    ) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(dim, norm_eps)
+        self.attention = attention
+        self.ffn_norm = RMSNorm(dim, norm_eps)
+        self.feed_forward = feed_forward
+        self.out_init_std = out_init_std
+
+    def init_weights(self) -> None:
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+        self.attention.init_weights(self.out_init_std)
+        feed_forward: InitializableFeedForward = self.feed_forward  # type: ignore[assignment]
+        feed_forward.init_weights(self.out_init_std)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))

@@ -1,0 +1,25 @@
+"""Llama 3 family: registers the "llama3" ModelSpec."""
+
+from models.common.loss import cross_entropy_loss
+from models.llama3.args import LLAMA3_FLAVORS, Llama3Args
+from models.llama3.flops import llama3_flops_per_token, llama3_param_count
+from models.llama3.model import Llama3Model
+from models.registry import ModelSpec, register_model
+
+LLAMA3_SPEC = ModelSpec(
+    name="llama3",
+    model_cls=Llama3Model,
+    flavors=LLAMA3_FLAVORS,
+    flops_per_token=llama3_flops_per_token,
+    loss_fn=cross_entropy_loss,
+)
+register_model(LLAMA3_SPEC)
+
+__all__ = [
+    "LLAMA3_FLAVORS",
+    "LLAMA3_SPEC",
+    "Llama3Args",
+    "Llama3Model",
+    "llama3_flops_per_token",
+    "llama3_param_count",
+]

@@ -1,0 +1,122 @@
+"""Llama 3 hyperparameters and the published sizes (flavors)."""
+
+from dataclasses import dataclass
+
+from models.common.feed_forward import llama_ffn_hidden_dim
+from models.common.rope import RopeScaling
+
+
+@dataclass(frozen=True)
+class Llama3Args:
+    """Shape of a Llama 3 model. Frozen: flavors are shared, so derive variants with dataclasses.replace.
+
+    head_dim None means dim // n_heads. max_seq_len sizes the rotary tables; the trainer should replace it
+    with its sequence length rather than allocate the published 128k context.
+    """
+
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 8
+    vocab_size: int = 128256
+    multiple_of: int = 1024
+    ffn_dim_multiplier: float | None = 1.3
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: RopeScaling | None = RopeScaling()
+    max_seq_len: int = 131072
+    tie_embeddings: bool = False
+    head_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
+        if self.head_dim is None and self.dim % self.n_heads != 0:
+            raise ValueError(
+                f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}) unless head_dim is given"
+            )
+        if self.attn_head_dim % 2 != 0:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.attn_head_dim}")
+
+    @property
+    def attn_head_dim(self) -> int:
+        """The per-head width actually used (explicit head_dim, else dim // n_heads)."""
+        return self.head_dim if self.head_dim is not None else self.dim // self.n_heads
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        return llama_ffn_hidden_dim(self.dim, self.multiple_of, self.ffn_dim_multiplier)
+
+
+# Llama 3.2 1B/3B ship with factor 32 (their published configs); the 3.1 models use 8.
+_LLAMA32_ROPE = RopeScaling(
+    factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192
+)
+_LLAMA31_ROPE = RopeScaling(
+    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192
+)
+
+LLAMA3_FLAVORS: dict[str, Llama3Args] = {
+    # Tiny enough to train dozens of steps in seconds on a 2-core CPU; the vocab covers byte-level
+    # tokenizers (< 512 tokens).
+    "debug": Llama3Args(
+        dim=256,
+        n_layers=4,
+        n_heads=8,
+        n_kv_heads=4,
+        vocab_size=512,
+        multiple_of=256,
+        ffn_dim_multiplier=None,
+        rope_scaling=_LLAMA31_ROPE,
+        max_seq_len=2048,
+    ),
+    "1B": Llama3Args(
+        dim=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        multiple_of=256,
+        ffn_dim_multiplier=1.5,
+        rope_scaling=_LLAMA32_ROPE,
+        tie_embeddings=True,
+    ),
+    "3B": Llama3Args(
+        dim=3072,
+        n_layers=28,
+        n_heads=24,
+        n_kv_heads=8,
+        multiple_of=256,
+        ffn_dim_multiplier=1.0,
+        rope_scaling=_LLAMA32_ROPE,
+        tie_embeddings=True,
+    ),
+    "8B": Llama3Args(
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        multiple_of=1024,
+        ffn_dim_multiplier=1.3,
+        rope_scaling=_LLAMA31_ROPE,
+    ),
+    "70B": Llama3Args(
+        dim=8192,
+        n_layers=80,
+        n_heads=64,
+        n_kv_heads=8,
+        multiple_of=4096,
+        ffn_dim_multiplier=1.3,
+        rope_scaling=_LLAMA31_ROPE,
+    ),
+    "405B": Llama3Args(
+        dim=16384,
+        n_layers=126,
+        n_heads=128,
+        n_kv_heads=8,
+        multiple_of=4096,
+        ffn_dim_multiplier=1.2,
+        rope_scaling=_LLAMA31_ROPE,
+    ),
+}
