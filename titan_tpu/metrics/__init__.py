@@ -1,0 +1,1 @@
+"""Step records, their sinks, and the peak FLOP/s behind MFU."""

@@ -1,0 +1,87 @@
+"""Where a step's record goes: the console, dump_folder/metrics.jsonl, TensorBoard and W&B.
+
+Only rank 0 writes. Each JSON line is written whole and flushed, so a run that stops at any point
+leaves a file of complete records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from titan_tpu.config.sections import MetricsConfig
+
+logger = logging.getLogger("titan_tpu")
+
+
+@dataclass
+class StepRecord:
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens_per_sec: float  # per process
+    tflops: float  # achieved model TFLOP/s per process
+    mfu: float | None  # percent of the device's peak; None when the peak is unknown
+    memory_gib: float  # peak device memory (peak RSS on a CPU)
+    step_time_s: float
+
+    def console_line(self) -> str:
+        mfu = f"{self.mfu:5.1f}%" if self.mfu is not None else "  n/a"
+        return (
+            f"step {self.step:6d} | loss {self.loss:8.4f} | grad_norm {self.grad_norm:7.3f} | "
+            f"lr {self.lr:.2e} | tok/s {self.tokens_per_sec:9.0f} | TFLOP/s {self.tflops:7.3f} | "
+            f"mfu {mfu} | mem {self.memory_gib:6.2f} GiB | step {self.step_time_s:6.3f} s"
+        )
+
+
+class MetricsLogger:
+    def __init__(self, cfg: MetricsConfig, dump_folder: Path, is_writer: bool, run_config: dict[str, Any]):
+        self.is_writer = is_writer
+        self._jsonl = None
+        self._tensorboard = None
+        self._wandb_run = None
+        if not is_writer:
+            return
+        dump_folder.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(dump_folder / "metrics.jsonl", "a", encoding="utf-8")
+        if cfg.enable_tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(log_dir=str(dump_folder / "tb"))
+        if cfg.enable_wandb:
+            import wandb
+
+            # Offline unless the user has logged in or chosen a mode: a run must never hang on a network.
+            logged_in = bool(os.environ.get("WANDB_API_KEY"))
+            mode = os.environ.get("WANDB_MODE", "online" if logged_in else "offline")
+            self._wandb_run = wandb.init(
+                project=cfg.wandb_project, dir=str(dump_folder), config=run_config, mode=mode
+            )
+
+    def log(self, record: StepRecord) -> None:
+        if not self.is_writer:
+            return
+        logger.info(record.console_line())
+        assert self._jsonl is not None
+        self._jsonl.write(json.dumps(asdict(record)) + "\n")
+        self._jsonl.flush()
+        scalars = {k: v for k, v in asdict(record).items() if k != "step" and v is not None}
+        if self._tensorboard is not None:
+            for key, value in scalars.items():
+                self._tensorboard.add_scalar(key, value, record.step)
+            self._tensorboard.flush()
+        if self._wandb_run is not None:
+            self._wandb_run.log(scalars, step=record.step)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
