@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
-import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,30 +13,50 @@ import torch
 from titan_tpu import device as device_layer
 from titan_tpu.config import ConfigError
 
-
-def make_fake_torch_tpu(count: int) -> types.ModuleType:
-    """A stand-in for the torch_tpu package: the calls the device layer makes, recorded.
-
-    Like the real package it names PyTorch's PrivateUse1 device "tpu" (a process-wide, one-time
-    rename that nothing else in the tests uses).
-    """
-    if torch._C._get_privateuse1_backend_name() != "tpu":
-        torch.utils.rename_privateuse1_backend("tpu")
-    module = types.ModuleType("torch_tpu")
-    module.calls = []  # type: ignore[attr-defined]
-    module.device_count = lambda: count  # type: ignore[attr-defined]
-    module.set_device = lambda i: module.calls.append(("set_device", i))  # type: ignore[attr-defined]
-    module.synchronize = lambda i: module.calls.append(("synchronize", i))  # type: ignore[attr-defined]
-    module.get_device_name = lambda i: "TPU v5p"  # type: ignore[attr-defined]
-    module.max_memory_allocated = lambda i: 3 * 2**30  # type: ignore[attr-defined]
-    return module
+ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def fake_tpu(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    module = make_fake_torch_tpu(count=4)
-    monkeypatch.setitem(sys.modules, "torch_tpu", module)
-    return module
+# The stand-in runs in a child process: like the real torch_tpu it renames PyTorch's PrivateUse1
+# device to "tpu" and registers itself as `torch.tpu`, which is process-wide and cannot be undone.
+FAKE_TORCH_TPU = """
+import json, sys, types
+import torch
+
+calls = []
+fake = types.ModuleType("torch_tpu")
+fake.device_count = lambda: int(sys.argv[1])
+fake.set_device = lambda i: calls.append(["set_device", i])
+fake.synchronize = lambda i: calls.append(["synchronize", i])
+fake.get_device_name = lambda i: "TPU v5p"
+fake.max_memory_allocated = lambda i: 3 * 2**30
+torch.utils.rename_privateuse1_backend("tpu")
+torch._register_device_module("tpu", fake)
+sys.modules["torch_tpu"] = fake
+torch.cuda.is_available = lambda: False
+
+from titan_tpu import device as layer
+from titan_tpu.config import ConfigError
+
+result = {"auto": layer.resolve_device_type("auto")}
+try:
+    device = layer.select_device("tpu", local_rank=2)
+    device.synchronize()
+    result.update(
+        torch_device=str(device.torch_device), backend=device.backend, name=device.name(),
+        memory_gib=device.peak_memory_gib(), calls=calls,
+    )
+except ConfigError as e:
+    result["error"] = str(e)
+print(json.dumps(result))
+"""
+
+
+def run_with_fake_tpu(chips: int) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-c", FAKE_TORCH_TPU, str(chips)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_auto_picks_cpu_without_accelerators(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,23 +66,20 @@ def test_auto_picks_cpu_without_accelerators(monkeypatch: pytest.MonkeyPatch) ->
     assert device_layer.process_group_backend("cpu") == "gloo"
 
 
-def test_auto_prefers_tpu_and_uses_its_device_module(fake_tpu: types.ModuleType) -> None:
-    assert device_layer.resolve_device_type("auto") == "tpu"
-    device = device_layer.select_device("auto", local_rank=2)
-    assert device.torch_device.type == "tpu" and device.torch_device.index == 2
-    assert device.backend == "cpu:gloo,tpu:tpu_dist"
-    device.synchronize()
-    assert fake_tpu.calls == [("set_device", 2), ("synchronize", 2)]
-    assert device.name() == "TPU v5p"
-    assert device.peak_memory_gib() == pytest.approx(3.0)
+def test_auto_prefers_tpu_and_uses_its_device_module() -> None:
+    result = run_with_fake_tpu(chips=4)
+    assert result["auto"] == "tpu"
+    assert result["torch_device"] == "tpu:2"
+    assert result["backend"] == "cpu:gloo,tpu:tpu_dist"
+    assert result["calls"] == [["set_device", 2], ["synchronize", 2]]
+    assert result["name"] == "TPU v5p"
+    assert result["memory_gib"] == pytest.approx(3.0)
 
 
-def test_tpu_without_chips_is_not_available(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torch_tpu", make_fake_torch_tpu(count=0))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert device_layer.resolve_device_type("auto") == "cpu"
-    with pytest.raises(ConfigError, match="device.type = 'tpu' was requested"):
-        device_layer.resolve_device_type("tpu")
+def test_tpu_without_chips_is_not_available() -> None:
+    result = run_with_fake_tpu(chips=0)
+    assert result["auto"] == "cpu"
+    assert "device.type = 'tpu' was requested" in result["error"]
 
 
 def test_cuda_backend_string_and_missing_cuda_error(monkeypatch: pytest.MonkeyPatch) -> None:
