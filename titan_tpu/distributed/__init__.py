@@ -1,0 +1,1 @@
+"""Process groups, meshes and the ways a model is spread over them."""

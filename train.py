@@ -1,0 +1,63 @@
+"""Entry point: `torchrun train.py --config NAME [--section.key=value ...]` (or plain `python`)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from titan_tpu.config import ConfigError, help_text, load_config, to_toml
+
+
+def parse_cli(argv: list[str]) -> tuple[str | None, bool, list[str]]:
+    """Split out --config and --print-config; everything else is a --section.key override."""
+    config_name: str | None = None
+    print_only = False
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("--config: missing value (a name in train_configs/ or a path)")
+            config_name = argv[i + 1]
+            i += 1
+        elif arg.startswith("--config="):
+            config_name = arg.split("=", 1)[1]
+        elif arg == "--print-config":
+            print_only = True
+        else:
+            overrides.append(arg)
+        i += 1
+    return config_name, print_only, overrides
+
+
+def main(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    try:
+        config_name, print_only, overrides = parse_cli(argv)
+        config = load_config(config_name, overrides)
+        if print_only:
+            print(to_toml(config))
+            return 0
+        # Imported late so that --help and config errors answer before torch loads.
+        from titan_tpu.trainer import Trainer, TrainingStopped
+
+        trainer = Trainer(config)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except TrainingStopped as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
