@@ -1,0 +1,263 @@
+"""Worker for the multi-process parallelism tests: `torchrun --nproc-per-node 4 parallel_worker.py OUT`.
+
+One launch runs, in sequence on the same 4 processes:
+  1. sharded layers: each TP-sharded linear and the attention block (tp 4), and a whole block with
+     sequence parallelism, forward and backward, against the unsharded module;
+  2. for each layout (FSDP 4, HSDP 2x2, TP 2 x FSDP 2 (compiled blocks), TP 4 with loss parallel, and TP 2 x
+     replicate 2 without sequence parallel, with activation checkpointing): a real `Trainer` is built, its freshly
+     initialised weights are gathered and compared with a single-process initialisation, it trains
+     10 fp32 steps, and the per-step losses are kept; FSDP 4 also reports each rank's parameter +
+     gradient + optimizer-state bytes.
+Rank 0 writes everything to OUT (JSON). `reference()` is the single-process side, run by the test.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import models  # noqa: E402
+from models.common.attention import Attention  # noqa: E402
+from models.common.loss import cross_entropy_loss  # noqa: E402
+from models.llama3.model import Llama3Model, build_llama3_block  # noqa: E402
+from models.llama3.parallelize import apply_decoder_tp, block_plan  # noqa: E402
+from titan_tpu.distributed.tensor_parallel import loss_context  # noqa: E402
+from titan_tpu.config import load_config  # noqa: E402
+from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
+from titan_tpu.distributed.parallelize import canonical_name, parallelize_model  # noqa: E402
+
+STEPS = 10
+BASE = [
+    "--training.seq_len=32",
+    "--training.global_batch_size=4",
+    "--training.local_batch_size=-1",
+    "--training.dtype=float32",
+    f"--training.steps={STEPS}",
+    "--metrics.log_freq=1",
+    "--data.shuffle_buffer=16",
+]
+LAYOUTS: dict[str, list[str]] = {
+    "fsdp4": ["--parallelism.dp_shard=4"],
+    "hsdp2x2": ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"],
+    # With per-block torch.compile (aot_eager: the autograd path of inductor without its C++ build).
+    "tp2_fsdp2": [
+        "--parallelism.tp=2",
+        "--parallelism.dp_shard=2",
+        "--compile.enable=true",
+        "--compile.backend=aot_eager",
+    ],
+    "tp4": ["--parallelism.tp=4", "--parallelism.loss_parallel=true"],
+    # Extra coverage, same loss: replication only (fully_shard on a (2, 1) mesh), TP without
+    # sequence parallelism, full activation checkpointing under FSDP.
+    "tp2_replicate2_nosp_ac": [
+        "--parallelism.tp=2",
+        "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=1",
+        "--parallelism.sequence_parallel=false",
+        "--activation_checkpoint.mode=full",
+    ],
+}
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((local(a).detach() - local(b).detach()).abs().max())
+
+
+# ---------------------------------------------------------------- 1. sharded layers (tp = world)
+
+
+def grads_diff(sharded: nn.Module, reference: nn.Module) -> float:
+    ref = dict(reference.named_parameters())
+    return max(max_diff(p.grad, ref[n].grad) for n, p in sharded.named_parameters())
+
+
+def sharded_layers() -> dict[str, float]:
+    tp_mesh = DeviceMesh("cpu", torch.arange(dist.get_world_size()))
+    torch.manual_seed(0)
+    dim, hidden, seq = 64, 128, 8
+    x = torch.randn(2, seq, dim)
+    results: dict[str, float] = {}
+    for name, style, in_dim, out_dim in (
+        ("colwise_linear", ColwiseParallel(), dim, hidden),
+        ("rowwise_linear", RowwiseParallel(), hidden, dim),
+    ):
+        torch.manual_seed(1)
+        reference = nn.Linear(in_dim, out_dim, bias=False)
+        sharded = parallelize_module(copy.deepcopy(reference), tp_mesh, style)
+        inp = torch.randn(2, seq, in_dim)
+        ref_out = reference(inp)
+        if name == "rowwise_linear":  # row-wise takes its input sharded on the last dim
+            shard_in = distribute_tensor(inp, tp_mesh, [Shard(-1)]).to_local()
+            out = sharded(shard_in)
+        else:
+            out = sharded(inp)
+        out = local(out)
+        if name == "colwise_linear":  # column-wise leaves the output sharded on the last dim
+            out = DTensor.from_local(out, tp_mesh, [Shard(-1)]).full_tensor()
+        out.square().sum().backward()
+        ref_out.square().sum().backward()
+        results[f"{name}_forward"] = max_diff(out, ref_out)
+        results[f"{name}_backward"] = grads_diff(sharded, reference)
+
+    torch.manual_seed(2)
+    attention = Attention(dim=dim, n_heads=8, n_kv_heads=4, head_dim=8, qk_norm=False, norm_eps=1e-5)
+    cos, sin = torch.randn(seq, 8), torch.randn(seq, 8)
+    sharded_attention = parallelize_module(
+        copy.deepcopy(attention),
+        tp_mesh,
+        {"wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(), "wo": RowwiseParallel()},
+    )
+    xa = x.clone().requires_grad_()
+    xb = x.clone().requires_grad_()
+    out, ref_out = sharded_attention(xa, cos, sin), attention(xb, cos, sin)
+    out.square().sum().backward()
+    ref_out.square().sum().backward()
+    results["attention_forward"] = max_diff(out, ref_out)
+    results["attention_backward"] = max(grads_diff(sharded_attention, attention), max_diff(xa.grad, xb.grad))
+
+    # A whole Llama block with sequence parallelism: input and output sharded along the sequence.
+    args = models.get_model_spec("llama3").flavor("debug")
+    torch.manual_seed(3)
+    block = build_llama3_block(args, 0)
+    block.init_weights()
+    sharded_block = parallelize_module(copy.deepcopy(block), tp_mesh, block_plan(block, sequence_parallel=True))
+    xs = torch.randn(2, seq, args.dim)
+    cos, sin = torch.randn(seq, args.attn_head_dim), torch.randn(seq, args.attn_head_dim)
+    xa = distribute_tensor(xs, tp_mesh, [Shard(1)]).to_local().clone().requires_grad_()
+    xb = xs.clone().requires_grad_()
+    out = DTensor.from_local(local(sharded_block(xa, cos, sin)), tp_mesh, [Shard(1)]).full_tensor()
+    ref_out = block(xb, cos, sin)
+    out.square().sum().backward()
+    ref_out.square().sum().backward()
+    results["sp_block_forward"] = max_diff(out, ref_out)
+    ref_x_grad = distribute_tensor(xb.grad, tp_mesh, [Shard(1)]).to_local()
+    results["sp_block_backward"] = max(grads_diff(sharded_block, block), max_diff(xa.grad, ref_x_grad))
+
+    # A whole model with tied embeddings through the Llama 3 plan, with and without sequence and
+    # loss parallelism: loss and every gradient against the unsharded model.
+    tied = dataclasses.replace(args, dim=64, n_layers=2, vocab_size=128, tie_embeddings=True, max_seq_len=seq)
+    torch.manual_seed(4)
+    model = Llama3Model(tied)
+    model.init_weights()
+    tokens = torch.randint(0, tied.vocab_size, (2, seq + 1))
+    ref_loss = cross_entropy_loss(model(tokens[:, :-1]), tokens[:, 1:])
+    ref_loss.backward()
+    for sp, lp in ((True, True), (False, False)):
+        sharded_model = copy.deepcopy(model)
+        sharded_model.zero_grad(set_to_none=True)
+        apply_decoder_tp(sharded_model, tp_mesh, sequence_parallel=sp, loss_parallel=lp)
+        with loss_context(lp):
+            loss = cross_entropy_loss(sharded_model(tokens[:, :-1]), tokens[:, 1:])
+            loss.backward()
+        tag = f"tied_model_sp{int(sp)}_lp{int(lp)}"
+        results[f"{tag}_forward"] = max_diff(loss, ref_loss)
+        results[f"{tag}_backward"] = grads_diff(sharded_model, model)
+    return results
+
+
+# ---------------------------------------------------------------- 2. layouts through the trainer
+
+
+def single_process_init(config: Any) -> dict[str, torch.Tensor]:
+    """What a single process initialises (the full model is tiny), by canonical parameter name."""
+    spec = models.get_model_spec(config.model.name)
+    args = dataclasses.replace(spec.flavor(config.model.flavor), max_seq_len=config.training.seq_len)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    ctx = ParallelContext(ParallelDims(1, 1, 1, 1, 1))
+    model = parallelize_model(model, None, ctx, config, torch.device("cpu"), "cpu", torch.float32)
+    return {canonical_name(n): p.detach() for n, p in model.named_parameters()}
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of parameters + gradients + optimizer state held by this rank (local shards)."""
+
+    def nbytes(t: torch.Tensor) -> int:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    total = sum(nbytes(p) for p in model.parameters())
+    total += sum(nbytes(p.grad) for p in model.parameters() if p.grad is not None)
+    for state in optimizer.state.values():
+        total += sum(nbytes(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return total
+
+
+def fill_grads(trainer: Any) -> None:
+    """One more forward/backward so that gradients exist when the bytes are counted."""
+    batch = next(iter(trainer.dataloader))
+    output = trainer.model(batch["input_ids"])
+    trainer.spec.loss_fn(output, batch["labels"]).backward()
+
+
+def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
+    from titan_tpu.trainer import Trainer
+
+    config = load_config("llama3_debug", [*BASE, *overrides, f"--job.dump_folder={dump / name}"])
+    trainer = Trainer(config)
+    reference = single_process_init(config)
+    init_diff = max(max_diff(p, reference[canonical_name(n)]) for n, p in trainer.model.named_parameters())
+    losses = [r.loss for r in trainer.train()]
+    result: dict[str, Any] = {"losses": losses, "init_max_abs_diff": init_diff}
+    if name == "fsdp4":
+        fill_grads(trainer)
+        mine = torch.tensor([state_bytes(trainer.model, trainer.optimizer)])
+        everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, mine)
+        result["state_bytes_per_rank"] = [int(b) for b in everyone]
+    return result
+
+
+def reference(dump: Path) -> dict[str, Any]:
+    """Single process, same config: per-step losses and the state bytes."""
+    from titan_tpu.trainer import Trainer
+
+    trainer = Trainer(load_config("llama3_debug", [*BASE, f"--job.dump_folder={dump / 'single'}"]))
+    losses = [r.loss for r in trainer.train()]
+    fill_grads(trainer)
+    result = {"losses": losses, "state_bytes": state_bytes(trainer.model, trainer.optimizer)}
+    trainer.close()
+    return result
+
+
+def main(out: Path) -> None:
+    import time
+
+    from titan_tpu.distributed import process_group
+
+    info = process_group.process_info()
+    process_group.init_process_group("gloo", info)
+    results: dict[str, Any] = {"timings_s": {}}
+    start = time.perf_counter()
+    results["sharded_layers"] = sharded_layers()
+    results["timings_s"]["sharded_layers"] = time.perf_counter() - start
+    for name, overrides in LAYOUTS.items():
+        start = time.perf_counter()
+        results[name] = run_layout(name, overrides, out.parent)
+        results["timings_s"][name] = time.perf_counter() - start
+    if info.rank == 0:
+        out.write_text(json.dumps(results, indent=1))
+    process_group.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
