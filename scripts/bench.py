@@ -47,7 +47,7 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
         # Re-measure the peak now, under the same threads and memory state as the timed steps.
         peak = peak_flops(trainer.device.type, trainer.device.name(), trainer.compute_dtype)
         training = config.training
-        tokens = steps * trainer.grad_accum_steps * training.local_batch_size * training.seq_len
+        tokens = steps * trainer.grad_accum_steps * trainer.local_batch_size * training.seq_len
         tokens_per_sec = tokens / elapsed
         flops_per_sec = tokens_per_sec * trainer.flops_per_token
         record = {

@@ -19,14 +19,21 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 import models
+from titan_tpu.checkpoint import CheckpointManager
+from titan_tpu.checkpoint.hf import check_hf_config, load_hf_weights
 from titan_tpu.config import ConfigError, TrainConfig, to_toml
 from titan_tpu.data.loader import build_dataloader
 from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.device import Device, select_device
 from titan_tpu.distributed import process_group
-from titan_tpu.distributed.data_parallel import average_gradients
+from titan_tpu.distributed.grad_utils import clip_grad_norm_, mean_over
+from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
+from titan_tpu.distributed.parallelize import parallelize_model
+from titan_tpu.distributed.tensor_parallel import loss_context, local_value
+from titan_tpu.distributed.topology import build_rank_layout
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 from titan_tpu.metrics.peak import peak_flops
 from titan_tpu.optim import build_lr_scheduler, build_optimizer
@@ -46,6 +53,24 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         # cuBLAS needs a fixed workspace to be deterministic; harmless elsewhere.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
+
+
+def split_global_batch(global_batch: int, local_batch: int, dp_degree: int) -> tuple[int, int]:
+    """(sequences per forward pass, micro-batches per step); local -1 means no accumulation."""
+    if local_batch == -1:
+        if global_batch % dp_degree != 0:
+            raise ConfigError(
+                f"training.global_batch_size {global_batch} is not divisible by the data-parallel "
+                f"degree {dp_degree}"
+            )
+        return global_batch // dp_degree, 1
+    per_step = local_batch * dp_degree
+    if global_batch % per_step != 0:
+        raise ConfigError(
+            f"training.global_batch_size {global_batch} is not divisible by local_batch_size "
+            f"{local_batch} x data-parallel degree {dp_degree} = {per_step}"
+        )
+    return local_batch, global_batch // per_step
 
 
 class Trainer:
@@ -69,15 +94,11 @@ class Trainer:
             )
         seed_everything(training.seed, training.deterministic)
 
-        self.dp_rank, self.dp_world = self.process.rank, self.process.world_size
-        per_step = training.local_batch_size * self.dp_world
-        if training.global_batch_size % per_step != 0:
-            raise ConfigError(
-                f"training.global_batch_size {training.global_batch_size} is not divisible by "
-                f"local_batch_size {training.local_batch_size} x data-parallel degree "
-                f"{self.dp_world} = {per_step}"
-            )
-        self.grad_accum_steps = training.global_batch_size // per_step
+        self.parallel = self._build_parallelism()
+        self.dp_rank, self.dp_world = self.parallel.dp_coordinates()
+        self.local_batch_size, self.grad_accum_steps = split_global_batch(
+            training.global_batch_size, training.local_batch_size, self.dp_world
+        )
 
         self.spec = models.get_model_spec(config.model.name)
         # Rotary tables are sized by max_seq_len; published flavors allow 128K, a run needs seq_len.
@@ -91,6 +112,14 @@ class Trainer:
                 f"{config.model.name} {config.model.flavor} has vocab_size "
                 f"{self.model_args.vocab_size}; pick a tokenizer or flavor that fits"
             )
+        if config.checkpoint.initial_load_path and self.spec.state_dict_adapter is not None:
+            # Before the model is built: a mismatched folder should not cost a materialised 405B model.
+            check_hf_config(
+                Path(config.checkpoint.initial_load_path),
+                self.spec.state_dict_adapter,
+                self.model_args,
+                f"model {config.model.name} flavor {config.model.flavor}",
+            )
         self.model = self._build_model()
         self.optimizer = build_optimizer(self.model, config.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config.lr_scheduler, training.steps)
@@ -98,7 +127,7 @@ class Trainer:
             config.data,
             self.tokenizer,
             seq_len=training.seq_len,
-            local_batch_size=training.local_batch_size,
+            local_batch_size=self.local_batch_size,
             dp_rank=self.dp_rank,
             dp_world_size=self.dp_world,
             seed=training.seed,
@@ -109,20 +138,74 @@ class Trainer:
         self.metrics = MetricsLogger(
             config.metrics, self.dump_folder, self.is_writer, run_config=config_dict(config)
         )
+        self.checkpointer = CheckpointManager(
+            config.checkpoint,
+            self.dump_folder,
+            model=self.model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            dataloader=self.dataloader,
+            device_type=self.device.type,
+        )
+        if not config.checkpoint.create_seed_checkpoint:
+            self._load_initial_state()
+
+    def _load_initial_state(self) -> None:
+        """Resume from the newest complete checkpoint (or checkpoint.load_step); without one, take the
+        weights from checkpoint.initial_load_path when it is set (a Hugging Face folder)."""
+        step = self.checkpointer.load()
+        path = self.config.checkpoint.initial_load_path
+        if step is not None:
+            self.step = step
+            if path and self.is_writer:
+                logger.info("checkpoint: resumed at step %d, so initial_load_path is not used", step)
+            return
+        if path:
+            model = self.config.model
+            load_hf_weights(
+                self.model,
+                path,
+                self.spec.state_dict_adapter,
+                self.model_args,
+                what=f"model {model.name} flavor {model.flavor}",
+            )
+            if self.is_writer:
+                logger.info("checkpoint: initial weights from %s", path)
+
+    def _build_parallelism(self) -> ParallelContext:
+        """Degrees from [parallelism], validated against the process count, and the named meshes
+        laid onto the interconnect (none for a single process)."""
+        cfg = self.config.parallelism
+        dims = ParallelDims.from_config(cfg, self.process.world_size)
+        meshes: dict[str, DeviceMesh] = {}
+        if self.is_writer:
+            logger.info("parallelism: %s on %d process(es)", dims.describe(), dims.world_size)
+        if dims.is_distributed:
+            names, sizes = dims.mesh_axes()
+            layout = build_rank_layout(
+                self.device.type, names, sizes, self.process.rank, self.process.local_rank
+            )
+            meshes = dims.build_meshes(self.device.type, layout)
+        return ParallelContext(dims, meshes, cfg.sequence_parallel, cfg.loss_parallel)
 
     def _build_model(self) -> nn.Module:
+        """On meta, then TP/SP -> AC -> compile -> FSDP -> materialise + init (identical weights on
+        every layout; see titan_tpu/distributed/parallelize.py)."""
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
-        model.to_empty(device=self.device.torch_device)
-        with torch.no_grad():
-            # Same seed on every rank: plain data parallelism needs identical replicas.
-            torch.manual_seed(self.config.training.seed)
-            model.init_weights(buffer_device=self.device.torch_device)
-        model.train()
-        return model
+        return parallelize_model(
+            model,
+            self.spec.parallelize,
+            self.parallel,
+            self.config,
+            self.device.torch_device,
+            self.device.type,
+            self.compute_dtype,
+        )
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.compute_dtype == torch.float32:
+        # Under FSDP the mixed-precision policy casts parameters to the compute dtype already.
+        if self.compute_dtype == torch.float32 or self.parallel.dims.fsdp_enabled:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
@@ -137,11 +220,13 @@ class Trainer:
             with self._autocast():
                 output = self.model(input_ids)
             # Every micro-batch holds the same number of tokens, so the mean of means is the mean.
-            loss = self.spec.loss_fn(output, labels) / self.grad_accum_steps
-            loss.backward()
-            loss_sum += loss.detach()
+            # With loss parallel the logits are vocab-sharded: loss and backward run in its context.
+            with loss_context(self.parallel.loss_parallel_enabled):
+                loss = self.spec.loss_fn(output, labels) / self.grad_accum_steps
+                loss.backward()
+            loss_sum += local_value(loss.detach())
 
-        average_gradients(self.model, self.dp_world)
+        # FSDP reduced (averaged) the gradients over data parallelism during backward.
         loss_value = self._global_mean(loss_sum)
         if not math.isfinite(loss_value):
             raise TrainingStopped(
@@ -149,29 +234,26 @@ class Trainer:
                 "(weights and checkpoints of earlier steps are untouched)"
             )
         max_norm = self.config.training.max_norm
-        parameters = [p for p in self.model.parameters() if p.grad is not None]
-        if max_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
         return loss_value, float(grad_norm)
 
     def _global_mean(self, value: torch.Tensor) -> float:
-        if self.dp_world > 1:
-            value = value.clone()
-            torch.distributed.all_reduce(value)
-            value /= self.dp_world
-        return float(value)
+        return mean_over(value, self.parallel.meshes.get("dp") if self.dp_world > 1 else None)
 
     def train(self) -> list[StepRecord]:
         training = self.config.training
         log_freq = self.config.metrics.log_freq
+        if self.config.checkpoint.create_seed_checkpoint:
+            self.checkpointer.save(0, model_only=True)
+            self.checkpointer.close()
+            self.metrics.close()
+            return []
         batches = iter(self.dataloader)
         records: list[StepRecord] = []
-        tokens_per_step = self.grad_accum_steps * training.local_batch_size * training.seq_len
+        tokens_per_step = self.grad_accum_steps * self.local_batch_size * training.seq_len
         self.device.synchronize()
         window_start, window_steps = time.perf_counter(), 0
         try:
@@ -187,7 +269,9 @@ class Trainer:
                     self.metrics.log(record)
                     records.append(record)
                     window_start, window_steps = time.perf_counter(), 0
+                self.checkpointer.maybe_save(self.step, last=self.step == training.steps)
         finally:
+            self.checkpointer.close()
             self.metrics.close()
         return records
 

@@ -4,6 +4,8 @@ from models.common.loss import cross_entropy_loss
 from models.llama3.args import LLAMA3_FLAVORS, Llama3Args
 from models.llama3.flops import llama3_flops_per_token, llama3_param_count
 from models.llama3.model import Llama3Model
+from models.llama3.parallelize import parallelize_llama3
+from models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
 from models.registry import ModelSpec, register_model
 
 LLAMA3_SPEC = ModelSpec(
@@ -12,6 +14,8 @@ LLAMA3_SPEC = ModelSpec(
     flavors=LLAMA3_FLAVORS,
     flops_per_token=llama3_flops_per_token,
     loss_fn=cross_entropy_loss,
+    parallelize=parallelize_llama3,
+    state_dict_adapter=LLAMA3_STATE_DICT_ADAPTER,
 )
 register_model(LLAMA3_SPEC)
 

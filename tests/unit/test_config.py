@@ -66,7 +66,7 @@ def test_help_lists_every_key_with_type_default_and_doc() -> None:
         (["--training.steps=0"], "training.steps: must be >= 1"),
         (["--training.dtype=fp16"], "expected one of 'bfloat16', 'float32'"),
         (["--data.source=files"], "data.path: is required"),
-        (["--training.global_batch_size=6"], "multiple of training.local_batch_size"),
+        (["--training.local_batch_size=4", "--training.global_batch_size=6"], "multiple of training.local_batch_size"),
         (["--activation_checkpoint.selective_option=x"], "'op' or a positive integer"),
     ],
 )

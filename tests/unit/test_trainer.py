@@ -12,7 +12,7 @@ import torch
 
 import models
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.trainer import Trainer, TrainingStopped
+from titan_tpu.trainer import Trainer, TrainingStopped, split_global_batch
 
 RECORD_KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib", "step_time_s"}
 
@@ -90,3 +90,12 @@ def test_tokenizer_larger_than_vocab_is_a_config_error(
     monkeypatch.setitem(spec.flavors, "debug", dataclasses.replace(spec.flavor("debug"), vocab_size=100))
     with pytest.raises(ConfigError, match=r"data.tokenizer has \d+ tokens but model llama3 debug"):
         Trainer(small_config(tmp_path))
+
+
+def test_global_batch_is_split_over_ranks_and_micro_batches() -> None:
+    assert split_global_batch(8, -1, 2) == (4, 1)
+    assert split_global_batch(8, 2, 2) == (2, 2)
+    with pytest.raises(ConfigError, match="not divisible by the data-parallel degree 3"):
+        split_global_batch(8, -1, 3)
+    with pytest.raises(ConfigError, match=r"local_batch_size 4 x data-parallel degree 4 = 16"):
+        split_global_batch(8, 4, 4)

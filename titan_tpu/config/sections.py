@@ -59,7 +59,9 @@ class TrainingConfig:
     seq_len: int = opt(256, "Tokens per training sequence.")
     global_batch_size: int = opt(8, "Sequences per optimizer step, summed over all data-parallel ranks.")
     local_batch_size: int = opt(
-        8, "Sequences per forward pass on one rank; gradients accumulate up to the global batch."
+        -1,
+        "Sequences per forward pass on one rank; gradients accumulate up to the global batch. "
+        "-1: global_batch_size / data-parallel degree (no accumulation).",
     )
     dtype: Literal["bfloat16", "float32"] = opt(
         "bfloat16", "Compute dtype; float32 turns mixed precision off (parameters stay float32)."
@@ -71,16 +73,14 @@ class TrainingConfig:
     def validate(self) -> None:
         _require(self.steps >= 1, "training.steps", f"must be >= 1, got {self.steps}")
         _require(self.seq_len >= 2, "training.seq_len", f"must be >= 2, got {self.seq_len}")
+        local = self.local_batch_size
         _require(
-            self.local_batch_size >= 1,
-            "training.local_batch_size",
-            f"must be >= 1, got {self.local_batch_size}",
+            local == -1 or local >= 1, "training.local_batch_size", f"must be -1 or >= 1, got {local}"
         )
         _require(
-            self.global_batch_size >= self.local_batch_size
-            and self.global_batch_size % self.local_batch_size == 0,
+            local == -1 or (self.global_batch_size >= local and self.global_batch_size % local == 0),
             "training.global_batch_size",
-            f"must be a multiple of training.local_batch_size ({self.local_batch_size}), "
+            f"must be a multiple of training.local_batch_size ({local}), "
             f"got {self.global_batch_size}",
         )
         _require(self.max_norm >= 0, "training.max_norm", f"must be >= 0, got {self.max_norm}")

@@ -1,0 +1,150 @@
+"""Offline conversion between Hugging Face folders and titan_tpu checkpoints (one process, no GPU).
+
+    # HF -> checkpoint: writes <checkpoint folder>/step-0 (weights only). A run with that folder and
+    # --checkpoint.enable starts from these weights at step 0.
+    python scripts/convert_checkpoint.py hf-to-dcp HF_FOLDER --config llama3_8b
+    python scripts/convert_checkpoint.py hf-to-dcp HF_FOLDER --checkpoint DIR --model llama3 --flavor 8B
+
+    # checkpoint -> HF: the newest complete step (or --step N); loads with
+    # transformers.AutoModelForCausalLM.from_pretrained(HF_OUT).
+    python scripts/convert_checkpoint.py dcp-to-hf HF_OUT --config llama3_8b [--step N] [--dtype bfloat16]
+    python scripts/convert_checkpoint.py dcp-to-hf HF_OUT --checkpoint DIR --model llama3 --flavor 8B
+
+With --config NAME (a train config, plus any --section.key=value overrides), the checkpoint
+folder is <job.dump_folder>/<checkpoint.folder>, the model is [model] name/flavor and the export dtype
+is checkpoint.export_dtype; --checkpoint, --model, --flavor and --dtype override them.
+hf-to-dcp holds the whole model in float32 host memory; dcp-to-hf reads about one output shard at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import models  # noqa: E402
+from titan_tpu.checkpoint import CheckpointManager, layout  # noqa: E402
+from titan_tpu.checkpoint.hf import check_hf_config, export_checkpoint_to_hf, load_hf_weights  # noqa: E402
+from titan_tpu.config import ConfigError, load_config  # noqa: E402
+from titan_tpu.config.sections import CheckpointConfig  # noqa: E402
+
+
+def _spec_and_args(model: str, flavor: str):  # type: ignore[no-untyped-def]
+    try:
+        spec = models.get_model_spec(model)
+        args = spec.flavor(flavor)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if spec.state_dict_adapter is None:
+        raise ConfigError(f"model {model} has no Hugging Face adapter")
+    return spec, args
+
+
+def hf_to_dcp(hf_folder: Path, checkpoint_folder: Path, model: str, flavor: str) -> Path:
+    spec, args = _spec_and_args(model, flavor)
+    what = f"model {model} flavor {flavor}"
+    check_hf_config(hf_folder, spec.state_dict_adapter, args, what)  # before allocating anything
+    if layout.step_dir(checkpoint_folder, 0).exists():
+        raise ConfigError(f"{layout.step_dir(checkpoint_folder, 0)} exists; it is never overwritten")
+    with torch.device("meta"):
+        module = spec.model_cls(args)
+    module.to_empty(device="cpu")  # every weight is overwritten by the load; no init needed
+    load_hf_weights(module, hf_folder, spec.state_dict_adapter, args, what=what)
+    cfg = CheckpointConfig(enable=True, folder=checkpoint_folder.name)
+    manager = CheckpointManager(cfg, checkpoint_folder.parent, model=module)
+    manager.save(0, model_only=True)
+    manager.close()
+    return layout.step_dir(checkpoint_folder, 0)
+
+
+def dcp_to_hf(
+    checkpoint_folder: Path,
+    out: Path,
+    model: str,
+    flavor: str,
+    step: int | None,
+    dtype: str,
+    max_shard_bytes: int,
+) -> Path:
+    spec, args = _spec_and_args(model, flavor)
+    steps = layout.complete_steps(checkpoint_folder)
+    if not steps:
+        raise ConfigError(f"{checkpoint_folder}: no complete checkpoint (step-N folder with a manifest)")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise ConfigError(f"--step {step}: not complete in {checkpoint_folder}; complete steps: {steps}")
+    with torch.device("meta"):
+        shapes = {name: tuple(p.shape) for name, p in spec.model_cls(args).state_dict().items()}
+    return export_checkpoint_to_hf(
+        layout.step_dir(checkpoint_folder, step),
+        out,
+        spec.state_dict_adapter,
+        args,
+        shapes,
+        dtype=dtype,
+        max_shard_bytes=max_shard_bytes,
+    )
+
+
+def _resolve(opts: argparse.Namespace) -> tuple[Path, str, str, str]:
+    """(checkpoint folder, model, flavor, export dtype) from the flags, defaulting to the config's."""
+    folder, model, flavor, dtype = opts.checkpoint, opts.model, opts.flavor, getattr(opts, "dtype", None)
+    if opts.config is None and opts.overrides:
+        raise ConfigError(f"{opts.overrides[0]}: unrecognised argument (overrides need --config)")
+    if opts.config is not None:
+        config = load_config(opts.config, opts.overrides)
+        folder = folder or Path(config.job.dump_folder) / config.checkpoint.folder
+        model = model or config.model.name
+        flavor = flavor or config.model.flavor
+        dtype = dtype or config.checkpoint.export_dtype
+    missing = [flag for flag, value in (("--checkpoint", folder), ("--flavor", flavor)) if value is None]
+    if missing:
+        raise ConfigError(f"{' and '.join(missing)} needed (or --config NAME to take them from a config)")
+    return folder, model or "llama3", flavor, dtype or "float32"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="direction", required=True)
+    to_dcp = sub.add_parser("hf-to-dcp", help="Hugging Face folder -> <checkpoint folder>/step-0")
+    to_dcp.add_argument("hf_folder", type=Path)
+    to_hf = sub.add_parser("dcp-to-hf", help="checkpoint step -> Hugging Face folder")
+    to_hf.add_argument("out", type=Path)
+    to_hf.add_argument("--step", type=int, default=None, help="default: the newest complete step")
+    to_hf.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    to_hf.add_argument("--max-shard-gb", type=float, default=5.0)
+    for p in (to_dcp, to_hf):
+        p.add_argument("--config", default=None, help="train config to take the defaults from")
+        p.add_argument("--checkpoint", type=Path, default=None, help="the checkpoint folder (holds step-N/)")
+        p.add_argument("--model", default=None, help="model family (registry name); default llama3")
+        p.add_argument("--flavor", default=None, help="size, a flavor of that family")
+    # Whatever argparse does not know is a --section.key=value override for --config.
+    opts, overrides = parser.parse_known_args(argv)
+    opts.overrides = [arg for arg in overrides if arg != "--"]
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        folder, model, flavor, dtype = _resolve(opts)
+        if opts.direction == "hf-to-dcp":
+            result = hf_to_dcp(opts.hf_folder, folder, model, flavor)
+        else:
+            max_shard = int(opts.max_shard_gb * 2**30)
+            result = dcp_to_hf(folder, opts.out, model, flavor, opts.step, dtype, max_shard)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {result}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,72 @@
+"""scripts/convert_checkpoint.py: HF -> checkpoint step-0 -> HF gives back the same tensors (fp32 and
+bf16, sharded output), never overwrites, and refuses a checkpoint that does not fit the flavor."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from models.llama3 import LLAMA3_FLAVORS, Llama3Model
+from models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER as ADAPTER
+from titan_tpu.checkpoint import layout
+from titan_tpu.checkpoint.hf import export_model_to_hf
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("convert_checkpoint", ROOT / "scripts" / "convert_checkpoint.py")
+assert _spec is not None and _spec.loader is not None
+convert = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(convert)
+
+
+def read_folder(folder: Path) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for file in folder.glob("*.safetensors"):
+        with safe_open(str(file), framework="pt") as f:
+            tensors.update({k: f.get_tensor(k) for k in f.keys()})
+    return tensors
+
+
+def test_hf_to_checkpoint_to_hf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = LLAMA3_FLAVORS["debug"]
+    with torch.device("meta"):
+        model = Llama3Model(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(3)
+    model.init_weights()
+    original = export_model_to_hf(model, tmp_path / "hf", ADAPTER, args)
+    assert original is not None
+
+    ckpt = tmp_path / "run" / "checkpoint"
+    # The checkpoint folder, model and flavor from a train config (its dump folder overridden).
+    from_config = ["--config", "llama3_debug", f"--job.dump_folder={tmp_path / 'run'}"]
+    assert convert.main(["hf-to-dcp", str(original), *from_config]) == 0
+    assert layout.complete_steps(ckpt) == [0]
+    assert layout.read_manifest(ckpt / "step-0")["components"] == ["model"]
+    # Converting again would overwrite step-0: refused.
+    assert convert.main(["hf-to-dcp", str(original), "--checkpoint", str(ckpt), "--flavor", "debug"]) == 2
+    assert "never overwritten" in capsys.readouterr().err
+
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / f"out_{dtype}"
+        argv = ["dcp-to-hf", str(out), "--checkpoint", str(ckpt), "--flavor", "debug", "--dtype", dtype]
+        argv += ["--max-shard-gb", "0.002"]
+        assert convert.main(argv) == 0
+        assert (out / "model.safetensors.index.json").is_file()
+        got, want = read_folder(out), read_folder(original)
+        assert got.keys() == want.keys()
+        for name, tensor in want.items():
+            assert torch.equal(got[name], tensor.to(getattr(torch, dtype))), name
+
+    # The config's export_dtype is the default.
+    out = tmp_path / "out_config"
+    assert convert.main(["dcp-to-hf", str(out), *from_config, "--checkpoint.export_dtype=bfloat16"]) == 0
+    assert all(t.dtype == torch.bfloat16 for t in read_folder(out).values())
+
+    assert convert.main(["dcp-to-hf", str(tmp_path / "x"), "--checkpoint", str(ckpt), "--flavor", "1B"]) == 2
+    assert "does not fit the flavor" in capsys.readouterr().err
+    assert convert.main(["dcp-to-hf", str(tmp_path / "x")]) == 2
+    assert "--checkpoint and --flavor needed" in capsys.readouterr().err

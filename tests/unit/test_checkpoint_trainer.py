@@ -1,0 +1,89 @@
+"""The trainer with checkpoints on one process: exact resume (bitwise), resuming by itself from the dump
+folder, and the seed checkpoint."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from titan_tpu.checkpoint import layout
+from titan_tpu.config import load_config
+from titan_tpu.trainer import Trainer
+
+BASE = [
+    "--training.seq_len=64",
+    "--training.global_batch_size=4",
+    "--training.dtype=float32",
+    "--training.deterministic=true",
+    "--metrics.log_freq=1",
+    "--checkpoint.enable=true",
+]
+
+
+@pytest.fixture(autouse=True)
+def quiet_process() -> Iterator[None]:
+    # One intra-op thread: on a busy 2-core machine OpenMP threads spin against each other (a 20-step
+    # run takes a minute instead of a second); torchrun workers get one thread too. The Trainer turns
+    # deterministic algorithms on for the whole process; leave the process as found.
+    threads, enabled = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(enabled)
+
+
+def make_trainer(dump: Path, *overrides: str) -> Trainer:
+    return Trainer(load_config("llama3_debug", [f"--job.dump_folder={dump}", *BASE, *overrides]))
+
+
+def train(dump: Path, *overrides: str) -> tuple[int, dict[int, float]]:
+    trainer = make_trainer(dump, *overrides)
+    start = trainer.step
+    try:
+        records = trainer.train()
+    finally:
+        trainer.close()
+    return start, {r.step: r.loss for r in records}
+
+
+def test_resume_is_bitwise_exact_and_automatic(tmp_path: Path) -> None:
+    # The uninterrupted run saves step 10 and 20 in the background (async).
+    start, straight = train(
+        tmp_path / "a", "--training.steps=20", "--checkpoint.interval=10", "--checkpoint.async_mode=async"
+    )
+    assert start == 0 and sorted(straight) == list(range(1, 21))
+    assert layout.complete_steps(tmp_path / "a" / "checkpoint") == [10, 20]
+    # "Stopped after step 10": a fresh dump folder holding only what that run had saved by then.
+    (tmp_path / "b" / "checkpoint").mkdir(parents=True)
+    shutil.copytree(tmp_path / "a" / "checkpoint" / "step-10", tmp_path / "b" / "checkpoint" / "step-10")
+    start, resumed = train(tmp_path / "b", "--training.steps=20", "--checkpoint.interval=10")
+    assert start == 10 and sorted(resumed) == list(range(11, 21))
+    for step in range(11, 21):
+        assert resumed[step] == straight[step], f"step {step}: {resumed[step]!r} != {straight[step]!r}"
+    # A restart with the same dump folder finds step 20 by itself: nothing left to train.
+    trainer = make_trainer(tmp_path / "a", "--training.steps=20")
+    assert trainer.step == 20
+    trainer.close()
+
+
+def test_seed_checkpoint_gives_every_run_the_same_start(tmp_path: Path) -> None:
+    dump = tmp_path / "run"
+    seeder = make_trainer(dump, "--checkpoint.enable=false", "--checkpoint.create_seed_checkpoint=true")
+    seed_weights = {k: v.clone() for k, v in seeder.model.state_dict().items()}
+    assert seeder.train() == []
+    seeder.close()
+    root = dump / "checkpoint"
+    assert layout.complete_steps(root) == [0]
+    assert layout.read_manifest(root / "step-0")["components"] == ["model"]
+    # Another training seed would initialise other weights; the seed checkpoint wins.
+    trainer = make_trainer(dump, "--training.seed=7", "--training.steps=1")
+    try:
+        assert trainer.step == 0
+        for key, value in trainer.model.state_dict().items():
+            assert torch.equal(value, seed_weights[key]), key
+    finally:
+        trainer.close()
