@@ -39,7 +39,8 @@ from models.llama3.parallelize import apply_decoder_tp, block_plan  # noqa: E402
 from titan_tpu.distributed.tensor_parallel import loss_context  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
-from titan_tpu.distributed.parallelize import canonical_name, parallelize_model  # noqa: E402
+from titan_tpu.distributed.parallelize import parallelize_model
+from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
 
 STEPS = 10
 BASE = [

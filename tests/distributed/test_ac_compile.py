@@ -11,7 +11,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.distributed.compile import resolve_backend
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
-from titan_tpu.distributed.parallelize import canonical_name, parallelize_model
+from titan_tpu.distributed.parallelize import parallelize_model
+from titan_tpu.distributed.sharded_init import canonical_name
 
 import models
 
