@@ -29,6 +29,7 @@ from titan_tpu.data.loader import build_dataloader
 from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.device import Device, select_device
 from titan_tpu.distributed import process_group
+from titan_tpu.distributed.compile import compile_loss, resolve_backend
 from titan_tpu.distributed.grad_utils import clip_grad_norm_, mean_over
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import parallelize_model
@@ -121,6 +122,11 @@ class Trainer:
                 f"model {config.model.name} flavor {config.model.flavor}",
             )
         self.model = self._build_model()
+        self.loss_fn = self.spec.loss_fn
+        if config.compile.enable and not self.parallel.loss_parallel_enabled:
+            self.loss_fn = compile_loss(
+                self.loss_fn, resolve_backend(config.compile.backend, self.device.type)
+            )
         self.optimizer = build_optimizer(self.model, config.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, config.lr_scheduler, training.steps)
         self.dataloader = build_dataloader(
@@ -222,7 +228,7 @@ class Trainer:
             # Every micro-batch holds the same number of tokens, so the mean of means is the mean.
             # With loss parallel the logits are vocab-sharded: loss and backward run in its context.
             with loss_context(self.parallel.loss_parallel_enabled):
-                loss = self.spec.loss_fn(output, labels) / self.grad_accum_steps
+                loss = self.loss_fn(output, labels) / self.grad_accum_steps
                 loss.backward()
             loss_sum += local_value(loss.detach())
 

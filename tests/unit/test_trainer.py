@@ -63,7 +63,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
 
 def test_non_finite_loss_stops_with_step_number(tmp_path: Path) -> None:
     trainer = Trainer(small_config(tmp_path, "--training.steps=10", "--metrics.log_freq=1"))
-    real_loss = trainer.spec.loss_fn
+    real_loss = trainer.loss_fn
     calls = {"n": 0}
 
     def loss_fn(output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -71,7 +71,7 @@ def test_non_finite_loss_stops_with_step_number(tmp_path: Path) -> None:
         loss = real_loss(output, labels)
         return loss * float("nan") if calls["n"] == 3 else loss
 
-    trainer.spec = dataclasses.replace(trainer.spec, loss_fn=loss_fn)
+    trainer.loss_fn = loss_fn
     weights_before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     with pytest.raises(TrainingStopped, match=r"step 3: loss is nan"):
         trainer.train()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -45,3 +47,10 @@ def apply_compile(containers: list[nn.ModuleDict | nn.ModuleList], backend: str)
         for key in keys:
             block = container[key]  # type: ignore[index]
             container[key] = torch.compile(block, backend=backend, fullgraph=True)  # type: ignore[index]
+
+
+def compile_loss(loss_fn: Callable[..., torch.Tensor], backend: str) -> Callable[..., torch.Tensor]:
+    """The loss upcasts the logits ([tokens, vocab]) to float32 and normalises them: memory-bound
+    element-wise work that fusion shrinks to one pass. Vocab-sharded (loss-parallel) logits are
+    DTensors handled by their own kernels, so the caller compiles only the plain case."""
+    return torch.compile(loss_fn, backend=backend)
