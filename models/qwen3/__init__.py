@@ -1,0 +1,47 @@
+"""Qwen 3 family: registers "qwen3" (dense) and "qwen3_moe" (mixture of experts)."""
+
+from models.common.loss import cross_entropy_loss
+from models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
+from models.qwen3.flops import qwen3_flops_per_token, qwen3_param_count
+from models.qwen3.model import MoEOutput, Qwen3Model, Qwen3MoeModel, moe_loss
+from models.qwen3.parallelize import parallelize_qwen3, parallelize_qwen3_moe
+from models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER, Qwen3StateDictAdapter
+from models.registry import ModelSpec, register_model
+
+QWEN3_SPEC = ModelSpec(
+    name="qwen3",
+    model_cls=Qwen3Model,
+    flavors=QWEN3_FLAVORS,
+    flops_per_token=qwen3_flops_per_token,
+    loss_fn=cross_entropy_loss,
+    parallelize=parallelize_qwen3,
+    state_dict_adapter=QWEN3_STATE_DICT_ADAPTER,
+)
+QWEN3_MOE_SPEC = ModelSpec(
+    name="qwen3_moe",
+    model_cls=Qwen3MoeModel,
+    flavors=QWEN3_MOE_FLAVORS,
+    flops_per_token=qwen3_flops_per_token,
+    loss_fn=moe_loss,
+    parallelize=parallelize_qwen3_moe,
+    state_dict_adapter=QWEN3_STATE_DICT_ADAPTER,
+)
+register_model(QWEN3_SPEC)
+register_model(QWEN3_MOE_SPEC)
+
+__all__ = [
+    "QWEN3_FLAVORS",
+    "QWEN3_MOE_FLAVORS",
+    "QWEN3_MOE_SPEC",
+    "QWEN3_SPEC",
+    "QWEN3_STATE_DICT_ADAPTER",
+    "MoEOutput",
+    "Qwen3Args",
+    "Qwen3MoeArgs",
+    "Qwen3Model",
+    "Qwen3MoeModel",
+    "Qwen3StateDictAdapter",
+    "moe_loss",
+    "qwen3_flops_per_token",
+    "qwen3_param_count",
+]

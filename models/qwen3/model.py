@@ -1,0 +1,232 @@
+"""Qwen 3, dense and mixture-of-experts, single-device; parallelism is applied from outside.
+
+Qwen 3 is Llama 3's decoder with a per-head RMSNorm on q and k before the rotation (QK-norm), an
+explicit head_dim of 128, rope theta 1e6 without frequency scaling, and tied embeddings at the small
+sizes. The MoE variant swaps each block's SwiGLU for `MoEFeedForward`.
+
+Module names follow the Llama 3 model (and TorchTitan), so tensor-parallel plans and adapters address
+both alike: tok_embeddings, layers["i"].{attention_norm, attention.{wq, wk, wv, wo, q_norm, k_norm},
+ffn_norm, feed_forward.{w1, w2, w3}}, norm, output. In the MoE model feed_forward is
+{router.gate, experts.{w1, w2, w3}} with the experts' weights stacked [E, out, in].
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.common.attention import Attention
+from models.common.feed_forward import FeedForward
+from models.common.init import trunc_normal_std_
+from models.common.loss import cross_entropy_loss
+from models.common.norms import RMSNorm
+from models.common.rope import RotaryEmbedding
+from models.common.transformer import TransformerBlock, depth_scaled_init_std
+from models.qwen3.args import Qwen3Args, Qwen3MoeArgs
+from models.qwen3.moe import MoEFeedForward, RouterStats, load_balancing_loss
+
+
+def _attention(args: Qwen3Args) -> Attention:
+    return Attention(
+        dim=args.dim,
+        n_heads=args.n_heads,
+        n_kv_heads=args.n_kv_heads,
+        head_dim=args.head_dim,
+        qk_norm=True,
+        norm_eps=args.norm_eps,
+    )
+
+
+class MoETransformerBlock(TransformerBlock):
+    """The shared pre-norm block whose feed-forward also returns router statistics, passed out so the
+    model can form the load-balancing loss over all layers (no state is stashed on modules)."""
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, RouterStats]:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        out, stats = self.feed_forward(self.ffn_norm(h))
+        return h + out, stats
+
+
+def build_qwen3_block(args: Qwen3Args, layer_id: int) -> TransformerBlock:
+    common = dict(dim=args.dim, norm_eps=args.norm_eps, out_init_std=depth_scaled_init_std(layer_id))
+    if isinstance(args, Qwen3MoeArgs):
+        moe = MoEFeedForward(
+            dim=args.dim,
+            hidden_dim=args.moe_hidden_dim,
+            num_experts=args.num_experts,
+            top_k=args.top_k,
+            norm_topk_prob=args.norm_topk_prob,
+            impl=args.expert_impl,
+        )
+        return MoETransformerBlock(attention=_attention(args), feed_forward=moe, **common)
+    return TransformerBlock(
+        attention=_attention(args), feed_forward=FeedForward(args.dim, args.ffn_hidden_dim), **common
+    )
+
+
+class _Qwen3Base(nn.Module):
+    """Embedding, rotary tables, blocks, final norm and (untied) head, shared by both variants."""
+
+    def __init__(self, args: Qwen3Args) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.rope = RotaryEmbedding(args.head_dim, args.max_seq_len, args.rope_theta, None)
+        # A ModuleDict keyed by the original index, so wrapping a block (activation checkpointing,
+        # fully_shard) keeps the names checkpoints refer to.
+        self.layers = nn.ModuleDict({str(i): build_qwen3_block(args, i) for i in range(args.n_layers)})
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        # Tied: the logits reuse tok_embeddings.weight (one parameter, one checkpoint key).
+        self.output: nn.Linear | None = (
+            None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        )
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """(Re)initialise every parameter and recompute the rotary tables on `buffer_device`
+        (default: where the tables already are, i.e. the device given to `to_empty`)."""
+        self.rope.reset_buffers(buffer_device if buffer_device is not None else self.rope.cos.device)
+        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=0.02)
+        for layer in self.layers.values():
+            block: TransformerBlock = layer  # type: ignore[assignment]
+            block.init_weights()
+        self.norm.reset_parameters()
+        if self.output is not None:
+            # Scaled so the initial logits have unit variance given a unit-RMS normed input.
+            trunc_normal_std_(self.output.weight, self.args.dim**-0.5)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        h = self.norm(h)
+        if self.output is None:
+            return F.linear(h, self.tok_embeddings.weight)
+        return self.output(h)
+
+
+class Qwen3Model(_Qwen3Base):
+    """Dense Qwen 3: tokens [B, S] -> logits [B, S, vocab_size] in the parameters' dtype.
+
+    Build under `torch.device("meta")`, then `to_empty(device=...)` and `init_weights()`.
+    """
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        cos, sin = self.rope(tokens.shape[1])
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        return self._logits(h)
+
+
+class _AuxLossGradient:
+    """Hands each layer the gradient of the load-balancing loss w.r.t. its router-probability sums.
+
+    aux = E * sum_e (C_e / R) * (P_e / R) with C and P summed over all layers, so d aux / d P_l =
+    E * C / R^2 needs the counts of *every* layer: it is known only after the forward. Letting autograd
+    reach each layer through `aux_loss` would send gradient into every block the moment backward
+    starts, which makes FSDP gather all blocks at once (and fire its backward hooks out of order).
+    Instead, the loss's gradient is caught where `aux_loss` is formed (`_AuxLossValue`) and injected
+    at each block's output (`_InjectAuxGradient`) when the main gradient stream reaches that block;
+    the autograd graph orders the two (the catch consumes the last block's output).
+    """
+
+    def __init__(self, num_experts: int) -> None:
+        self.num_experts = num_experts
+        self.counts: torch.Tensor | None = None
+        self.rows = 0
+        self.upstream: torch.Tensor | None = None
+        # With the statistics summed over `replicas` data-parallel ranks (global-batch balancing),
+        # every rank's loss holds the same aux term, so d(sum of the ranks' losses) / d(local P) is
+        # `replicas` times the local derivative; data parallelism then averages it back.
+        self.replicas = 1
+
+    def prob_sums_grad(self) -> torch.Tensor | None:
+        if self.upstream is None or self.counts is None:
+            return None  # aux_loss took no part in the loss
+        scale = self.upstream * (self.replicas * self.num_experts) / (self.rows * self.rows)
+        return scale * self.counts
+
+
+class _InjectAuxGradient(torch.autograd.Function):
+    """Identity on the block output h; in backward also returns the aux gradient for prob_sums."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, prob_sums: torch.Tensor, tracker: _AuxLossGradient) -> torch.Tensor:
+        ctx.tracker = tracker
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx: Any, grad_h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        return grad_h, ctx.tracker.prob_sums_grad(), None
+
+
+class _AuxLossValue(torch.autograd.Function):
+    """Returns the (gradient-free) aux loss value; in backward records d loss / d aux_loss."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, value: torch.Tensor, tracker: _AuxLossGradient) -> torch.Tensor:
+        ctx.tracker = tracker
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        ctx.tracker.upstream = grad.detach()
+        return None, None, None
+
+
+class MoEOutput(NamedTuple):
+    """What the MoE model returns: the logits, the load-balancing loss (unweighted, as transformers
+    reports `aux_loss`) and the weight the training loss gives it."""
+
+    logits: torch.Tensor
+    aux_loss: torch.Tensor
+    aux_loss_coef: float
+
+
+class Qwen3MoeModel(_Qwen3Base):
+    """Qwen 3 MoE: tokens [B, S] -> MoEOutput(logits [B, S, V], aux_loss, aux_loss_coef).
+
+    The trainer's loss is `moe_loss`: cross-entropy + aux_loss_coef * aux_loss.
+    """
+
+    args: Qwen3MoeArgs
+
+    def __init__(self, args: Qwen3MoeArgs) -> None:
+        if not isinstance(args, Qwen3MoeArgs):
+            raise TypeError(f"Qwen3MoeModel needs Qwen3MoeArgs, got {type(args).__name__}")
+        super().__init__(args)
+        # Global-batch load balancing: a data-parallel wrapper may set this to a function that sums a
+        # tensor over the data-parallel ranks and returns (sum, number of ranks). The aux loss is then
+        # computed from the whole step's router statistics, identical on every rank and equal to a
+        # single process's on the same global batch (the Qwen 3 recipe). None: this batch only.
+        self.sum_router_stats: Callable[[torch.Tensor], tuple[torch.Tensor, int]] | None = None
+
+    def forward(self, tokens: torch.Tensor) -> MoEOutput:
+        h = self.tok_embeddings(tokens)
+        cos, sin = self.rope(tokens.shape[1])
+        stats: list[RouterStats] = []
+        tracker = _AuxLossGradient(self.args.num_experts)
+        for layer in self.layers.values():
+            h, layer_stats = layer(h, cos, sin)
+            stats.append(layer_stats)
+            if torch.is_grad_enabled() and layer_stats.prob_sums.requires_grad:
+                h = _InjectAuxGradient.apply(h, layer_stats.prob_sums, tracker)
+        with torch.no_grad():
+            totals = torch.stack(
+                [torch.stack([s.counts for s in stats]).sum(0), torch.stack([s.prob_sums for s in stats]).sum(0)]
+            )
+            rows = sum(s.n_tokens for s in stats)
+            if self.sum_router_stats is not None:
+                totals, tracker.replicas = self.sum_router_stats(totals)
+                rows *= tracker.replicas
+            value = load_balancing_loss([RouterStats(totals[0], totals[1], rows)], self.args.num_experts)
+            tracker.counts, tracker.rows = totals[0], rows
+        aux_loss = _AuxLossValue.apply(h, value, tracker) if torch.is_grad_enabled() else value
+        return MoEOutput(self._logits(h), aux_loss, self.args.router_aux_loss_coef)
+
+
+def moe_loss(output: MoEOutput, labels: torch.Tensor) -> torch.Tensor:
+    """Training loss of the MoE model, as transformers' Qwen3MoeForCausalLM forms it with labels:
+    mean next-token cross-entropy + router_aux_loss_coef * load-balancing loss."""
+    return cross_entropy_loss(output.logits, labels) + output.aux_loss_coef * output.aux_loss

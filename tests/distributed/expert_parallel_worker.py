@@ -1,0 +1,184 @@
+"""Worker for the expert-parallel tests: `torchrun --nproc-per-node 4 expert_parallel_worker.py OUT`.
+
+One launch runs, on the same 4 processes:
+  1. one MoE layer, experts sharded over ep = 4 with the dispatch / combine all-to-alls, against the
+     same layer on one device fed every rank's tokens: outputs, input gradients and (gathered) expert
+     gradients; once with ordinary routing and once with a router that sends every token to experts
+     0 and 1, so three of the four ranks receive no tokens at all;
+  2. for each layout (EP 2 x FSDP 2, EP 4, TP 2 x EP 2 with activation checkpointing, HSDP 2 x 2
+     with EP 2) a real `Trainer` on the MoE debug model: the
+     freshly initialised weights, gathered, against a single-process initialisation, then 10 fp32
+     steps whose losses the test compares with a single process's.
+Rank 0 writes everything to OUT (JSON). `reference()` is the single-process side, run by the test.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import models  # noqa: E402
+from models.qwen3.moe import MoEFeedForward  # noqa: E402
+from titan_tpu.config import load_config  # noqa: E402
+from titan_tpu.distributed.expert_parallel import apply_expert_parallel  # noqa: E402
+from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
+from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
+from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
+
+CONFIG = "qwen3_moe_debug"
+STEPS = 10
+BASE = [
+    "--training.seq_len=32",
+    "--training.global_batch_size=8",
+    "--training.local_batch_size=-1",
+    "--training.dtype=float32",
+    f"--training.steps={STEPS}",
+    "--metrics.log_freq=1",
+    "--data.shuffle_buffer=16",
+]
+LAYOUTS: dict[str, list[str]] = {
+    "ep2_fsdp2": ["--parallelism.dp_shard=4", "--parallelism.ep=2"],
+    "ep4": ["--parallelism.dp_shard=4", "--parallelism.ep=4"],
+    # Activation checkpointing recomputes the dispatch / combine all-to-alls inside backward.
+    "tp2_ep2_ac": [
+        "--parallelism.tp=2", "--parallelism.dp_shard=2", "--parallelism.ep=2", "--activation_checkpoint.mode=full",
+    ],
+    "hsdp2x2_ep2": ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--parallelism.ep=2"],
+}
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+# ---------------------------------------------------------------- 1. one MoE layer, ep = world
+
+
+def moe_layer(collapse: bool) -> dict[str, float]:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    ep_mesh = DeviceMesh("cpu", torch.arange(world), mesh_dim_names=("ep",))
+    dim, hidden, experts, top_k = 32, 48, 8, 2
+    torch.manual_seed(0)
+    reference = MoEFeedForward(dim, hidden, experts, top_k, norm_topk_prob=True, impl="loop")
+    reference.init_weights(0.02)
+    if collapse:
+        with torch.no_grad():  # every token prefers experts 0 and 1: ranks 1..3 receive nothing
+            reference.router.gate.weight.zero_()
+            reference.router.gate.weight[:2] = 1.0
+    sharded = copy.deepcopy(reference)
+    sharded.experts.impl = "padded_bmm"
+    apply_expert_parallel(sharded, ep_mesh)
+
+    # Every rank builds every rank's tokens (same seed) and feeds its own slice to the sharded layer.
+    torch.manual_seed(1)
+    tokens = torch.randn(world, 2, 5, dim).abs() if collapse else torch.randn(world, 2, 5, dim)
+    mine = tokens[rank].clone().requires_grad_()
+    everyone = tokens.clone().requires_grad_()
+    out, _ = sharded(mine)
+    ref_out, _ = reference(everyone.flatten(0, 1))
+    weights = torch.randn_like(ref_out)  # a loss that gives every output element its own gradient
+    (out * weights.view(world, 2, 5, dim)[rank]).sum().backward()
+    (ref_out * weights).sum().backward()
+
+    results = {
+        "forward": float((out - ref_out.view(world, 2, 5, dim)[rank]).abs().max()),
+        "input_grad": float((mine.grad - everyone.grad[rank]).abs().max()),
+    }
+    # Expert grads on rank r cover its experts and sum every rank's tokens: compare gathered.
+    expert_grad_diff = 0.0
+    for name in ("w1", "w2", "w3"):
+        local_grad = getattr(sharded.experts, name).grad
+        gathered = full(local_grad) if isinstance(local_grad, DTensor) else local_grad
+        # The combine scales expert grads by 1/ep (FSDP's average over the other dp axes completes
+        # the mean); undo it to compare with the single-device sum.
+        ref_grad = getattr(reference.experts, name).grad
+        expert_grad_diff = max(expert_grad_diff, float((gathered * world - ref_grad).abs().max()))
+    results["expert_grad"] = expert_grad_diff
+    # The router is replicated: its local grads summed over ranks equal the single-device grad.
+    router_grad = sharded.router.gate.weight.grad.clone()
+    dist.all_reduce(router_grad)
+    results["router_grad"] = float((router_grad - reference.router.gate.weight.grad).abs().max())
+    counts = torch.bincount(reference.router(everyone.flatten(0, 1).reshape(-1, dim))[1].flatten(), minlength=experts)
+    results["ranks_without_tokens"] = int((counts.view(world, -1).sum(1) == 0).sum())
+    return results
+
+
+# ---------------------------------------------------------------- 2. layouts through the trainer
+
+
+def single_process_init(config: Any) -> dict[str, torch.Tensor]:
+    spec = models.get_model_spec(config.model.name)
+    args = dataclasses.replace(spec.flavor(config.model.flavor), max_seq_len=config.training.seq_len)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    ctx = ParallelContext(ParallelDims(1, 1, 1, 1, 1))
+    model = parallelize_model(model, None, ctx, config, torch.device("cpu"), "cpu", torch.float32)
+    return {canonical_name(n): p.detach() for n, p in model.named_parameters()}
+
+
+def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
+    from titan_tpu.trainer import Trainer
+
+    config = load_config(CONFIG, [*BASE, *overrides, f"--job.dump_folder={dump / name}"])
+    trainer = Trainer(config)
+    reference = single_process_init(config)
+    init_diff = max(
+        float((full(p.detach()) - reference[canonical_name(n)]).abs().max())
+        for n, p in trainer.model.named_parameters()
+    )
+    expert_params = [p for n, p in trainer.model.named_parameters() if ".experts." in n]
+    local_experts = expert_params[0].to_local().shape if isinstance(expert_params[0], DTensor) else None
+    losses = [r.loss for r in trainer.train()]
+    return {
+        "losses": losses,
+        "init_max_abs_diff": init_diff,
+        "expert_local_shape": list(local_experts) if local_experts is not None else None,
+    }
+
+
+def reference(dump: Path) -> dict[str, Any]:
+    """Single process, same config: the per-step losses."""
+    from titan_tpu.trainer import Trainer
+
+    trainer = Trainer(load_config(CONFIG, [*BASE, f"--job.dump_folder={dump / 'single'}"]))
+    losses = [r.loss for r in trainer.train()]
+    trainer.close()
+    return {"losses": losses}
+
+
+def main(out: Path) -> None:
+    from titan_tpu.distributed import process_group
+
+    info = process_group.process_info()
+    process_group.init_process_group("gloo", info)
+    results: dict[str, Any] = {"timings_s": {}}
+    for collapse in (False, True):
+        start = time.perf_counter()
+        key = "moe_layer_collapsed" if collapse else "moe_layer"
+        results[key] = moe_layer(collapse)
+        results["timings_s"][key] = time.perf_counter() - start
+    for name, overrides in LAYOUTS.items():
+        start = time.perf_counter()
+        results[name] = run_layout(name, overrides, out.parent)
+        results["timings_s"][name] = time.perf_counter() - start
+    if info.rank == 0:
+        out.write_text(json.dumps(results, indent=1))
+    process_group.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

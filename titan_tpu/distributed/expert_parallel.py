@@ -1,0 +1,240 @@
+"""Expert parallelism (EP): each rank of the `ep` mesh axis holds num_experts / ep of every MoE layer's
+experts; tokens travel to the rank holding their expert and back with two all-to-alls.
+
+Layout rule. ep is carved out of dp_shard, never out of tp or dp_replicate:
+
+    world = dp_replicate x dp_shard x tp,   dp_shard = dp_shard_mod_ep x ep   (ep innermost of dp_shard)
+
+so ep must divide dp_shard (`ParallelDims.validate`) and the number of experts (`validate_expert_parallel`).
+The ranks of one ep group are data-parallel peers (different micro-batches), which is what makes
+expert parallelism pay: the experts' memory is divided by ep and every expert sees the tokens of ep
+ranks. Parameters are then sharded as follows:
+
+    attention, norms, router, embeddings   FSDP over dp_shard (all of it), TP over tp as for dense
+    experts (w1, w2, w3: [E, out, in])     Shard(0) over ep, then FSDP over dp_shard_mod_ep
+                                           (HSDP: replicated over dp_replicate as well)
+
+Expert gradients: the expert held on rank r collects the contributions of all ep ranks' tokens, i.e.
+a *sum* over ep of per-rank mean-loss gradients, and FSDP over dp_shard_mod_ep averages only over
+that axis. The missing 1/ep is applied inside backward: the experts' output gradient is scaled by
+1/ep on its way in and their input gradient by ep on its way out, so the weight gradients carry 1/ep
+and the tokens' gradients are untouched. (FSDP's `set_gradient_divide_factor` would do it in the
+reduce-scatter, but it needs ReduceOp.PREMUL_SUM, which gloo lacks; this works on every backend.)
+
+With tp > 1 the MoE layer is not tensor-parallel: its input is gathered to the full sequence, every
+tp rank routes the same tokens and computes the same outputs (so router and expert gradients agree
+across tp without a reduction), and the output is re-sharded along the sequence for the residual.
+
+The model code knows none of this: `GroupedExperts(x_sorted, counts)` is wrapped by a forward
+pre-hook (dispatch) and a forward hook (combine) installed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+from titan_tpu.config.errors import ConfigError
+from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
+
+LAYOUT_RULE = (
+    "expert parallelism is carved from dp_shard (dp_shard = dp_shard_mod_ep x ep); ep must divide "
+    "dp_shard and the number of experts"
+)
+
+
+def validate_expert_parallel(dims: ParallelDims, num_experts: int) -> None:
+    """One clear line when ep cannot be laid out (see LAYOUT_RULE)."""
+    if dims.ep < 1:
+        raise ConfigError(f"parallelism.ep: must be >= 1, got {dims.ep}")
+    if dims.dp_shard % dims.ep != 0:
+        raise ConfigError(
+            f"parallelism.ep: {LAYOUT_RULE}; ep {dims.ep} does not divide dp_shard {dims.dp_shard} "
+            f"({dims.describe()})"
+        )
+    if num_experts % dims.ep != 0:
+        fits = [d for d in range(1, num_experts + 1) if num_experts % d == 0 and dims.dp_shard % d == 0]
+        raise ConfigError(
+            f"parallelism.ep: {LAYOUT_RULE}; ep {dims.ep} does not divide the model's {num_experts} "
+            f"experts (with dp_shard {dims.dp_shard}, ep can be one of {fits})"
+        )
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; multiplies the gradient by `scale` in backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
+
+
+class _Dispatch:
+    """The all-to-all pair around one experts module. State from the dispatch (split sizes and the
+    regrouping permutation) is kept here until the matching combine; activation-checkpoint recompute
+    runs the pair again in the same order, so one slot suffices."""
+
+    def __init__(self, ep_mesh: DeviceMesh, num_experts: int) -> None:
+        self.mesh = ep_mesh
+        self.group = ep_mesh.get_group()
+        self.ep = ep_mesh.size()
+        self.local_experts = num_experts // self.ep
+        self.state: tuple[list[int], list[int], torch.Tensor] | None = None
+
+    def dispatch(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        x, counts = args
+        # counts [E] of this rank's tokens per global expert; experts e*L .. (e+1)*L-1 live on ep rank e.
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=self.group)
+        sent_per_rank = counts.view(self.ep, self.local_experts).sum(1).tolist()
+        received_matrix = received.view(self.ep, self.local_experts)  # [source rank, local expert]
+        received_per_rank = received_matrix.sum(1).tolist()
+        routed = all_to_all_single_autograd(x, received_per_rank, sent_per_rank, group=self.group)
+        # Arrived ordered by (source rank, local expert); the experts want (local expert, source).
+        expert_of_row = torch.repeat_interleave(
+            torch.arange(self.local_experts, device=x.device).repeat(self.ep),
+            received_matrix.flatten(),
+            output_size=routed.shape[0],
+        )
+        order = torch.argsort(expert_of_row, stable=True)
+        self.state = (sent_per_rank, received_per_rank, order)
+        # Undo, for the tokens, the 1/ep the combine puts on the experts' gradients (module doc).
+        tokens = _ScaleGrad.apply(routed[order], float(self.ep))
+        return tokens, received_matrix.sum(0)
+
+    def combine(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        if self.state is None:
+            raise RuntimeError("expert-parallel combine without a dispatch")
+        sent_per_rank, received_per_rank, order = self.state
+        self.state = None
+        output = _ScaleGrad.apply(output, 1.0 / self.ep)
+        by_source = torch.empty_like(output).index_copy(0, order, output)
+        return all_to_all_single_autograd(by_source, sent_per_rank, received_per_rank, group=self.group)
+
+
+def moe_layers(model: nn.Module) -> list[nn.Module]:
+    """Every MoE feed-forward (a module with `router` and `experts` children) in the model."""
+    return [m for m in model.modules() if hasattr(m, "router") and hasattr(m, "experts")]
+
+
+def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
+    """Shard every MoE layer's experts over `ep_mesh` (dim 0) and wrap them with dispatch / combine.
+    Call on the `meta` model, before FSDP."""
+    for moe in moe_layers(model):
+        experts = moe.experts
+        num_experts = experts.num_experts
+        for name, param in list(experts.named_parameters(recurse=False)):
+            sharded = nn.Parameter(distribute_tensor(param.data, ep_mesh, [Shard(0)]))
+            experts.register_parameter(name, sharded)
+        hooks = _Dispatch(ep_mesh, num_experts)
+        experts.register_forward_pre_hook(hooks.dispatch)
+        experts.register_forward_hook(hooks.combine)
+
+
+def replicate_moe_over_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """With tp > 1, run each MoE layer on the full sequence on every tp rank (see module doc)."""
+
+    def gather(module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
+        x = args[0]
+        if isinstance(x, DTensor):
+            x = x.redistribute(tp_mesh, [Replicate()]).to_local()
+        return (x, *args[1:])
+
+    def scatter(module: nn.Module, args: Any, output: tuple[torch.Tensor, Any]) -> tuple[Any, Any]:
+        # The residual stream between sub-layers is a plain tensor holding this rank's sequence
+        # shard (SP) or the whole sequence; hand back the same.
+        out, stats = output
+        if not sequence_parallel:
+            return out, stats
+        full = DTensor.from_local(out, tp_mesh, [Replicate()], run_check=False)
+        return full.redistribute(tp_mesh, [Shard(1)]).to_local(), stats
+
+    for moe in moe_layers(model):
+        moe.register_forward_pre_hook(gather)
+        moe.register_forward_hook(scatter)
+
+
+def sum_over_mesh(mesh: DeviceMesh) -> Callable[[torch.Tensor], tuple[torch.Tensor, int]]:
+    """A (sum over the mesh's ranks, number of ranks) function, e.g. for global-batch load balancing
+    (`Qwen3MoeModel.sum_router_stats`): no autograd, the caller handles the gradient."""
+    group = mesh.get_group()
+
+    def summed(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+        tensor = tensor.detach().clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        return tensor, mesh.size()
+
+    return summed
+
+
+def expert_fsdp_mesh(ctx: ParallelContext) -> DeviceMesh | None:
+    """The mesh the experts are FSDP-sharded over: dp_shard_mod_ep, with dp_replicate in front for
+    HSDP; None when that is a single rank (ep == dp_shard and no replicas)."""
+    dims = ctx.dims
+    world = ctx.mesh("world")
+    if dims.dp_replicate > 1:
+        return world["dp_replicate", "dp_shard_mod_ep"]
+    if dims.dp_shard // dims.ep > 1:
+        return world["dp_shard_mod_ep"]
+    return None
+
+
+def apply_expert_fsdp(
+    model: nn.Module,
+    ctx: ParallelContext,
+    mp_policy: MixedPrecisionPolicy,
+    offload_policy: OffloadPolicy,
+    reshard_after_forward: bool,
+) -> None:
+    """`fully_shard` every MoE layer's experts over the expert-FSDP mesh, before the blocks are
+    sharded (so the block's FSDP leaves them alone). When that mesh is a single rank the experts still
+    get their own (trivial) FSDP group, so that the block's FSDP never sees parameters laid out over ep.
+    """
+    mesh = expert_fsdp_mesh(ctx) or ctx.mesh("world")["dp_shard_mod_ep"]
+    for moe in moe_layers(model):
+        experts = moe.experts
+        local_experts = experts.w1.shape[0] // ctx.dims.ep
+        shards = mesh.size(0) if mesh.ndim == 1 else mesh.size(1)
+        # Fewer local experts than FSDP shards: shard the hidden dimension instead of the expert one.
+        placement = Shard(0) if local_experts % shards == 0 else Shard(1)
+        fully_shard(
+            experts,
+            mesh=mesh,
+            mp_policy=mp_policy,
+            offload_policy=offload_policy,
+            reshard_after_forward=reshard_after_forward,
+            shard_placement_fn=lambda param, placement=placement: placement,
+        )
+
+
+def parallelize_moe(model: nn.Module, ctx: ParallelContext, num_experts: int) -> None:
+    """Expert parallelism (and expert FSDP) for a model whose dense parts are handled elsewhere.
+
+    The model's `parallelize` does not see the run's FSDP policies, so the experts' FSDP keeps float32
+    parameters and gradients (correct under bf16 runs too: `GroupedExperts` casts the gathered
+    weights to the activations' dtype; it only moves twice the bytes a bf16 all-gather would).
+    """
+    dims = ctx.dims
+    validate_expert_parallel(dims, num_experts)
+    if not dims.ep_enabled:
+        return
+    apply_expert_parallel(model, ctx.ep_mesh)
+    apply_expert_fsdp(
+        model,
+        ctx,
+        mp_policy=MixedPrecisionPolicy(),
+        offload_policy=OffloadPolicy(),
+        reshard_after_forward=True,
+    )
