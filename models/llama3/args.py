@@ -72,6 +72,20 @@ LLAMA3_FLAVORS: dict[str, Llama3Args] = {
         rope_scaling=_LLAMA31_ROPE,
         max_seq_len=2048,
     ),
+    # A ~100M-parameter model for measuring training throughput on a CPU or a single small chip; the
+    # 32K vocab keeps the output head's share of the FLOPs like a real model's.
+    "100M": Llama3Args(
+        dim=768,
+        n_layers=12,
+        n_heads=12,
+        n_kv_heads=4,
+        vocab_size=32768,
+        multiple_of=256,
+        ffn_dim_multiplier=None,
+        rope_scaling=_LLAMA31_ROPE,
+        max_seq_len=2048,
+        tie_embeddings=True,
+    ),
     "1B": Llama3Args(
         dim=2048,
         n_layers=16,

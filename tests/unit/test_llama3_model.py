@@ -18,9 +18,9 @@ from models.llama3 import LLAMA3_FLAVORS, Llama3Args, Llama3Model, llama3_param_
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Published sizes (Meta model cards / HF configs).
-PUBLISHED_PARAMS = {"1B": 1.24e9, "3B": 3.21e9, "8B": 8.03e9, "70B": 70.6e9, "405B": 405.9e9}
-PUBLISHED_FFN = {"1B": 8192, "3B": 8192, "8B": 14336, "70B": 28672, "405B": 53248}
+# Published sizes (Meta model cards / HF configs); 100M is our own benchmark flavor.
+PUBLISHED_PARAMS = {"100M": 100.7e6, "1B": 1.24e9, "3B": 3.21e9, "8B": 8.03e9, "70B": 70.6e9, "405B": 405.9e9}
+PUBLISHED_FFN = {"100M": 2048, "1B": 8192, "3B": 8192, "8B": 14336, "70B": 28672, "405B": 53248}
 
 
 def _materialize(args: Llama3Args, seed: int = 0) -> Llama3Model:
@@ -210,7 +210,7 @@ def test_unknown_flavor_lists_the_valid_ones() -> None:
     with pytest.raises(ValueError) as info:
         spec.flavor("7B")
     message = str(info.value)
-    assert message.startswith("unknown flavor '7B' for model 'llama3'; valid: debug, 1B, 3B, 8B, 70B, 405B")
+    assert message.startswith("unknown flavor '7B' for model 'llama3'; valid: debug, 100M, 1B, 3B, 8B, 70B, 405B")
     with pytest.raises(ValueError, match="did you mean '8B'"):
         spec.flavor("8b")
     assert spec.flavor("8B") is LLAMA3_FLAVORS["8B"]
