@@ -14,15 +14,11 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from models.common.attention import Attention
+from models.common.decoder import DecoderLM
 from models.common.feed_forward import FeedForward
-from models.common.init import trunc_normal_std_
 from models.common.loss import cross_entropy_loss
-from models.common.norms import RMSNorm
-from models.common.rope import RotaryEmbedding
 from models.common.transformer import TransformerBlock, depth_scaled_init_std
 from models.qwen3.args import Qwen3Args, Qwen3MoeArgs
 from models.qwen3.moe import MoEFeedForward, RouterStats, load_balancing_loss
@@ -68,41 +64,22 @@ def build_qwen3_block(args: Qwen3Args, layer_id: int) -> TransformerBlock:
     )
 
 
-class _Qwen3Base(nn.Module):
-    """Embedding, rotary tables, blocks, final norm and (untied) head, shared by both variants."""
+class _Qwen3Base(DecoderLM):
+    """The shared decoder frame with Qwen 3's blocks (no rope frequency scaling)."""
 
     def __init__(self, args: Qwen3Args) -> None:
-        super().__init__()
-        self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.rope = RotaryEmbedding(args.head_dim, args.max_seq_len, args.rope_theta, None)
-        # A ModuleDict keyed by the original index, so wrapping a block (activation checkpointing,
-        # fully_shard) keeps the names checkpoints refer to.
-        self.layers = nn.ModuleDict({str(i): build_qwen3_block(args, i) for i in range(args.n_layers)})
-        self.norm = RMSNorm(args.dim, args.norm_eps)
-        # Tied: the logits reuse tok_embeddings.weight (one parameter, one checkpoint key).
-        self.output: nn.Linear | None = (
-            None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        super().__init__(
+            blocks=[build_qwen3_block(args, i) for i in range(args.n_layers)],
+            vocab_size=args.vocab_size,
+            dim=args.dim,
+            head_dim=args.head_dim,
+            max_seq_len=args.max_seq_len,
+            rope_theta=args.rope_theta,
+            rope_scaling=None,
+            norm_eps=args.norm_eps,
+            tie_embeddings=args.tie_embeddings,
         )
-
-    def init_weights(self, buffer_device: torch.device | None = None) -> None:
-        """(Re)initialise every parameter and recompute the rotary tables on `buffer_device`
-        (default: where the tables already are, i.e. the device given to `to_empty`)."""
-        self.rope.reset_buffers(buffer_device if buffer_device is not None else self.rope.cos.device)
-        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=0.02)
-        for layer in self.layers.values():
-            block: TransformerBlock = layer  # type: ignore[assignment]
-            block.init_weights()
-        self.norm.reset_parameters()
-        if self.output is not None:
-            # Scaled so the initial logits have unit variance given a unit-RMS normed input.
-            trunc_normal_std_(self.output.weight, self.args.dim**-0.5)
-
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        h = self.norm(h)
-        if self.output is None:
-            return F.linear(h, self.tok_embeddings.weight)
-        return self.output(h)
+        self.args = args
 
 
 class Qwen3Model(_Qwen3Base):
@@ -116,7 +93,7 @@ class Qwen3Model(_Qwen3Base):
         cos, sin = self.rope(tokens.shape[1])
         for layer in self.layers.values():
             h = layer(h, cos, sin)
-        return self._logits(h)
+        return self.logits(h)
 
 
 class _AuxLossGradient:
@@ -223,7 +200,7 @@ class Qwen3MoeModel(_Qwen3Base):
             value = load_balancing_loss([RouterStats(totals[0], totals[1], rows)], self.args.num_experts)
             tracker.counts, tracker.rows = totals[0], rows
         aux_loss = _AuxLossValue.apply(h, value, tracker) if torch.is_grad_enabled() else value
-        return MoEOutput(self._logits(h), aux_loss, self.args.router_aux_loss_coef)
+        return MoEOutput(self.logits(h), aux_loss, self.args.router_aux_loss_coef)
 
 
 def moe_loss(output: MoEOutput, labels: torch.Tensor) -> torch.Tensor:

@@ -172,7 +172,7 @@ def test_aux_loss_gradient_equals_plain_autograd() -> None:
         h, layer_stats = layer(h, cos, sin)
         stats.append(layer_stats)
     aux = load_balancing_loss(stats, args.num_experts)
-    plain = cross_entropy_loss(model._logits(h), tokens[:, 1:]) + args.router_aux_loss_coef * aux
+    plain = cross_entropy_loss(model.logits(h), tokens[:, 1:]) + args.router_aux_loss_coef * aux
     plain.backward()
     torch.testing.assert_close(loss, plain)
     for name, grad in _grads(model).items():

@@ -1,0 +1,56 @@
+"""The frame every decoder-only family shares: token embedding, rotary tables, a ModuleDict of blocks,
+final norm and output head (or the embedding reused as the head when tied). Families pass in their
+blocks and write their own `forward`."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.common.init import trunc_normal_std_
+from models.common.norms import RMSNorm
+from models.common.rope import RopeScaling, RotaryEmbedding
+from models.common.transformer import TransformerBlock
+
+
+class DecoderLM(nn.Module):
+    def __init__(
+        self,
+        blocks: list[nn.Module],
+        vocab_size: int,
+        dim: int,
+        head_dim: int,
+        max_seq_len: int,
+        rope_theta: float,
+        rope_scaling: RopeScaling | None,
+        norm_eps: float,
+        tie_embeddings: bool,
+    ) -> None:
+        super().__init__()
+        self.dim = dim
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.rope = RotaryEmbedding(head_dim, max_seq_len, rope_theta, rope_scaling)
+        # A ModuleDict keyed by the original index, so wrapping a block (activation checkpointing,
+        # fully_shard) or dropping some (pipeline stages) keeps the names checkpoints refer to.
+        self.layers = nn.ModuleDict({str(i): block for i, block in enumerate(blocks)})
+        self.norm = RMSNorm(dim, norm_eps)
+        # Tied: no separate head, the logits reuse tok_embeddings.weight (one parameter, one checkpoint key).
+        self.output: nn.Linear | None = None if tie_embeddings else nn.Linear(dim, vocab_size, bias=False)
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """(Re)initialise every parameter and recompute the rotary tables on `buffer_device`
+        (default: where the tables already are, i.e. the device given to `to_empty`)."""
+        self.rope.reset_buffers(buffer_device if buffer_device is not None else self.rope.cos.device)
+        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=0.02)
+        for layer in self.layers.values():
+            block: TransformerBlock = layer  # type: ignore[assignment]
+            block.init_weights()
+        self.norm.reset_parameters()
+        if self.output is not None:
+            # Scaled so the initial logits have unit variance given a unit-RMS normed input.
+            trunc_normal_std_(self.output.weight, self.dim**-0.5)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        h = self.norm(h)
+        if self.output is None:
+            return F.linear(h, self.tok_embeddings.weight)
+        return self.output(h)
