@@ -23,7 +23,7 @@ It is not the mean of per-layer losses, so each layer returns its (C, P) and the
 (how its gradient reaches each layer: `models.qwen3.model._AuxLossGradient`).
 """
 
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -86,6 +86,30 @@ def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     return None
 
 
+class ExpertSwiGLU(nn.Module):
+    """The experts' dense math, free of data-dependent shapes: the part of an MoE layer that
+    torch.compile can take whole. No parameters (the caller passes the rank-local weights):
+
+    - padded runs x [E, C, D] (every expert's run padded to C rows): three batched matmuls;
+    - ragged runs x [N, D] with `offsets` [E] (cumulative run ends, int32): `torch._grouped_mm`.
+    """
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        w3: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if offsets is None:
+            hidden = F.silu(torch.bmm(x, w1.transpose(-2, -1))) * torch.bmm(x, w3.transpose(-2, -1))
+            return torch.bmm(hidden, w2.transpose(-2, -1))
+        gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offsets)
+        up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offsets)
+        return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offsets)
+
+
 class GroupedExperts(nn.Module):
     """E SwiGLU experts stored as stacked weights: w1 (gate) and w3 (up) [E, hidden, dim], w2 (down)
     [E, dim, hidden], i.e. each expert's slice is laid out like an nn.Linear weight (out, in).
@@ -95,12 +119,18 @@ class GroupedExperts(nn.Module):
     Implementations, all the same function:
     - "grouped_mm": `torch._grouped_mm`, one kernel per projection over ragged runs. Fast on recent
       GPUs in bf16; on CPU it works (fp32 and bf16, 16-byte aligned widths) but is slow.
+      torch.compile takes it in bf16 only (its fake-tensor kernel rejects float32).
     - "padded_bmm": runs scattered into an [E, max_run, D] buffer and three `torch.bmm`s. Pays for
       the padding (max_run - run) but is one batched matmul everywhere; the CPU default.
     - "loop": a Python loop over experts with plain matmuls: the reference, and what FLOP counting
       uses (FlopCounterMode sees no FLOPs in `_grouped_mm` and counts bmm padding as work).
     - "auto": grouped_mm on CUDA in bf16, padded_bmm elsewhere.
+
+    Run lengths are data-dependent (and under expert parallelism, hooks around this module exchange
+    tokens with host-side split sizes), so torch.compile takes only `swiglu`, the matmuls.
     """
+
+    compile_children: ClassVar[tuple[str, ...]] = ("swiglu",)
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, impl: ExpertImpl) -> None:
         super().__init__()
@@ -109,6 +139,7 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
         self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.swiglu = ExpertSwiGLU()
 
     def init_weights(self, out_init_std: float) -> None:
         trunc_normal_std_(self.w1, 0.02)
@@ -117,8 +148,8 @@ class GroupedExperts(nn.Module):
         trunc_normal_std_(self.w2, out_init_std)
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        # Under FSDP mixed precision the activations may arrive in bf16 while expert weights were
-        # gathered in float32 (or the reverse); the matmuls run in the activations' dtype.
+        # The matmuls run in the activations' dtype (under FSDP the weights arrive gathered in it
+        # already; a single process under autocast keeps float32 weights).
         w1, w2, w3 = (_local(w).to(x.dtype) for w in (self.w1, self.w2, self.w3))
         impl = self.impl
         if impl == "auto":
@@ -127,8 +158,8 @@ class GroupedExperts(nn.Module):
         if impl == "loop":
             return _loop(x, counts, w1, w2, w3)
         if impl == "grouped_mm":
-            return _grouped_mm(x, counts, w1, w2, w3)
-        return _padded_bmm(x, counts, w1, w2, w3)
+            return _grouped_mm(x, counts, w1, w2, w3, self.swiglu)
+        return _padded_bmm(x, counts, w1, w2, w3, self.swiglu)
 
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, impl={self.impl}"
@@ -145,15 +176,17 @@ def _loop(
 
 
 def _grouped_mm(
-    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
+    x: torch.Tensor,
+    counts: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    swiglu: nn.Module,
 ) -> torch.Tensor:
     # _grouped_mm is on no autocast list: cast by hand as autocast would for a matmul.
     dtype = _autocast_dtype(x) or x.dtype
     x, w1, w2, w3 = (t.to(dtype) for t in (x, w1, w2, w3))
-    offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
-    gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offsets)
-    up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offsets)
-    return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offsets)
+    return swiglu(x, w1, w2, w3, offsets=torch.cumsum(counts, dim=0, dtype=torch.int32))
 
 
 def _bucket(rows: int) -> int:
@@ -167,7 +200,12 @@ def _bucket(rows: int) -> int:
 
 
 def _padded_bmm(
-    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
+    x: torch.Tensor,
+    counts: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    swiglu: nn.Module,
 ) -> torch.Tensor:
     # No early exit for zero rows: the weights must stay in the graph (with zero gradient) so that
     # FSDP's backward hooks, and their collectives, run on every rank alike.
@@ -179,14 +217,18 @@ def _padded_bmm(
     starts = torch.cumsum(counts, dim=0) - counts
     slot = expert_of_row * capacity + torch.arange(rows, device=x.device) - starts[expert_of_row]
     padded = x.new_zeros(num_experts * capacity, x.shape[1]).index_copy(0, slot, x)
-    padded = padded.view(num_experts, capacity, x.shape[1])
-    hidden = F.silu(torch.bmm(padded, w1.transpose(-2, -1))) * torch.bmm(padded, w3.transpose(-2, -1))
-    out = torch.bmm(hidden, w2.transpose(-2, -1))
+    out = swiglu(padded.view(num_experts, capacity, x.shape[1]), w1, w2, w3)
     return out.reshape(num_experts * capacity, out.shape[-1]).index_select(0, slot)
 
 
 class MoEFeedForward(nn.Module):
-    """The sparse feed-forward of one block: x [B, S, D] -> (y [B, S, D], RouterStats)."""
+    """The sparse feed-forward of one block: x [B, S, D] -> (y [B, S, D], RouterStats).
+
+    Routing has data-dependent shapes (bincount, sort, the experts' runs), so torch.compile takes the
+    router and the experts' matmuls, not this module whole.
+    """
+
+    compile_children: ClassVar[tuple[str, ...]] = ("router", "experts")
 
     def __init__(
         self,

@@ -5,10 +5,12 @@ One launch runs, on the same 4 processes:
      same layer on one device fed every rank's tokens: outputs, input gradients and (gathered) expert
      gradients; once with ordinary routing and once with a router that sends every token to experts
      0 and 1, so three of the four ranks receive no tokens at all;
-  2. for each layout (EP 2 x FSDP 2, EP 4, TP 2 x EP 2 with activation checkpointing, HSDP 2 x 2
-     with EP 2) a real `Trainer` on the MoE debug model: the
-     freshly initialised weights, gathered, against a single-process initialisation, then 10 fp32
-     steps whose losses the test compares with a single process's.
+  2. for each layout (EP 2 x FSDP 2 with compiled blocks, EP 4, TP 2 x EP 2 with activation
+     checkpointing, HSDP 2 x 2 with EP 2, and plain FSDP 4 without EP) a real `Trainer` on the MoE
+     debug model: the freshly initialised weights, gathered, against a single-process
+     initialisation, then 10 fp32 steps whose losses the test compares with a single process's;
+  3. EP 2 x FSDP 2 again in bfloat16: it must train, gather the experts in bf16 (the run's FSDP
+     policy) and stay near the float32 losses.
 Rank 0 writes everything to OUT (JSON). `reference()` is the single-process side, run by the test.
 """
 
@@ -51,14 +53,28 @@ BASE = [
     "--data.shuffle_buffer=16",
 ]
 LAYOUTS: dict[str, list[str]] = {
-    "ep2_fsdp2": ["--parallelism.dp_shard=4", "--parallelism.ep=2"],
+    # With torch.compile (aot_eager): the MoE blocks compile their traceable parts around the
+    # expert-parallel hooks and the experts' own FSDP group.
+    "ep2_fsdp2": [
+        "--parallelism.dp_shard=4",
+        "--parallelism.ep=2",
+        "--compile.enable=true",
+        "--compile.backend=aot_eager",
+    ],
     "ep4": ["--parallelism.dp_shard=4", "--parallelism.ep=4"],
     # Activation checkpointing recomputes the dispatch / combine all-to-alls inside backward.
     "tp2_ep2_ac": [
         "--parallelism.tp=2", "--parallelism.dp_shard=2", "--parallelism.ep=2", "--activation_checkpoint.mode=full",
     ],
     "hsdp2x2_ep2": ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--parallelism.ep=2"],
+    # No expert parallelism: the aux loss must still see the global batch (sum_router_stats is set
+    # by the model's parallelize, which runs in every distributed run).
+    "fsdp4": ["--parallelism.dp_shard=4"],
 }
+# Not a parity layout: bf16 compute, compared loosely with the float32 ep2_fsdp2 run.
+BF16_LAYOUT = (
+    "ep2_fsdp2_bf16", ["--parallelism.dp_shard=4", "--parallelism.ep=2", "--training.dtype=bfloat16"]
+)
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -142,11 +158,17 @@ def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
     )
     expert_params = [p for n, p in trainer.model.named_parameters() if ".experts." in n]
     local_experts = expert_params[0].to_local().shape if isinstance(expert_params[0], DTensor) else None
+    # The dtype the experts' weights are gathered in: seen from a hook that runs after FSDP's
+    # pre-forward (which is prepended) has unsharded them.
+    experts = next(m for n, m in trainer.model.named_modules() if n.endswith("feed_forward.experts"))
+    gathered: list[str] = []
+    experts.register_forward_pre_hook(lambda module, args: gathered.append(str(module.w1.dtype)))
     losses = [r.loss for r in trainer.train()]
     return {
         "losses": losses,
         "init_max_abs_diff": init_diff,
         "expert_local_shape": list(local_experts) if local_experts is not None else None,
+        "expert_gather_dtypes": sorted(set(gathered)),
     }
 
 
@@ -171,7 +193,7 @@ def main(out: Path) -> None:
         key = "moe_layer_collapsed" if collapse else "moe_layer"
         results[key] = moe_layer(collapse)
         results["timings_s"][key] = time.perf_counter() - start
-    for name, overrides in LAYOUTS.items():
+    for name, overrides in [*LAYOUTS.items(), BF16_LAYOUT]:
         start = time.perf_counter()
         results[name] = run_layout(name, overrides, out.parent)
         results["timings_s"][name] = time.perf_counter() - start

@@ -3,16 +3,18 @@
 One torchrun launch (expert_parallel_worker.py) runs every multi-process check; the tests read it:
 - one MoE layer with experts sharded over ep 4: outputs and gradients equal the single-device layer,
   also when three of the four ranks receive no tokens;
-- loss parity: EP 2 x FSDP 2, EP 4, TP 2 x EP 2 (with activation checkpointing) and HSDP 2 x 2 with
-  EP 2 train the Qwen 3 MoE debug model 10 fp32 steps
-  through the real Trainer; every step's loss is within 1e-4 relative of the single process's;
-- identical init and the expected expert shards per rank.
+- loss parity: EP 2 x FSDP 2 (compiled), EP 4, TP 2 x EP 2 (with activation checkpointing), HSDP
+  2 x 2 with EP 2 and plain FSDP 4 (no EP) train the Qwen 3 MoE debug model 10 fp32 steps through
+  the real Trainer; every step's loss is within 1e-4 relative of the single process's;
+- identical init and the expected expert shards per rank;
+- EP 2 x FSDP 2 in bf16 gathers the experts in bf16 and stays near the float32 losses.
 The layout rule's error messages are checked without processes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -87,8 +89,26 @@ def test_init_and_expert_shards(results: dict[str, Any], layout: str) -> None:
         "ep4": [2, 256, 256],  # 2 experts per ep rank, no further sharding
         "tp2_ep2_ac": [4, 256, 256],  # ep takes all of dp_shard: nothing left for expert FSDP
         "hsdp2x2_ep2": [4, 256, 256],  # experts replicated over dp_replicate
+        "fsdp4": [2, 256, 256],  # no ep: the block's FSDP splits the 8 experts 4 ways
     }[layout]
     assert results[layout]["expert_local_shape"] == expected
+    assert results[layout]["expert_gather_dtypes"] == ["torch.float32"]
+
+
+@pytest.mark.slow
+def test_bf16_experts_are_gathered_in_bf16_and_train(results: dict[str, Any]) -> None:
+    """The experts' FSDP group takes the run's policy: bf16 all-gathers (half the bytes of float32),
+    and the losses stay near float32's (a loose sanity bound: bf16 rounding, not a parity test)."""
+    name, _ = expert_parallel_worker.BF16_LAYOUT
+    bf16 = results[name]
+    fp32 = results["ep2_fsdp2"]["losses"]
+    assert bf16["expert_gather_dtypes"] == ["torch.bfloat16"]
+    rel = [abs(a - b) / abs(b) for a, b in zip(bf16["losses"], fp32)]
+    print(f"\n{name}: losses {[round(x, 4) for x in bf16['losses']]}; float32 {[round(x, 4) for x in fp32]}; "
+          f"max relative difference {max(rel):.2e}")
+    assert len(rel) == expert_parallel_worker.STEPS and all(math.isfinite(x) for x in bf16["losses"])
+    assert max(rel) <= 2e-2
+    assert bf16["losses"][-1] < bf16["losses"][0]
 
 
 def test_layout_rule_is_validated_with_a_clear_message() -> None:

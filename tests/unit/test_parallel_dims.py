@@ -7,11 +7,13 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import ParallelismConfig
+from titan_tpu.distributed.fsdp import FSDPPolicy
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 
 
@@ -50,6 +52,27 @@ def test_ep_must_divide_dp_shard() -> None:
 def test_replication_only_is_still_fsdp_wrapped() -> None:
     d = dims(4, dp_replicate=4, dp_shard=1)
     assert d.fsdp_enabled and not d.hsdp_enabled
+
+
+def test_fsdp_policy_from_config() -> None:
+    cfg = ParallelismConfig(
+        fsdp_reduce_dtype="bfloat16", fsdp_reshard_after_forward="default", fsdp_cpu_offload=True
+    )
+    bf16 = FSDPPolicy.from_config(cfg, torch.bfloat16, "cuda", sharded=True)
+    assert (bf16.param_dtype, bf16.reduce_dtype, bf16.cpu_offload, bf16.pin_memory) == (
+        torch.bfloat16, torch.bfloat16, True, True,
+    )
+    kwargs = bf16.shard_kwargs(is_last_block=False)
+    last = bf16.shard_kwargs(is_last_block=True)
+    assert kwargs["reshard_after_forward"] and not last["reshard_after_forward"]
+    assert kwargs["mp_policy"].param_dtype == torch.bfloat16
+    assert type(kwargs["offload_policy"]).__name__ == "CPUOffloadPolicy"
+    # float32 compute keeps float32 reductions; nothing is offloaded without FSDP.
+    fp32 = FSDPPolicy.from_config(cfg, torch.float32, "cpu", sharded=False)
+    assert (fp32.param_dtype, fp32.reduce_dtype, fp32.cpu_offload) == (torch.float32, torch.float32, False)
+    assert ParallelContext(dims(1)).fsdp == FSDPPolicy()
+    with pytest.raises(ConfigError, match=r"got 'sometimes', expected default, always or never"):
+        FSDPPolicy(reshard="sometimes")
 
 
 @pytest.fixture

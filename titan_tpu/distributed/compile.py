@@ -41,12 +41,42 @@ def resolve_backend(requested: str, device_type: str) -> str:
 
 def apply_compile(containers: list[nn.ModuleDict | nn.ModuleList], backend: str) -> None:
     """Compile each block separately (identical blocks share one compiled graph) and put the compiled
-    module back in place. Done before FSDP, whose hooks then stay outside the compiled region."""
+    module back in place. Done before FSDP, whose hooks then stay outside the compiled region.
+
+    A block is compiled whole (fullgraph) unless something inside it cannot be traced; see
+    `compile_parts`."""
     for container in containers:
         keys = list(container.keys()) if isinstance(container, nn.ModuleDict) else list(range(len(container)))
         for key in keys:
-            block = container[key]  # type: ignore[index]
-            container[key] = torch.compile(block, backend=backend, fullgraph=True)  # type: ignore[index]
+            container[key] = compile_parts(container[key], backend)  # type: ignore[index]
+
+
+def compile_parts(module: nn.Module, backend: str) -> nn.Module:
+    """`module` compiled whole with fullgraph=True, or, when it cannot be traced whole, its parts.
+
+    A module whose forward cannot be traced (data-dependent shapes, host syncs: MoE routing and the
+    expert-parallel all-to-alls) says so by naming, in a class attribute `compile_children`, its
+    direct children that can be (possibly none): the model decides, the engine asks nothing else. A
+    module with such a descendant is split into its children, each handled the same way, so an MoE
+    block compiles its norms and attention whole and, inside the MoE layer, what the layer names (an
+    activation-checkpoint wrapper is split alike: its one child is the block). The uncompiled glue
+    runs eagerly, hooks included. Returns the module to put in the parent's place; compiled parts
+    are swapped in inside it.
+    """
+    names = _compile_children(module)
+    if names is None:
+        if not any(_compile_children(m) is not None for m in module.modules()):
+            return torch.compile(module, backend=backend, fullgraph=True)
+        names = tuple(name for name, _ in module.named_children())
+    for name in names:
+        setattr(module, name, compile_parts(module.get_submodule(name), backend))
+    return module
+
+
+def _compile_children(module: nn.Module) -> tuple[str, ...] | None:
+    # A class attribute, looked up on the class: wrappers (activation checkpointing) forward unknown
+    # instance attributes to the module they wrap, which would answer for it.
+    return getattr(type(module), "compile_children", None)
 
 
 def compile_loss(loss_fn: Callable[..., torch.Tensor], backend: str) -> Callable[..., torch.Tensor]:

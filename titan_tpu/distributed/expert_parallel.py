@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from titan_tpu.config.errors import ConfigError
@@ -191,19 +191,16 @@ def expert_fsdp_mesh(ctx: ParallelContext) -> DeviceMesh | None:
     return None
 
 
-def apply_expert_fsdp(
-    model: nn.Module,
-    ctx: ParallelContext,
-    mp_policy: MixedPrecisionPolicy,
-    offload_policy: OffloadPolicy,
-    reshard_after_forward: bool,
-) -> None:
+def apply_expert_fsdp(model: nn.Module, ctx: ParallelContext) -> None:
     """`fully_shard` every MoE layer's experts over the expert-FSDP mesh, before the blocks are
-    sharded (so the block's FSDP leaves them alone). When that mesh is a single rank the experts still
-    get their own (trivial) FSDP group, so that the block's FSDP never sees parameters laid out over ep.
+    sharded (so the block's FSDP leaves them alone), with the run's FSDP policy (`ctx.fsdp`: the
+    experts are gathered in the compute dtype and resharded like their block). When that mesh is a
+    single rank the experts still get their own (trivial) FSDP group, so that the block's FSDP never
+    sees parameters laid out over ep.
     """
     mesh = expert_fsdp_mesh(ctx) or ctx.mesh("world")["dp_shard_mod_ep"]
-    for moe in moe_layers(model):
+    layers = moe_layers(model)
+    for index, moe in enumerate(layers):
         experts = moe.experts
         local_experts = experts.w1.shape[0] // ctx.dims.ep
         shards = mesh.size(0) if mesh.ndim == 1 else mesh.size(1)
@@ -212,29 +209,17 @@ def apply_expert_fsdp(
         fully_shard(
             experts,
             mesh=mesh,
-            mp_policy=mp_policy,
-            offload_policy=offload_policy,
-            reshard_after_forward=reshard_after_forward,
             shard_placement_fn=lambda param, placement=placement: placement,
+            # One MoE layer per block, in block order.
+            **ctx.fsdp.shard_kwargs(is_last_block=index == len(layers) - 1),
         )
 
 
 def parallelize_moe(model: nn.Module, ctx: ParallelContext, num_experts: int) -> None:
-    """Expert parallelism (and expert FSDP) for a model whose dense parts are handled elsewhere.
-
-    The model's `parallelize` does not see the run's FSDP policies, so the experts' FSDP keeps float32
-    parameters and gradients (correct under bf16 runs too: `GroupedExperts` casts the gathered
-    weights to the activations' dtype; it only moves twice the bytes a bf16 all-gather would).
-    """
+    """Expert parallelism (and expert FSDP) for a model whose dense parts are handled elsewhere."""
     dims = ctx.dims
     validate_expert_parallel(dims, num_experts)
     if not dims.ep_enabled:
         return
     apply_expert_parallel(model, ctx.ep_mesh)
-    apply_expert_fsdp(
-        model,
-        ctx,
-        mp_policy=MixedPrecisionPolicy(),
-        offload_policy=OffloadPolicy(),
-        reshard_after_forward=True,
-    )
+    apply_expert_fsdp(model, ctx)

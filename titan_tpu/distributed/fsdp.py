@@ -1,8 +1,15 @@
-"""FSDP2 (`fully_shard`) per transformer block and on the whole model; HSDP on a 2-D mesh."""
+"""FSDP2 (`fully_shard`) per transformer block and on the whole model; HSDP on a 2-D mesh.
+
+`FSDPPolicy` is the run's one answer to "in which dtypes, when resharded, where stored": every
+`fully_shard` call (blocks, root, and the experts' own groups under expert parallelism) takes it from
+`ParallelContext.fsdp`, which `parallelize_model` builds from the config.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -10,57 +17,72 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.config.sections import ParallelismConfig
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+RESHARD_POLICIES = ("default", "always", "never")
 
 
-def reshard_after_forward(policy: str, is_last_block: bool) -> bool:
-    """"default": free gathered parameters after forward except in the last block, whose backward
-    starts right away; "always" / "never" as named."""
-    if policy == "always":
-        return True
-    if policy == "never":
-        return False
-    if policy == "default":
-        return not is_last_block
-    raise ConfigError(
-        f"parallelism.fsdp_reshard_after_forward: got {policy!r}, expected default, always or never"
-    )
+@dataclass(frozen=True)
+class FSDPPolicy:
+    """Mixed precision, resharding and offload for every FSDP group of a run.
+
+    Parameters are stored in float32 and gathered in `param_dtype` for compute; gradients are
+    reduced in `reduce_dtype`. `reshard`: "default" frees gathered parameters after forward except in
+    the last block, whose backward starts right away; "always" / "never" as named. The default
+    instance is a float32 run without offload.
+    """
+
+    param_dtype: torch.dtype = torch.float32
+    reduce_dtype: torch.dtype = torch.float32
+    reshard: str = "default"
+    cpu_offload: bool = False
+    pin_memory: bool = False
+
+    def __post_init__(self) -> None:
+        if self.reshard not in RESHARD_POLICIES:
+            raise ConfigError(
+                f"parallelism.fsdp_reshard_after_forward: got {self.reshard!r}, expected "
+                f"{', '.join(RESHARD_POLICIES[:-1])} or {RESHARD_POLICIES[-1]}"
+            )
+
+    @classmethod
+    def from_config(
+        cls, cfg: ParallelismConfig, compute_dtype: torch.dtype, device_type: str, sharded: bool
+    ) -> FSDPPolicy:
+        """`[parallelism]` fsdp_* keys and the compute dtype; with float32 compute everything stays
+        float32 (a bf16 reduction of float32 gradients would only lose precision). Offload applies
+        only when FSDP does (`sharded`): an unsharded model is never parked on the host."""
+        return cls(
+            param_dtype=compute_dtype,
+            reduce_dtype=DTYPES[cfg.fsdp_reduce_dtype] if compute_dtype != torch.float32 else torch.float32,
+            reshard=cfg.fsdp_reshard_after_forward,
+            cpu_offload=cfg.fsdp_cpu_offload and sharded,
+            # Pinned host memory speeds up copies to an accelerator; a CPU run has nothing to copy.
+            pin_memory=device_type != "cpu",
+        )
+
+    def reshard_after_forward(self, is_last_block: bool) -> bool:
+        if self.reshard == "default":
+            return not is_last_block
+        return self.reshard == "always"
+
+    def shard_kwargs(self, is_last_block: bool) -> dict[str, Any]:
+        """Keyword arguments of `fully_shard` for one group (a block, or the experts of one block)."""
+        offload = CPUOffloadPolicy(pin_memory=self.pin_memory) if self.cpu_offload else OffloadPolicy()
+        return {
+            "reshard_after_forward": self.reshard_after_forward(is_last_block),
+            "mp_policy": MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype),
+            "offload_policy": offload,
+        }
 
 
-def apply_fsdp(
-    model: nn.Module,
-    blocks: Sequence[nn.Module],
-    mesh: DeviceMesh,
-    param_dtype: torch.dtype,
-    reduce_dtype: torch.dtype,
-    reshard_policy: str,
-    cpu_offload: bool,
-    pin_memory: bool,
-) -> None:
+def apply_fsdp(model: nn.Module, blocks: Sequence[nn.Module], mesh: DeviceMesh, policy: FSDPPolicy) -> None:
     """Shard each block (one all-gather / reduce-scatter per block), then the root, which takes the
     remaining parameters (embeddings, final norm, head). A 2-D mesh (dp_replicate, dp_shard) gives
-    HSDP: sharded within a replica group, gradients all-reduced across groups.
-
-    Mixed precision: parameters are stored in float32 and gathered in `param_dtype` for compute;
-    gradients are reduced in `reduce_dtype`. With float32 compute everything stays float32.
-    """
-    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    offload: OffloadPolicy = CPUOffloadPolicy(pin_memory=pin_memory) if cpu_offload else OffloadPolicy()
+    HSDP: sharded within a replica group, gradients all-reduced across groups."""
     for index, block in enumerate(blocks):
-        fully_shard(
-            block,
-            mesh=mesh,
-            reshard_after_forward=reshard_after_forward(reshard_policy, index == len(blocks) - 1),
-            mp_policy=mp_policy,
-            offload_policy=offload,
-        )
-    # The root's parameters are needed first in backward (the head): keep them gathered unless
-    # the policy says always.
-    fully_shard(
-        model,
-        mesh=mesh,
-        reshard_after_forward=reshard_policy == "always",
-        mp_policy=mp_policy,
-        offload_policy=offload,
-    )
+        fully_shard(block, mesh=mesh, **policy.shard_kwargs(is_last_block=index == len(blocks) - 1))
+    # The root's parameters are needed first in backward (the head): like the last block, they stay
+    # gathered unless the policy says always.
+    fully_shard(model, mesh=mesh, **policy.shard_kwargs(is_last_block=True))

@@ -21,6 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import ParallelismConfig
+from titan_tpu.distributed.fsdp import FSDPPolicy
 
 
 @dataclass(frozen=True)
@@ -146,12 +147,14 @@ class ParallelDims:
 @dataclass(frozen=True)
 class ParallelContext:
     """What a model's `parallelize` function and the trainer need: the degrees, the named meshes
-    (empty for a single process) and the tensor-parallel options from `[parallelism]`."""
+    (empty for a single process), the tensor-parallel options from `[parallelism]` and the FSDP
+    policy every `fully_shard` of the run uses (set by `parallelize_model` from the config)."""
 
     dims: ParallelDims
     meshes: dict[str, DeviceMesh] = field(default_factory=dict)
     sequence_parallel: bool = True
     loss_parallel: bool = False
+    fsdp: FSDPPolicy = FSDPPolicy()
 
     def mesh(self, name: str) -> DeviceMesh:
         if name not in self.meshes:

@@ -10,6 +10,7 @@ The sharding-invariant random init lives in `sharded_init.py`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ from torch import nn
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.distributed.activation_checkpoint import apply_activation_checkpointing
 from titan_tpu.distributed.compile import apply_compile, resolve_backend
-from titan_tpu.distributed.fsdp import DTYPES, apply_fsdp
+from titan_tpu.distributed.fsdp import FSDPPolicy, apply_fsdp
 from titan_tpu.distributed.parallel_dims import ParallelContext
 from titan_tpu.distributed.sharded_init import init_weights
 
@@ -45,33 +46,30 @@ def parallelize_model(
     device_type: str,
     compute_dtype: torch.dtype,
 ) -> nn.Module:
-    """Apply the fixed order to `model` (on meta) and return it materialised and initialised."""
+    """Apply the fixed order to `model` (on meta) and return it materialised and initialised.
+
+    In a distributed run the model's `parallelize_fn` is always called, also without tp or ep: it may
+    need the data-parallel mesh (Qwen 3 MoE balances its experts over the global batch)."""
     dims = ctx.dims
-    if dims.tp_enabled or dims.ep_enabled:
-        if parallelize_fn is None:
+    # The one FSDP policy of the run, for the blocks and root here and for any FSDP groups the model's
+    # own plan creates (the experts under expert parallelism).
+    fsdp = FSDPPolicy.from_config(config.parallelism, compute_dtype, device_type, sharded=dims.fsdp_enabled)
+    ctx = dataclasses.replace(ctx, fsdp=fsdp)
+    if dims.is_distributed:
+        if parallelize_fn is not None:
+            model = parallelize_fn(model, ctx) or model
+        elif dims.tp_enabled or dims.ep_enabled:
             raise ConfigError(
                 f"model '{config.model.name}' has no tensor/expert-parallel plan; set parallelism.tp = 1 "
                 "and parallelism.ep = 1"
             )
-        model = parallelize_fn(model, ctx) or model
     containers = block_containers(model)
     apply_activation_checkpointing(containers, config.activation_checkpoint)
     if config.compile.enable:
         apply_compile(containers, resolve_backend(config.compile.backend, device_type))
-    parallelism = config.parallelism
-    offload = parallelism.fsdp_cpu_offload and dims.fsdp_enabled
     if dims.fsdp_enabled:
-        apply_fsdp(
-            model,
-            blocks(model),
-            ctx.fsdp_mesh,
-            param_dtype=compute_dtype,
-            reduce_dtype=DTYPES[parallelism.fsdp_reduce_dtype] if compute_dtype != torch.float32 else torch.float32,
-            reshard_policy=parallelism.fsdp_reshard_after_forward,
-            cpu_offload=offload,
-            pin_memory=device_type != "cpu",
-        )
-    model.to_empty(device=torch.device("cpu") if offload else device)
+        apply_fsdp(model, blocks(model), ctx.fsdp_mesh, ctx.fsdp)
+    model.to_empty(device=torch.device("cpu") if ctx.fsdp.cpu_offload else device)
     init_weights(model, config.training.seed, buffer_device=device)
     model.train()
     return model
