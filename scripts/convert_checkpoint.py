@@ -10,6 +10,10 @@
     python scripts/convert_checkpoint.py dcp-to-hf HF_OUT --config llama3_8b [--step N] [--dtype bfloat16]
     python scripts/convert_checkpoint.py dcp-to-hf HF_OUT --checkpoint DIR --model llama3 --flavor 8B
 
+Every model with a Hugging Face adapter converts the same way (--model llama3, qwen3, qwen3_moe); Qwen 3
+MoE's per-expert HF tensors (`mlp.experts.K.*_proj.weight`) become one stacked tensor per projection in
+the checkpoint and are split again on the way out.
+
 With --config NAME (a train config, plus any --section.key=value overrides), the checkpoint
 folder is <job.dump_folder>/<checkpoint.folder>, the model is [model] name/flavor and the export dtype
 is checkpoint.export_dtype; --checkpoint, --model, --flavor and --dtype override them.
@@ -31,7 +35,8 @@ import torch  # noqa: E402
 
 import models  # noqa: E402
 from titan_tpu.checkpoint import CheckpointManager, layout  # noqa: E402
-from titan_tpu.checkpoint.hf import check_hf_config, export_checkpoint_to_hf, load_hf_weights  # noqa: E402
+from titan_tpu.checkpoint.hf import check_hf_config, load_hf_weights  # noqa: E402
+from titan_tpu.checkpoint.hf_export import export_checkpoint_to_hf  # noqa: E402
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.config.sections import CheckpointConfig  # noqa: E402
 

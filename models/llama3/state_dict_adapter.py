@@ -55,6 +55,10 @@ class Llama3StateDictAdapter:
             return f"model.layers.{match.group(1)}.{_PER_LAYER[match.group(2)]}"
         raise KeyError(f"no Hugging Face name for Llama 3 parameter '{name}'")
 
+    def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
+        """The checkpoint layer's interface: every Llama tensor maps whole to one HF tensor."""
+        return [self.hf_name(name)], None
+
     def our_name(self, hf_name: str) -> str:
         if hf_name in _TOP_LEVEL_BACK:
             return _TOP_LEVEL_BACK[hf_name]

@@ -19,6 +19,8 @@ per expert. transformers 5.x keeps them fused in memory instead: `mlp.experts.ga
 [E, out, in] weights are the per-expert tensors stacked along dim 0 (no transpose).
 
 Interface (titan_tpu.checkpoint.hf.StateDictAdapter, as the Llama 3 adapter):
+- `hf_tensors(name, shape)`: what the checkpoint layer's import and export use: `([hf_name], None)`,
+  or for a stacked expert weight the E per-expert names and the stacking dim 0;
 - `hf_name` / `our_name`: the one-to-one renames (every tensor except the stacked experts);
 - `hf_names(name, num_experts)`: always defined; one name, or the E per-expert names a stacked
   expert weight is `torch.stack` of (dim 0); `our_name_and_index` is its inverse;
@@ -88,6 +90,12 @@ class Qwen3StateDictAdapter:
                 f"Qwen 3 parameter '{name}' stacks one Hugging Face tensor per expert; use hf_names()"
             )
         raise KeyError(f"no Hugging Face name for Qwen 3 parameter '{name}'")
+
+    def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
+        """(HF names, stacking dim or None): the experts' weights are stacks along dim 0."""
+        if _OURS_EXPERTS.match(name):
+            return self.hf_names(name, shape[0]), 0
+        return [self.hf_name(name)], None
 
     def hf_names(self, name: str, num_experts: int) -> list[str]:
         """HF names whose tensors, stacked along dim 0, make our tensor `name` (one for most)."""

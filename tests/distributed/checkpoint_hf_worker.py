@@ -5,6 +5,7 @@ Rank 0 writes OUT/result.json and OUT/logits.pt."""
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader  # noqa: E402
 
-from titan_tpu.checkpoint.hf import export_model_to_hf  # noqa: E402
+from titan_tpu.checkpoint.hf_export import export_model_to_hf  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.trainer import Trainer  # noqa: E402
 
@@ -58,6 +59,10 @@ def main() -> None:
         torch.save(logits.detach().cpu(), out / "logits.pt")
         (out / "result.json").write_text(json.dumps({"reads": reads}))
     trainer.close()
+    # Free the process groups now: left to the garbage collection at interpreter exit, a gloo thread
+    # can still be releasing a finished all-gather's tensor then, and aborts the process.
+    del trainer
+    gc.collect()
 
 
 if __name__ == "__main__":

@@ -160,7 +160,7 @@ def test_moe_logits_and_aux_loss_match_transformers(norm_topk_prob: bool, tmp_pa
 
 def test_moe_export_round_trips_to_the_saved_file(tmp_path: Path) -> None:
     """to_hf writes exactly the per-expert keys and tensors transformers saved; from_hf inverts it, and
-    it also reads transformers 5.x's in-memory fused expert layout."""
+    it also reads transformers 5.x's in-memory fused expert layout; load_hf_weights reads the same."""
     torch.manual_seed(0)
     args = _moe_args(True)
     config = Qwen3MoeConfig(
@@ -181,3 +181,11 @@ def test_moe_export_round_trips_to_the_saved_file(tmp_path: Path) -> None:
     assert sorted(fused) == sorted(ours)
     for key, tensor in ours.items():
         assert torch.equal(fused[key], tensor), key
+    # The checkpoint layer's loader (DCP over the safetensors files, experts stacked through the
+    # adapter's hf_tensors) agrees.
+    with torch.device("meta"):
+        loaded = Qwen3MoeModel(args)
+    loaded.to_empty(device=torch.device("cpu"))
+    load_hf_weights(loaded, tmp_path, adapter, args)
+    for key, tensor in ours.items():
+        assert torch.equal(loaded.state_dict()[key], tensor), key

@@ -1,5 +1,6 @@
 """scripts/convert_checkpoint.py: HF -> checkpoint step-0 -> HF gives back the same tensors (fp32 and
-bf16, sharded output), never overwrites, and refuses a checkpoint that does not fit the flavor."""
+bf16, sharded output; Llama 3 and Qwen 3 MoE with its stacked experts), never overwrites, and refuses a
+checkpoint that does not fit the flavor."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from safetensors import safe_open
 
 from models.llama3 import LLAMA3_FLAVORS, Llama3Model
 from models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER as ADAPTER
+from models.qwen3 import QWEN3_MOE_FLAVORS, QWEN3_STATE_DICT_ADAPTER, Qwen3MoeModel
 from titan_tpu.checkpoint import layout
-from titan_tpu.checkpoint.hf import export_model_to_hf
+from titan_tpu.checkpoint.hf_export import export_model_to_hf
+from titan_tpu.checkpoint.storage import read_metadata_file
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("convert_checkpoint", ROOT / "scripts" / "convert_checkpoint.py")
@@ -70,3 +73,31 @@ def test_hf_to_checkpoint_to_hf(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "does not fit the flavor" in capsys.readouterr().err
     assert convert.main(["dcp-to-hf", str(tmp_path / "x")]) == 2
     assert "--checkpoint and --flavor needed" in capsys.readouterr().err
+
+
+def test_moe_experts_stack_into_the_checkpoint_and_back(tmp_path: Path) -> None:
+    """qwen3_moe: per-expert HF tensors become one stacked tensor per projection in the checkpoint and
+    are split again on the way out."""
+    args = QWEN3_MOE_FLAVORS["debug_moe"]
+    with torch.device("meta"):
+        model = Qwen3MoeModel(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(4)
+    model.init_weights()
+    original = export_model_to_hf(model, tmp_path / "hf", QWEN3_STATE_DICT_ADAPTER, args)
+    assert original is not None
+    ckpt = tmp_path / "run" / "checkpoint"
+    flags = ["--checkpoint", str(ckpt), "--model", "qwen3_moe", "--flavor", "debug_moe"]
+    assert convert.main(["hf-to-dcp", str(original), *flags]) == 0
+    saved = read_metadata_file(ckpt / "step-0" / ".metadata").state_dict_metadata
+    w1 = saved["model.layers.0.feed_forward.experts.w1"]
+    assert tuple(w1.size) == (args.num_experts, args.moe_hidden_dim, args.dim)
+    assert not any(".experts.0." in key for key in saved)
+
+    out = tmp_path / "out"
+    assert convert.main(["dcp-to-hf", str(out), *flags, "--max-shard-gb", "0.002"]) == 0
+    got, want = read_folder(out), read_folder(original)
+    assert "model.layers.3.mlp.experts.7.down_proj.weight" in want
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name

@@ -1,0 +1,228 @@
+"""Our weights out to a Hugging Face folder that `transformers.AutoModelForCausalLM.from_pretrained`
+loads: `config.json` from the flavor plus `model.safetensors` (or shards with the index), names and
+layout from the model family's adapter (`titan_tpu.checkpoint.hf.HFParts`: stacked tensors such as
+Qwen 3 MoE experts are written one HF tensor per slice).
+
+From a live model: one tensor at a time is gathered (`full_tensor()` for DTensors, all ranks in the same
+order), cast to the export dtype, split into its HF tensors and written by rank 0 into shards of
+bounded size. From a checkpoint folder (offline, one process): about one shard's worth of tensors is
+read at a time. Either way the folder is written under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from torch.distributed.tensor import DTensor
+
+from titan_tpu.checkpoint import layout
+from titan_tpu.checkpoint.hf import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, HFParts, StateDictAdapter
+from titan_tpu.checkpoint.storage import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    check_files,
+    quiet_single_process,
+    read_metadata_file,
+)
+from titan_tpu.config.errors import ConfigError
+
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class HFFolderWriter:
+    """Writes named tensors, in a planned order, into safetensors shards of at most `max_shard_bytes`
+    plus config.json (and the index when there is more than one shard); visible only when complete."""
+
+    def __init__(
+        self,
+        out: Path,
+        plan: list[tuple[str, tuple[int, ...]]],
+        dtype: torch.dtype,
+        config: dict[str, Any],
+        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    ) -> None:
+        self.out = Path(out)
+        if self.out.exists() and any(self.out.iterdir()):
+            raise ConfigError(f"export: {self.out} exists and is not empty; it is never overwritten")
+        self.dtype = dtype
+        self.config = config
+        item = torch.empty((), dtype=dtype).element_size()
+        shards: list[list[str]] = [[]]
+        size = 0
+        self.total_size = 0
+        for name, shape in plan:
+            nbytes = item * int(torch.Size(shape).numel())
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append([])
+                size = 0
+            shards[-1].append(name)
+            size += nbytes
+            self.total_size += nbytes
+        count = len(shards)
+        self.file_of = {
+            name: SINGLE_FILE if count == 1 else f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+            for i, names in enumerate(shards)
+            for name in names
+        }
+        self.remaining = {self.file_of[names[0]]: set(names) for names in shards if names}
+        self.buffers: dict[str, dict[str, torch.Tensor]] = {}
+        self.temp = self.out.parent / f".{self.out.name}.tmp-{secrets.token_hex(4)}"
+        self.temp.mkdir(parents=True)
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        from safetensors.torch import save_file
+
+        file = self.file_of[name]
+        self.buffers.setdefault(file, {})[name] = tensor.detach().to("cpu", self.dtype).contiguous()
+        self.remaining[file].discard(name)
+        if not self.remaining[file]:
+            save_file(self.buffers.pop(file), str(self.temp / file), metadata={"format": "pt"})
+
+    def close(self) -> Path:
+        unwritten = [name for names in self.remaining.values() for name in names]
+        if unwritten:
+            shutil.rmtree(self.temp, ignore_errors=True)
+            raise RuntimeError(f"export: {len(unwritten)} tensors were never given, e.g. {unwritten[0]}")
+        if len(self.remaining) > 1:
+            weight_map = dict(sorted(self.file_of.items()))
+            index = {"metadata": {"total_size": self.total_size}, "weight_map": weight_map}
+            (self.temp / INDEX_FILE).write_text(json.dumps(index, indent=2), encoding="utf-8")
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        config = {**self.config, "dtype": dtype_name, "torch_dtype": dtype_name}
+        (self.temp / CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
+        if self.out.exists():
+            self.out.rmdir()  # empty, checked at construction
+        self.temp.rename(self.out)
+        return self.out
+
+
+def _export_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ConfigError(f"checkpoint.export_dtype: got {dtype!r}, expected one of {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def export_model_to_hf(
+    model: nn.Module,
+    out: str | Path,
+    adapter: StateDictAdapter,
+    args: Any,
+    dtype: str | torch.dtype = "float32",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> Path | None:
+    """Export a live (possibly sharded) model; every rank calls it, rank 0 writes. Returns the folder
+    on rank 0, None elsewhere."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):  # checked on every rank, so none is left in a collective
+        raise ConfigError(f"export: {out} exists and is not empty; it is never overwritten")
+    distributed = dist.is_available() and dist.is_initialized()
+    writes = not distributed or dist.get_rank() == 0
+    state_dict = get_model_state_dict(model)
+    parts = {name: HFParts.of(adapter, name, value.shape) for name, value in state_dict.items()}
+    plan = [(hf_name, p.shape) for p in parts.values() for hf_name in p.names]
+    writer = None
+    if writes:
+        config = adapter.to_hf_config(args)
+        writer = HFFolderWriter(out, plan, _export_dtype(dtype), config, max_shard_bytes)
+    for name, value in state_dict.items():
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        if writer is not None:
+            for hf_name, tensor in parts[name].split(full):
+                writer.add(hf_name, tensor)
+        del full
+    result = writer.close() if writer is not None else None
+    if distributed:
+        dist.barrier()
+    return result
+
+
+def _checkpoint_model_tensors(step_folder: Path) -> dict[str, TensorStorageMetadata]:
+    manifest = layout.read_manifest(step_folder)
+    problem = check_files(step_folder, manifest["files"], sorted(manifest["files"]))
+    if problem is not None:
+        raise ConfigError(problem)
+    metadata = read_metadata_file(step_folder / ".metadata")
+    return {
+        key.removeprefix("model."): md
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
+    }
+
+
+def _read_in_groups(
+    step_folder: Path, tensors: dict[str, TensorStorageMetadata], names: list[str], group_bytes: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    group: list[str] = []
+    size = 0
+
+    def flush() -> Iterator[tuple[str, torch.Tensor]]:
+        state = {
+            f"model.{n}": torch.empty(tuple(tensors[n].size), dtype=tensors[n].properties.dtype)
+            for n in group
+        }
+        reader = SafeFileSystemReader(step_folder)
+        with quiet_single_process():
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+        for n in group:
+            yield n, state.pop(f"model.{n}")
+
+    for name in names:
+        md = tensors[name]
+        nbytes = int(torch.Size(md.size).numel()) * torch.empty((), dtype=md.properties.dtype).element_size()
+        if group and size + nbytes > group_bytes:
+            yield from flush()
+            group, size = [], 0
+        group.append(name)
+        size += nbytes
+    if group:
+        yield from flush()
+
+
+def export_checkpoint_to_hf(
+    step_folder: str | Path,
+    out: str | Path,
+    adapter: StateDictAdapter,
+    args: Any,
+    expected_shapes: dict[str, tuple[int, ...]],
+    dtype: str | torch.dtype = "float32",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> Path:
+    """Offline, one process: a complete checkpoint step folder -> Hugging Face folder, reading at most
+    about one shard's worth of tensors at a time. `expected_shapes` (our names) is the flavor's."""
+    step_folder = Path(step_folder)
+    if not layout.is_complete(step_folder):
+        raise ConfigError(f"export: {step_folder} is not a complete checkpoint step folder")
+    tensors = _checkpoint_model_tensors(step_folder)
+    problems = [f"missing {n}" for n in expected_shapes if n not in tensors]
+    problems += [
+        f"{n} is {list(tensors[n].size)}, the flavor has {list(shape)}"
+        for n, shape in expected_shapes.items()
+        if n in tensors and tuple(tensors[n].size) != tuple(shape)
+    ]
+    problems += [f"unexpected {n}" for n in tensors if n not in expected_shapes]
+    if problems:
+        listed = "; ".join(problems[:3])
+        raise ConfigError(f"export: checkpoint {step_folder} does not fit the flavor: {listed}")
+    names = list(expected_shapes)
+    parts = {n: HFParts.of(adapter, n, expected_shapes[n]) for n in names}
+    plan = [(hf_name, parts[n].shape) for n in names for hf_name in parts[n].names]
+    config = adapter.to_hf_config(args)
+    writer = HFFolderWriter(Path(out), plan, _export_dtype(dtype), config, max_shard_bytes)
+    for name, tensor in _read_in_groups(step_folder, tensors, names, max_shard_bytes):
+        for hf_name, part in parts[name].split(tensor):
+            writer.add(hf_name, part)
+    return writer.close()
