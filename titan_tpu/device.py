@@ -128,6 +128,15 @@ class Device:
         # ru_maxrss is in KiB on Linux and in bytes on macOS.
         return kib / (2**30 if sys.platform == "darwin" else 2**20)
 
+    def attention_block(self) -> int:
+        """Query-block size for blocked causal attention, or 0 for the fused SDPA kernels.
+
+        CPUs run SDPA's flash kernel far below their matmul speed in bf16 (a 100M model spends a
+        quarter of its step there); blocked attention in plain matmuls is 1.15x faster per step.
+        Accelerators have fused attention kernels that beat plain matmuls.
+        """
+        return 128 if self.type == "cpu" else 0
+
     def supports_bfloat16(self) -> bool:
         if self.type == "cuda":
             return torch.cuda.is_bf16_supported()

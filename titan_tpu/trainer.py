@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import math
 import os
@@ -103,8 +104,11 @@ class Trainer:
 
         self.spec = models.get_model_spec(config.model.name)
         # Rotary tables are sized by max_seq_len; published flavors allow 128K, a run needs seq_len.
+        attention_block = config.model.attention_block
         self.model_args = dataclasses.replace(
-            self.spec.flavor(config.model.flavor), max_seq_len=training.seq_len
+            self.spec.flavor(config.model.flavor),
+            max_seq_len=training.seq_len,
+            attention_block=attention_block if attention_block >= 0 else self.device.attention_block(),
         )
         self.tokenizer = build_tokenizer(config.data.tokenizer)
         if self.tokenizer.vocab_size > self.model_args.vocab_size:
@@ -301,6 +305,9 @@ class Trainer:
 
     def close(self) -> None:
         process_group.destroy_process_group()
+        # Free the last collectives' tensors now: left to interpreter shutdown, a gloo thread can still
+        # be releasing one and the process aborts after a successful run.
+        gc.collect()
 
 
 def config_dict(config: TrainConfig) -> dict[str, dict[str, object]]:

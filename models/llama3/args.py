@@ -27,6 +27,8 @@ class Llama3Args:
     max_seq_len: int = 131072
     tie_embeddings: bool = False
     head_dim: int | None = None
+    # 0: scaled_dot_product_attention; N > 0: causal attention in N-token query blocks (plain matmuls).
+    attention_block: int = 0
 
     def __post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads != 0:
@@ -72,13 +74,13 @@ LLAMA3_FLAVORS: dict[str, Llama3Args] = {
         rope_scaling=_LLAMA31_ROPE,
         max_seq_len=2048,
     ),
-    # A ~100M-parameter model for measuring training throughput on a CPU or a single small chip; the
-    # 32K vocab keeps the output head's share of the FLOPs like a real model's.
+    # A ~100M-parameter model for measuring training throughput on a CPU or a single small chip:
+    # head_dim 128 as in every Llama 3 size, and a 32K vocab so the head's share of FLOPs is realistic.
     "100M": Llama3Args(
         dim=768,
         n_layers=12,
-        n_heads=12,
-        n_kv_heads=4,
+        n_heads=6,
+        n_kv_heads=2,
         vocab_size=32768,
         multiple_of=256,
         ffn_dim_multiplier=None,

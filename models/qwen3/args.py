@@ -30,6 +30,8 @@ class Qwen3Args:
     norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     max_seq_len: int = 40960
+    # 0: scaled_dot_product_attention; N > 0: causal attention in N-token query blocks (plain matmuls).
+    attention_block: int = 0
     tie_embeddings: bool = False
 
     def __post_init__(self) -> None:

@@ -47,10 +47,20 @@ class DeviceConfig:
 class ModelConfig:
     name: str = opt("llama3", "Model family, a name from the model registry.")
     flavor: str = opt("debug", "Size of the model, a flavor of that family.")
+    attention_block: int = opt(
+        -1,
+        "Causal attention kernel: 0 = scaled_dot_product_attention, N = plain matmuls in N-token "
+        "query blocks (faster on CPUs), -1 = the device's better one.",
+    )
 
     def validate(self) -> None:
         _require(bool(self.name), "model.name", "must not be empty")
         _require(bool(self.flavor), "model.flavor", "must not be empty")
+        _require(
+            self.attention_block >= -1,
+            "model.attention_block",
+            f"must be -1, 0 or a block size, got {self.attention_block}",
+        )
 
 
 @dataclass
