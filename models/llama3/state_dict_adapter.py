@@ -14,26 +14,13 @@ import math
 import re
 from typing import Any, TypeVar
 
+from models.common.hf_names import DECODER_PER_LAYER, DECODER_TOP_LEVEL
 from models.llama3.args import Llama3Args
 
 T = TypeVar("T")
 
-_TOP_LEVEL = {
-    "tok_embeddings.weight": "model.embed_tokens.weight",
-    "norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_PER_LAYER = {
-    "attention_norm.weight": "input_layernorm.weight",
-    "attention.wq.weight": "self_attn.q_proj.weight",
-    "attention.wk.weight": "self_attn.k_proj.weight",
-    "attention.wv.weight": "self_attn.v_proj.weight",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "feed_forward.w1.weight": "mlp.gate_proj.weight",
-    "feed_forward.w2.weight": "mlp.down_proj.weight",
-    "feed_forward.w3.weight": "mlp.up_proj.weight",
-}
+_TOP_LEVEL = DECODER_TOP_LEVEL
+_PER_LAYER = DECODER_PER_LAYER
 _TOP_LEVEL_BACK = {v: k for k, v in _TOP_LEVEL.items()}
 _PER_LAYER_BACK = {v: k for k, v in _PER_LAYER.items()}
 _OURS_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")

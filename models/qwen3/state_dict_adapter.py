@@ -39,26 +39,14 @@ from typing import Any
 
 import torch
 
+from models.common.hf_names import DECODER_PER_LAYER, DECODER_TOP_LEVEL
 from models.qwen3.args import Qwen3Args, Qwen3MoeArgs
 
-_TOP_LEVEL = {
-    "tok_embeddings.weight": "model.embed_tokens.weight",
-    "norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
+_TOP_LEVEL = DECODER_TOP_LEVEL
 _PER_LAYER = {
-    "attention_norm.weight": "input_layernorm.weight",
-    "attention.wq.weight": "self_attn.q_proj.weight",
-    "attention.wk.weight": "self_attn.k_proj.weight",
-    "attention.wv.weight": "self_attn.v_proj.weight",
-    "attention.wo.weight": "self_attn.o_proj.weight",
+    **DECODER_PER_LAYER,
     "attention.q_norm.weight": "self_attn.q_norm.weight",
     "attention.k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    # dense feed-forward
-    "feed_forward.w1.weight": "mlp.gate_proj.weight",
-    "feed_forward.w2.weight": "mlp.down_proj.weight",
-    "feed_forward.w3.weight": "mlp.up_proj.weight",
     # MoE router (its name cannot clash with the dense ones: gate vs gate_proj)
     "feed_forward.router.gate.weight": "mlp.gate.weight",
 }

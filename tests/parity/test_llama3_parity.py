@@ -6,6 +6,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from models.common.rope import RopeScaling, rope_inv_freq
 from models.llama3 import Llama3Args, Llama3Model
+from models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
 
 # original_max_position is small so that the Llama 3.1 frequency scaling changes most frequencies, and
 # the longest sequence runs well past it.
@@ -56,29 +57,10 @@ def _hf_config(args: Llama3Args) -> LlamaConfig:
     )
 
 
-def hf_to_titan(hf_state: dict[str, torch.Tensor], n_layers: int, tied: bool) -> dict[str, torch.Tensor]:
-    """HF LlamaForCausalLM names -> ours. No q/k permutation: both use the half-rotation rope layout."""
-    out = {
-        "tok_embeddings.weight": hf_state["model.embed_tokens.weight"],
-        "norm.weight": hf_state["model.norm.weight"],
-    }
-    if not tied:
-        out["output.weight"] = hf_state["lm_head.weight"]
-    per_layer = {
-        "attention_norm.weight": "input_layernorm.weight",
-        "attention.wq.weight": "self_attn.q_proj.weight",
-        "attention.wk.weight": "self_attn.k_proj.weight",
-        "attention.wv.weight": "self_attn.v_proj.weight",
-        "attention.wo.weight": "self_attn.o_proj.weight",
-        "ffn_norm.weight": "post_attention_layernorm.weight",
-        "feed_forward.w1.weight": "mlp.gate_proj.weight",
-        "feed_forward.w2.weight": "mlp.down_proj.weight",
-        "feed_forward.w3.weight": "mlp.up_proj.weight",
-    }
-    for i in range(n_layers):
-        for ours, theirs in per_layer.items():
-            out[f"layers.{i}.{ours}"] = hf_state[f"model.layers.{i}.{theirs}"]
-    return out
+def hf_to_titan(hf_state: dict[str, torch.Tensor], ours: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """HF LlamaForCausalLM weights under our names, through the adapter the checkpoint layer uses.
+    No q/k permutation: both models use the half-rotation rope layout."""
+    return {name: hf_state[LLAMA3_STATE_DICT_ADAPTER.hf_name(name)] for name in ours.state_dict()}
 
 
 def _randomize(model: torch.nn.Module) -> None:
@@ -112,7 +94,7 @@ def test_logits_match_transformers(tied: bool) -> None:
         ours = Llama3Model(args)
     ours.to_empty(device=torch.device("cpu"))
     ours.init_weights()
-    ours.load_state_dict(hf_to_titan(hf.state_dict(), args.n_layers, tied), strict=True)
+    ours.load_state_dict(hf_to_titan(hf.state_dict(), ours), strict=True)
     ours.eval()
     if tied:
         assert ours.output is None
