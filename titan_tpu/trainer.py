@@ -57,6 +57,19 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.use_deterministic_algorithms(True)
 
 
+def write_resolved_config(dump_folder: Path, text: str) -> None:
+    """Write dump_folder/config.toml; a different one left by an earlier run in the same folder is
+    kept as config.N.toml rather than overwritten."""
+    dump_folder.mkdir(parents=True, exist_ok=True)
+    path = dump_folder / "config.toml"
+    if path.exists() and path.read_text(encoding="utf-8") != text:
+        previous = 1
+        while (dump_folder / f"config.{previous}.toml").exists():
+            previous += 1
+        path.rename(dump_folder / f"config.{previous}.toml")
+    path.write_text(text, encoding="utf-8")
+
+
 def split_global_batch(global_batch: int, local_batch: int, dp_degree: int) -> tuple[int, int]:
     """(sequences per forward pass, micro-batches per step); local -1 means no accumulation."""
     if local_batch == -1:
@@ -84,8 +97,7 @@ class Trainer:
         self.is_writer = self.process.rank == 0
         self.dump_folder = Path(config.job.dump_folder)
         if self.is_writer:
-            self.dump_folder.mkdir(parents=True, exist_ok=True)
-            (self.dump_folder / "config.toml").write_text(to_toml(config), encoding="utf-8")
+            write_resolved_config(self.dump_folder, to_toml(config))
 
         training = config.training
         self.compute_dtype = torch.bfloat16 if training.dtype == "bfloat16" else torch.float32

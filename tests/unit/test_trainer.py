@@ -12,7 +12,7 @@ import torch
 
 import models
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.trainer import Trainer, TrainingStopped, split_global_batch
+from titan_tpu.trainer import Trainer, TrainingStopped, split_global_batch, write_resolved_config
 
 RECORD_KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib", "step_time_s"}
 
@@ -99,3 +99,13 @@ def test_global_batch_is_split_over_ranks_and_micro_batches() -> None:
         split_global_batch(8, -1, 3)
     with pytest.raises(ConfigError, match=r"local_batch_size 4 x data-parallel degree 4 = 16"):
         split_global_batch(8, 4, 4)
+
+
+def test_an_earlier_runs_config_is_kept_not_overwritten(tmp_path: Path) -> None:
+    write_resolved_config(tmp_path, "a")
+    write_resolved_config(tmp_path, "a")
+    write_resolved_config(tmp_path, "b")
+    write_resolved_config(tmp_path, "c")
+    assert (tmp_path / "config.toml").read_text() == "c"
+    assert (tmp_path / "config.1.toml").read_text() == "a"
+    assert (tmp_path / "config.2.toml").read_text() == "b"
