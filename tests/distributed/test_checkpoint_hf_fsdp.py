@@ -4,7 +4,6 @@ logits match transformers', and the export gathered from the shards loads in tra
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +14,9 @@ from transformers import AutoModelForCausalLM
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("checkpoint_hf_worker.py")
 sys.path.insert(0, str(ROOT / "tests" / "parity"))
+sys.path.insert(0, str(Path(__file__).parent))
 
+from launch import torchrun  # noqa: E402
 from test_hf_roundtrip import ARGS, random_hf_model  # noqa: E402
 
 
@@ -27,12 +28,7 @@ def test_fsdp_reads_only_its_shards_and_round_trips(tmp_path: Path) -> None:
     torch.save(tokens, tmp_path / "tokens.pt")
     with torch.no_grad():
         expected = hf(input_ids=tokens).logits
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        str(WORKER), str(tmp_path / "hf"), str(tmp_path / "tokens.pt"), str(tmp_path / "out"),
-    ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    torchrun(2, WORKER, str(tmp_path / "hf"), str(tmp_path / "tokens.pt"), str(tmp_path / "out"), timeout=300)
 
     reads = json.loads((tmp_path / "out" / "result.json").read_text())["reads"]
     full = {name: list(p.shape) for name, p in hf.state_dict().items()}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tests" / "parity"))
 sys.path.insert(0, str(WORKER.parent))
 
 from checkpoint_layouts_worker import ARGS, LLAMA, MOE  # noqa: E402
+from launch import torchrun  # noqa: E402
 from test_hf_roundtrip import random_hf_model  # noqa: E402
 
 REL = 1e-5
@@ -85,9 +85,7 @@ def _run_chains(work: Path) -> dict[str, Any]:
     with torch.no_grad():
         hf_logits = hf(input_ids=tokens).logits
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(WORKER), str(work)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    torchrun(4, WORKER, str(work))
     result = json.loads((work / "result.json").read_text())
     losses = {k: {int(s): v for s, v in result[k].items()} for k in ("fsdp4", "tp2_fsdp2", "ep2_fsdp2")}
 

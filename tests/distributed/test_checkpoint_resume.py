@@ -21,6 +21,10 @@ from titan_tpu.config import load_config
 from titan_tpu.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+
+import launch  # noqa: E402
+
 KILL_WORKER = Path(__file__).with_name("checkpoint_kill_worker.py")
 BASE = [
     "--config",
@@ -49,12 +53,7 @@ def quiet_process() -> Iterator[None]:
 
 
 def torchrun(nproc: int, dump: Path, *args: str) -> dict[int, float]:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-        str(ROOT / "train.py"), *BASE, f"--job.dump_folder={dump}", *args,
-    ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    launch.torchrun(nproc, ROOT / "train.py", *BASE, f"--job.dump_folder={dump}", *args, timeout=300)
     return losses(dump)
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,25 +27,19 @@ from titan_tpu.distributed.expert_parallel import validate_expert_parallel
 from titan_tpu.distributed.parallel_dims import ParallelDims
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import expert_parallel_worker  # noqa: E402
+from launch import torchrun  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out_dir = tmp_path_factory.mktemp("expert_parallel")
     out = out_dir / "results.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-         str(HERE / "expert_parallel_worker.py"), str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
+    torchrun(4, HERE / "expert_parallel_worker.py", str(out), timeout=600)
     elapsed = time.perf_counter() - start
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     data = json.loads(out.read_text())
     start = time.perf_counter()
     data["single"] = expert_parallel_worker.reference(out_dir)

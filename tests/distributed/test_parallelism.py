@@ -17,8 +17,6 @@ results:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,10 +25,10 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import parallel_worker  # noqa: E402
+from launch import torchrun  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -39,15 +37,9 @@ pytestmark = pytest.mark.slow
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out_dir = tmp_path_factory.mktemp("parallel")
     out = out_dir / "results.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-         str(HERE / "parallel_worker.py"), str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )
+    torchrun(4, HERE / "parallel_worker.py", str(out), timeout=900)
     elapsed = time.perf_counter() - start
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     data = json.loads(out.read_text())
     start = time.perf_counter()
     data["single"] = parallel_worker.reference(out_dir)
