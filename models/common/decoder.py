@@ -1,6 +1,6 @@
 """The frame every decoder-only family shares: token embedding, rotary tables, a ModuleDict of blocks,
 final norm and output head (or the embedding reused as the head when tied). Families pass in their
-blocks and write their own `forward`."""
+blocks; `forward` is the plain decoder, which a family overrides when its blocks return more (MoE)."""
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,14 @@ class DecoderLM(nn.Module):
         if self.output is not None:
             # Scaled so the initial logits have unit variance given a unit-RMS normed input.
             trunc_normal_std_(self.output.weight, self.dim**-0.5)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, S] -> logits [B, S, vocab_size] in the parameters' dtype (the loss upcasts)."""
+        h = self.tok_embeddings(tokens)
+        cos, sin = self.rope(tokens.shape[1])
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        return self.logits(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         h = self.norm(h)

@@ -5,8 +5,6 @@ them: tok_embeddings, layers["i"].{attention_norm, attention.{wq,wk,wv,wo}, ffn_
 feed_forward.{w1,w2,w3}}, norm, output.
 """
 
-import torch
-
 from models.common.attention import Attention
 from models.common.decoder import DecoderLM
 from models.common.feed_forward import FeedForward
@@ -53,10 +51,3 @@ class Llama3Model(DecoderLM):
             tie_embeddings=args.tie_embeddings,
         )
         self.args = args
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
-        cos, sin = self.rope(tokens.shape[1])
-        for layer in self.layers.values():
-            h = layer(h, cos, sin)
-        return self.logits(h)

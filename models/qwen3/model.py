@@ -89,13 +89,6 @@ class Qwen3Model(_Qwen3Base):
     Build under `torch.device("meta")`, then `to_empty(device=...)` and `init_weights()`.
     """
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
-        cos, sin = self.rope(tokens.shape[1])
-        for layer in self.layers.values():
-            h = layer(h, cos, sin)
-        return self.logits(h)
-
 
 class _AuxLossGradient:
     """Hands each layer the gradient of the load-balancing loss w.r.t. its router-probability sums.
