@@ -40,6 +40,7 @@ from titan_tpu.distributed.expert_parallel import apply_expert_parallel  # noqa:
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
 from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
+from parallel_worker import single_process_init  # noqa: E402
 
 CONFIG = "qwen3_moe_debug"
 STEPS = 10
@@ -134,16 +135,6 @@ def moe_layer(collapse: bool) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- 2. layouts through the trainer
-
-
-def single_process_init(config: Any) -> dict[str, torch.Tensor]:
-    spec = models.get_model_spec(config.model.name)
-    args = dataclasses.replace(spec.flavor(config.model.flavor), max_seq_len=config.training.seq_len)
-    with torch.device("meta"):
-        model = spec.model_cls(args)
-    ctx = ParallelContext(ParallelDims(1, 1, 1, 1, 1))
-    model = parallelize_model(model, None, ctx, config, torch.device("cpu"), "cpu", torch.float32)
-    return {canonical_name(n): p.detach() for n, p in model.named_parameters()}
 
 
 def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
