@@ -1,0 +1,102 @@
+"""The seam between the one trainer and what it trains.
+
+The trainer owns what every kind of training shares: the model built on `meta` and parallelised,
+micro-batches with gradient accumulation, mixed precision, clipping, the optimizer and schedule,
+checkpoints and the metrics record. A `TrainingTask` supplies what differs:
+
+- `model_args(args)`: fit the flavor's arguments to the run (sequence length, attention kernel);
+  called before the model is built.
+- `setup(model)`: build the data pipeline (and anything that needs the built model, such as GRPO's
+  frozen reference policy); called once the model is materialised.
+- `data_state()`: the Stateful object holding the data position, saved in every checkpoint.
+- `next_batch(model)`: one micro-batch for this process. It gets the current model because some
+  tasks make their batch with it (GRPO samples completions from the policy).
+- `loss(model, batch)`: forward pass and loss of one micro-batch, with the count of items (tokens,
+  images) it trained on; the trainer runs it under autocast and calls backward.
+- `flops_per_item()` and `unit`: model FLOPs (forward + backward) per item for MFU, and the name of
+  an item in the throughput field (`tokens_per_sec`, `samples_per_sec`).
+- `step_metrics()`: extra values for the step record (read on logging steps only).
+- `evaluate(model, step)`: held-out numbers or samples every `metrics.eval_freq` steps.
+
+Language-model pretraining is one task (`language_model.py`); rectified-flow image training and
+GRPO are others. Tasks are found by name in `registry.py`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from models.registry import ModelSpec
+    from titan_tpu.config import TrainConfig
+    from titan_tpu.distributed.parallel_dims import ParallelContext
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a task may know about the run: the config, the model family, where this process sits."""
+
+    config: TrainConfig
+    spec: ModelSpec
+    device: torch.device
+    device_type: str
+    compute_dtype: torch.dtype
+    parallel: ParallelContext
+    dp_rank: int
+    dp_world: int
+    local_batch_size: int  # samples per micro-batch on this process
+    grad_accum_steps: int
+    dump_folder: Path
+    is_writer: bool
+
+
+@dataclass
+class TaskLoss:
+    """The loss of one micro-batch (a scalar tensor, mean over its items) and how many items it
+    covered on this process (tokens, images), for throughput."""
+
+    loss: torch.Tensor
+    items: int
+
+
+class TrainingTask(ABC):
+    """Base class: the optional parts have neutral defaults; the abstract ones must be implemented."""
+
+    unit: str = "items"
+
+    def __init__(self, ctx: TaskContext) -> None:
+        self.ctx = ctx
+
+    def model_args(self, args: Any) -> Any:
+        return args
+
+    @abstractmethod
+    def setup(self, model: nn.Module) -> None:
+        ...
+
+    def data_state(self) -> Any | None:
+        return None
+
+    @abstractmethod
+    def next_batch(self, model: nn.Module) -> Any:
+        ...
+
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: Any) -> TaskLoss:
+        ...
+
+    @abstractmethod
+    def flops_per_item(self) -> float:
+        ...
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+    def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
+        return {}
