@@ -13,8 +13,9 @@ import pytest
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import DataConfig
+from titan_tpu.data import build_source
 from titan_tpu.data.files import FileSource
-from titan_tpu.data.sources import EmbeddedSource, HuggingFaceSource, build_source
+from titan_tpu.data.sources import EmbeddedSource, HuggingFaceSource
 
 
 def files_cfg(path: Path | str, **kw) -> DataConfig:
@@ -184,24 +185,69 @@ def _fake_datasets(monkeypatch, load_dataset) -> None:
     monkeypatch.setitem(sys.modules, "datasets", module)
 
 
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def offline_environment() -> tuple[str | None, ...]:
+    return tuple(os.environ.get(name) for name in OFFLINE_VARIABLES)
+
+
 def test_huggingface_streams_offline_and_resumes(monkeypatch) -> None:
-    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in OFFLINE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     calls = []
     records = [{"text": "a"}, {"text": None}, {"text": "b"}, {"text": "c"}]
 
     def load_dataset(path, split, streaming):
-        offline = (os.environ.get("HF_DATASETS_OFFLINE"), os.environ.get("HF_HUB_OFFLINE"))
-        calls.append((path, split, streaming, *offline))
+        calls.append((path, split, streaming, *offline_environment()))
         return _FakeStream(records)
 
     _fake_datasets(monkeypatch, load_dataset)
     source = build_source(DataConfig(source="huggingface", path="org/corpus", hf_split="validation"))
     assert isinstance(source, HuggingFaceSource)
+    # Offline while loading, and the process's environment as it was afterwards (HF_HUB_OFFLINE
+    # left set would switch off every later Hub download in the process, e.g. a tokenizer's).
     assert calls == [("org/corpus", "validation", True, "1", "1")]
+    assert offline_environment() == (None, None)
     docs = list(source.documents())
     assert docs == [((0,), "a"), ((2,), "b"), ((3,), "c")]
     assert texts(source, (2,)) == ["b", "c"]
+
+
+def test_huggingface_keeps_the_users_own_offline_choice(monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    seen = []
+
+    def load_dataset(path, split, streaming):
+        seen.append(offline_environment())
+        return _FakeStream([{"text": "a"}])
+
+    _fake_datasets(monkeypatch, load_dataset)
+    build_source(DataConfig(source="huggingface", path="org/corpus"))
+    assert seen == [("0", None)] and offline_environment() == ("0", None)
+
+
+def test_real_datasets_offline_only_while_loading(tmp_path: Path, monkeypatch) -> None:
+    """With the real `datasets` already imported (its offline flag read at import, as when
+    transformers came first), a Hub name still fails at once, offline, and nothing stays changed."""
+    datasets = pytest.importorskip("datasets")
+    hub_constants = pytest.importorskip("huggingface_hub.constants")
+    for name in OFFLINE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in "xyz"))
+
+    source = build_source(DataConfig(source="huggingface", path=str(folder), hf_split="train"))
+    assert texts(source) == ["x", "y", "z"] and texts(source, (1,)) == ["y", "z"]
+    # Not in the cache: without the Hub switched off this retries the network for ~20 s.
+    with pytest.raises(ConfigError, match=r"OfflineModeIsEnabled"):
+        build_source(DataConfig(source="huggingface", path="titan-tpu-test/not-cached"))
+    assert offline_environment() == (None, None)
+    assert hub_constants.HF_HUB_OFFLINE is False and datasets.config.HF_HUB_OFFLINE is False
 
 
 def test_huggingface_load_error_becomes_one_line(monkeypatch) -> None:

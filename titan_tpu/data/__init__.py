@@ -1,7 +1,8 @@
 """Data: document sources -> tokenizer -> packed, shuffled, dp-sharded batches with resumable state."""
 
-from titan_tpu.data.loader import PackedDataset, build_dataloader
-from titan_tpu.data.sources import DocumentSource, EmbeddedSource, build_source
+from titan_tpu.data.documents import DocumentSource
+from titan_tpu.data.loader import PackedDataset, build_dataloader, build_source
+from titan_tpu.data.sources import EmbeddedSource
 from titan_tpu.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, build_tokenizer
 
 __all__ = [

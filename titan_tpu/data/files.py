@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.data.sources import Cursor, Document, Problems, text_of
+from titan_tpu.data.documents import Cursor, Document, Problems, text_of
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,8 @@ def resolve_files(path: str) -> list[Path]:
 
 
 class FileSource:
+    """The files `data.path` names, read in sorted order; see the module docstring for the formats."""
+
     def __init__(self, path: str, text_field: str) -> None:
         self.files = resolve_files(path)
         self.text_field = text_field

@@ -25,8 +25,10 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import DataConfig
+from titan_tpu.data.documents import DocumentSource
+from titan_tpu.data.files import FileSource
 from titan_tpu.data.packing import BlockStart, iterate_blocks
-from titan_tpu.data.sources import DocumentSource, build_source
+from titan_tpu.data.sources import EmbeddedSource, HuggingFaceSource
 from titan_tpu.data.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -157,6 +159,23 @@ class PackedDataset(IterableDataset):
     def _forget_blocks_before(self, last_of_rank0: int) -> None:
         while len(self._blocks) > 1 and self._blocks[1].first_sample <= last_of_rank0:
             self._blocks.popleft()
+
+
+def build_source(cfg: DataConfig) -> DocumentSource:
+    """The document source `cfg.source` names; bad paths fail here, before any training starts."""
+    if cfg.source == "embedded":
+        source = EmbeddedSource()
+        _ = source.files  # list them now: an install without sources fails at start-up
+        return source
+    if cfg.source in ("files", "huggingface") and not cfg.path:
+        raise ConfigError(f"data.path: is required when data.source = '{cfg.source}'")
+    if cfg.source == "files":
+        return FileSource(cfg.path, cfg.text_field)
+    if cfg.source == "huggingface":
+        return HuggingFaceSource(cfg.path, cfg.hf_split, cfg.text_field)
+    raise ConfigError(
+        f"data.source: unknown source '{cfg.source}'; allowed: embedded, files, huggingface"
+    )
 
 
 def _source_fingerprint(cfg: DataConfig) -> dict[str, Any]:

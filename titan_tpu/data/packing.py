@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.data.sources import Cursor, DocumentSource
+from titan_tpu.data.documents import Cursor, DocumentSource
 from titan_tpu.data.tokenizer import Tokenizer
 
 # Documents tokenized per call: enough for the Rust tokenizer's batch parallelism to pay off, small

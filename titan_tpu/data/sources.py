@@ -1,97 +1,32 @@
-"""Document sources: where raw text comes from, one document at a time, resumable at any document.
+"""Two document sources: the embedded corpus every Python install ships, and a Hugging Face dataset.
 
-A source yields `(cursor, text)` pairs. A cursor is a tuple of ints that, handed back to
-`documents(cursor)`, restarts the stream *at* that document without reading what came before it (a
-file index and a byte offset or row number). Cursors go into the data loader's checkpoint state.
-
-Malformed records (bad JSON, missing or non-string text, undecodable bytes) are counted and skipped;
-each source logs one warning per pass with the count and the first example. A whole pass that yields
-no usable document raises a ConfigError naming the source.
+Local files are the third (`files.py`); all three keep the contract in `documents.py`, and
+`loader.build_source` picks one from `[data] source`.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
+import importlib
 import os
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.config.sections import DataConfig
-
-logger = logging.getLogger(__name__)
-
-Cursor = tuple[int, ...]
-Document = tuple[Cursor, str]
+from titan_tpu.data.documents import Cursor, Document, Problems, text_of
 
 # Folders of the standard library that are not the library itself.
 _EMBEDDED_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 
-
-class DocumentSource(Protocol):
-    description: str  # names the source in messages, e.g. the path
-
-    def documents(self, cursor: Cursor | None = None) -> Iterator[Document]: ...
-
-
-class Problems:
-    """Counts malformed records over one pass and reports them once, not once per record."""
-
-    # With this many malformed records and not one usable document yet, the input is wrong as a
-    # whole (a wrong data.text_field, a binary file): stop instead of scanning terabytes first.
-    GIVE_UP_AFTER = 1000
-
-    def __init__(self, description: str, hint: str = "") -> None:
-        self.description = description
-        self.hint = hint
-        self.bad = 0
-        self.good = 0
-        self.first: str | None = None
-
-    def record_bad(self, location: str, reason: str) -> None:
-        self.bad += 1
-        if self.first is None:
-            self.first = f"{location}: {reason}"
-        if self.good == 0 and self.bad >= self.GIVE_UP_AFTER:
-            raise ConfigError(
-                f"data.path: the first {self.bad} records of {self.description} are all unusable "
-                f"(first: {self.first}){self.hint}"
-            )
-
-    def record_good(self) -> None:
-        self.good += 1
-
-    def finish(self, whole_pass: bool, already_warned: bool) -> bool:
-        """End of a pass: raise if nothing was usable, warn about skipped records. Returns warned."""
-        if whole_pass and self.good == 0:
-            detail = f" ({self.bad} malformed, first: {self.first})" if self.bad else ""
-            raise ConfigError(
-                f"data.path: {self.description} holds no usable document{detail}{self.hint}"
-            )
-        if self.bad and not already_warned:
-            logger.warning(
-                "data: skipped %d malformed record(s) in %s; first: %s",
-                self.bad,
-                self.description,
-                self.first,
-            )
-            return True
-        return already_warned
-
-
-def text_of(record: Any, text_field: str) -> tuple[str | None, str]:
-    """The text of a JSON / datasets record, or None and the reason it has none."""
-    if not isinstance(record, dict):
-        return None, f"record is a {type(record).__name__}, not an object"
-    if text_field not in record:
-        keys = ", ".join(list(map(str, record))[:8]) or "none"
-        return None, f"no '{text_field}' field (data.text_field; its keys: {keys})"
-    text = record[text_field]
-    if not isinstance(text, str):
-        return None, f"field '{text_field}' is {type(text).__name__}, not a string"
-    return text, ""
+# The environment variables that switch the Hub off, and the module constants the libraries copy
+# them into when first imported (read again on every request, so setting them takes effect).
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+_OFFLINE_CONSTANTS = (
+    ("huggingface_hub.constants", "HF_HUB_OFFLINE"),
+    ("datasets.config", "HF_HUB_OFFLINE"),
+    ("datasets.config", "HF_DATASETS_OFFLINE"),
+)
 
 
 class EmbeddedSource:
@@ -135,14 +70,43 @@ class EmbeddedSource:
         self._warned = problems.finish(whole_pass=start == 0, already_warned=self._warned)
 
 
+@contextlib.contextmanager
+def hub_offline() -> Iterator[bool]:
+    """The Hugging Face Hub switched off for the block only; yields whether it is off.
+
+    A dataset missing from the local cache must fail at once, not hang on a network that is not
+    there. A user who set HF_HUB_OFFLINE or HF_DATASETS_OFFLINE chose for themselves: nothing is
+    changed then. Otherwise the variables (seen by a library first imported inside the block) and
+    the constants of the libraries already imported are set, and all of them restored afterwards,
+    so the rest of the process (a transformers download elsewhere) keeps its own setting.
+    """
+    chosen = [name for name in _OFFLINE_VARIABLES if name in os.environ]
+    if chosen:
+        yield os.environ[chosen[0]].strip().upper() in {"1", "ON", "YES", "TRUE"}
+        return
+    constants = []
+    for module_name, attribute in _OFFLINE_CONSTANTS:
+        with contextlib.suppress(ImportError):
+            module = importlib.import_module(module_name)
+            if hasattr(module, attribute):
+                constants.append((module, attribute, getattr(module, attribute)))
+    try:
+        for name in _OFFLINE_VARIABLES:
+            os.environ[name] = "1"
+        for module, attribute, _ in constants:
+            setattr(module, attribute, True)
+        yield True
+    finally:
+        for name in _OFFLINE_VARIABLES:
+            os.environ.pop(name, None)
+        for module, attribute, previous in constants:
+            setattr(module, attribute, previous)
+
+
 class HuggingFaceSource:
-    """A `datasets` dataset, streamed; offline unless the user switched the Hub back on."""
+    """A `datasets` dataset, streamed from the local cache or a local folder (see `hub_offline`)."""
 
     def __init__(self, path: str, split: str, text_field: str) -> None:
-        # Read by `datasets` / `huggingface_hub` when they are imported: a dataset that is not in
-        # the local cache must fail at once, not hang on a network that is not there.
-        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         try:
             import datasets
         except ImportError:
@@ -152,15 +116,16 @@ class HuggingFaceSource:
             ) from None
         self.path, self.split, self.text_field = path, split, text_field
         self.description = f"Hugging Face dataset '{path}' (split '{split}')"
-        try:
-            self._dataset = datasets.load_dataset(path, split=split, streaming=True)
-        except Exception as err:  # datasets raises many types; all mean "cannot use this input"
-            lines = [line for line in str(err).splitlines() if line.strip()]
-            reason = lines[0][:300] if lines else type(err).__name__
-            raise ConfigError(
-                f"data.path: cannot load {self.description} (offline: HF_DATASETS_OFFLINE="
-                f"{os.environ['HF_DATASETS_OFFLINE']}): {type(err).__name__}: {reason}"
-            ) from None
+        with hub_offline() as offline:
+            try:
+                self._dataset = datasets.load_dataset(path, split=split, streaming=True)
+            except Exception as err:  # datasets raises many types; all mean "cannot use this input"
+                lines = [line for line in str(err).splitlines() if line.strip()]
+                reason = lines[0][:300] if lines else type(err).__name__
+                hub = " (the Hub is off; HF_HUB_OFFLINE=0 lets datasets download)" if offline else ""
+                raise ConfigError(
+                    f"data.path: cannot load {self.description}{hub}: {type(err).__name__}: {reason}"
+                ) from None
         self._warned = False
 
     def documents(self, cursor: Cursor | None = None) -> Iterator[Document]:
@@ -176,22 +141,3 @@ class HuggingFaceSource:
                 problems.record_good()
                 yield (index,), text
         self._warned = problems.finish(whole_pass=start == 0, already_warned=self._warned)
-
-
-def build_source(cfg: DataConfig) -> DocumentSource:
-    """The document source `cfg.source` names; bad paths fail here, before any training starts."""
-    if cfg.source == "embedded":
-        source = EmbeddedSource()
-        _ = source.files  # list them now: an install without sources fails at start-up
-        return source
-    if cfg.source in ("files", "huggingface") and not cfg.path:
-        raise ConfigError(f"data.path: is required when data.source = '{cfg.source}'")
-    if cfg.source == "files":
-        from titan_tpu.data.files import FileSource
-
-        return FileSource(cfg.path, cfg.text_field)
-    if cfg.source == "huggingface":
-        return HuggingFaceSource(cfg.path, cfg.hf_split, cfg.text_field)
-    raise ConfigError(
-        f"data.source: unknown source '{cfg.source}'; allowed: embedded, files, huggingface"
-    )
