@@ -35,14 +35,15 @@ def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
         config_name, print_only, overrides = parse_cli(argv)
+        # Loading checks model and task names against their registries, which imports torch; logging
+        # is set up after it, so that libraries' import-time messages do not bury a config error.
         config = load_config(config_name, overrides)
         if print_only:
             print(to_toml(config))
             return 0
-        # Imported late so that --help and config errors answer before torch loads.
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
         from titan_tpu.trainer import Trainer, TrainingStopped
 
         trainer = Trainer(config)

@@ -1,4 +1,4 @@
-"""The model registry: lookup, errors a person can act on, registration rules."""
+"""The model registry: lookup, errors a person can act on, registration rules, model overrides."""
 
 import dataclasses
 
@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import models
+from models.llama3 import Llama3Model
 from models.registry import ModelSpec, get_model_spec, model_names, register_model
+from titan_tpu.config import ConfigError
 
 
 def test_importing_models_registers_llama3() -> None:
@@ -20,7 +22,8 @@ def test_importing_models_registers_llama3() -> None:
 
 
 def test_unknown_model_lists_names_and_suggests() -> None:
-    with pytest.raises(ValueError) as info:
+    # A ConfigError, so the entry point reports it as one line with exit status 2.
+    with pytest.raises(ConfigError) as info:
         get_model_spec("lama3")
     message = str(info.value)
     assert message.startswith("unknown model 'lama3'; valid: ")
@@ -47,5 +50,36 @@ def test_flavor_error_names_the_model() -> None:
     spec = ModelSpec(
         name="toy", model_cls=torch.nn.Linear, flavors={"a": 1, "b": 2}, flops_per_token=lambda a, s: 0.0
     )
-    with pytest.raises(ValueError, match=r"^unknown flavor 'c' for model 'toy'; valid: a, b$"):
+    with pytest.raises(ConfigError, match=r"^unknown flavor 'c' for model 'toy'; valid: a, b$"):
         spec.flavor("c")
+    assert spec.default_task == "language_model"
+
+
+def test_build_args_applies_checked_overrides_and_builds_that_model() -> None:
+    spec = get_model_spec("llama3")
+    assert spec.build_args("debug", {}) is spec.flavor("debug")
+    args = spec.build_args("debug", {"n_layers": 2, "dim": 128, "norm_eps": 1, "head_dim": "none"})
+    assert (args.n_layers, args.dim, args.norm_eps, args.head_dim) == (2, 128, 1.0, None)
+    assert isinstance(args.norm_eps, float)
+    assert spec.flavor("debug").n_layers == 4  # the shared flavor is untouched
+    with torch.device("meta"):
+        model = Llama3Model(args)
+    assert len(model.layers) == 2 and model.tok_embeddings.weight.shape == (512, 128)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"n_layer": 2}, "model.overrides.n_layer is not a field of Llama3Args; valid fields: dim, "),
+        ({"dim": 2.5}, "model.overrides.dim: got 2.5, expected an integer"),
+        ({"tie_embeddings": 1}, "model.overrides.tie_embeddings: got 1, expected true or false"),
+        ({"vocab_size": -1}, "model.overrides.vocab_size: must be >= 1, got -1"),
+        ({"n_kv_heads": 3}, "n_heads (8) must be a multiple of n_kv_heads (3)"),
+        ({"head_dim": 3, "dim": 24}, "head_dim must be even"),
+        ({"attention_block": 64}, "set from model.attention_block"),
+    ],
+)
+def test_build_args_refuses_what_the_flavor_cannot_take(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        get_model_spec("llama3").build_args("debug", overrides)
+    assert message in str(info.value)

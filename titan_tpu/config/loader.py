@@ -1,18 +1,18 @@
 """TOML file + command-line overrides -> one typed, validated `TrainConfig`.
 
 The TOML is parsed as data (tomllib), never evaluated. Every key is checked against the section's
-dataclass: unknown names get a did-you-mean, values are checked against the field's type and
-`Literal` choices, then each section validates its own ranges.
+dataclass: unknown names get a did-you-mean, values are checked against the field's type (see
+values.py), then each section validates its own ranges, then the names that live in registries
+(model, flavor, model overrides, training task) are checked, all before any process group starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import (
@@ -28,6 +28,14 @@ from titan_tpu.config.sections import (
     OptimizerConfig,
     ParallelismConfig,
     TrainingConfig,
+)
+from titan_tpu.config.values import (
+    check,
+    did_you_mean,
+    from_text,
+    is_table,
+    optional_inner,
+    parse_toml_literal,
 )
 
 if sys.version_info >= (3, 11):
@@ -74,54 +82,8 @@ def field_types(section_cls: type) -> dict[str, Any]:
     return typing.get_type_hints(section_cls)
 
 
-def _did_you_mean(name: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(name, options, n=1)
-    return f"did you mean '{close[0]}'? " if close else ""
-
-
-def _describe(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[tp]
-
-
-def coerce(value: Any, tp: Any, where: str) -> Any:
-    """Check a TOML value (or convert a command-line string) to the field's type."""
-    from_cli = isinstance(value, str) and tp is not str and typing.get_origin(tp) is not Literal
-    if from_cli:
-        value = _parse_cli_scalar(value, tp, where)
-    if typing.get_origin(tp) is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            raise ConfigError(f"{where}: got {value!r}, expected {_describe(tp)}")
-        return value
-    ok = (
-        (tp is bool and isinstance(value, bool))
-        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
-        or (tp is float and isinstance(value, (int, float)) and not isinstance(value, bool))
-        or (tp is str and isinstance(value, str))
-    )
-    if not ok:
-        raise ConfigError(f"{where}: got {value!r}, expected {_describe(tp)}")
-    return float(value) if tp is float else value
-
-
-def _parse_cli_scalar(text: str, tp: Any, where: str) -> Any:
-    try:
-        if tp is bool:
-            lowered = text.lower()
-            if lowered in ("true", "1", "yes", "on"):
-                return True
-            if lowered in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
-        if tp is int:
-            return int(text)
-        if tp is float:
-            return float(text)
-    except ValueError:
-        raise ConfigError(f"{where}: got {text!r}, expected {_describe(tp)}") from None
-    return text
+def _is_bool(tp: Any) -> bool:
+    return tp is bool or optional_inner(tp) is bool
 
 
 def resolve_config_path(name: str) -> Path:
@@ -131,19 +93,30 @@ def resolve_config_path(name: str) -> Path:
         if candidate.is_file():
             return candidate
     available = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
-    hint = _did_you_mean(name, available)
+    hint = did_you_mean(name, available)
     raise ConfigError(
         f"--config {name}: no such file or config in {CONFIG_DIR}; {hint}"
         f"available: {', '.join(available)}"
     )
 
 
-def apply_section_values(config: TrainConfig, values: dict[str, Any], source: str) -> None:
-    """Set `{section: {key: value}}` on the config, checking every name and type."""
+def _set_table_entry(section: Any, field: str, entry: str, value: Any, from_cli: bool) -> None:
+    """`key.entry = value` into a table field: merges one entry instead of replacing the table.
+    Entries are checked by the layer that owns them (model overrides: the model registry)."""
+    table = dict(getattr(section, field))
+    table[entry] = parse_toml_literal(value) if from_cli else value
+    setattr(section, field, table)
+
+
+def apply_section_values(
+    config: TrainConfig, values: dict[str, Any], source: str, from_cli: bool = False
+) -> None:
+    """Set `{section: {key: value}}` on the config, checking every name and type. Command-line
+    values are text and are converted to the field's type; TOML values must already have it."""
     sections = section_types()
     for section_name, section_values in values.items():
         if section_name not in sections:
-            hint = _did_you_mean(section_name, list(sections))
+            hint = did_you_mean(section_name, list(sections))
             raise ConfigError(
                 f"{source}: unknown section [{section_name}]; {hint}valid: {', '.join(sections)}"
             )
@@ -153,17 +126,26 @@ def apply_section_values(config: TrainConfig, values: dict[str, Any], source: st
         types = field_types(type(section))
         for key, value in section_values.items():
             where = f"{source}: {section_name}.{key}"
-            if key not in types:
-                hint = _did_you_mean(key, list(types))
+            field, dot, entry = key.partition(".")
+            if field not in types:
+                hint = did_you_mean(field, list(types))
                 raise ConfigError(
                     f"{where}: unknown key in [{section_name}]; {hint}"
                     f"valid keys: {', '.join(types)}"
                 )
-            setattr(section, key, coerce(value, types[key], where))
+            if dot and not is_table(types[field]):
+                raise ConfigError(f"{where}: {section_name}.{field} is not a table")
+            if dot:
+                _set_table_entry(section, field, entry, value, from_cli)
+            elif from_cli:
+                setattr(section, key, from_text(value, types[key], where))
+            else:
+                setattr(section, key, check(value, types[key], where))
 
 
 def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
-    """`--section.key=value` or `--section.key value`; a bare boolean flag means true."""
+    """`--section.key=value` or `--section.key value`; a bare boolean flag means true.
+    `--section.table.entry=value` sets one entry of a table field (e.g. --model.overrides.n_layers=2)."""
     sections = section_types()
     overrides: dict[str, dict[str, Any]] = {}
     i = 0
@@ -176,7 +158,7 @@ def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
         name, has_value, value = arg[2:].partition("=")
         section_name, _, key = name.partition(".")
         section_cls = sections.get(section_name)
-        is_bool = section_cls is not None and field_types(section_cls).get(key) is bool
+        is_bool = section_cls is not None and _is_bool(field_types(section_cls).get(key))
         if not has_value:
             next_is_value = i + 1 < len(args) and not args[i + 1].startswith("--")
             if next_is_value:
@@ -191,6 +173,42 @@ def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
     return overrides
 
 
+def check_registered_names(config: TrainConfig) -> None:
+    """Model name, flavor, model overrides and training task against their registries.
+
+    The registries import torch, so this runs after the plain checks: a typo in a number still
+    answers before torch loads. The overrides are stored back as checked (an int given for a float
+    field becomes a float), so the resolved config shows what the model is built with.
+    """
+    import models
+    from titan_tpu.tasks.registry import task_names
+
+    model = config.model
+    try:
+        spec = models.get_model_spec(model.name)
+    except ConfigError as e:
+        raise ConfigError(f"model.name: {e}") from None
+    try:
+        spec.flavor(model.flavor)
+    except ConfigError as e:
+        raise ConfigError(f"model.flavor: {e}") from None
+    args = spec.build_args(model.flavor, model.overrides)
+    model.overrides = {key: getattr(args, key) for key in model.overrides}
+
+    tasks = task_names()
+    task = config.training.task
+    if task == "auto" and spec.default_task not in tasks:
+        raise ConfigError(
+            f"training.task: 'auto' means model {spec.name}'s task '{spec.default_task}', which is not "
+            f"in titan_tpu/tasks/registry.py; valid: {', '.join(tasks)}"
+        )
+    if task != "auto" and task not in tasks:
+        raise ConfigError(
+            f"training.task: unknown task '{task}'; {did_you_mean(task, tasks)}"
+            f"valid: auto, {', '.join(tasks)}"
+        )
+
+
 def load_config(config_name: str | None, overrides: list[str]) -> TrainConfig:
     config = TrainConfig()
     if config_name is not None:
@@ -201,6 +219,7 @@ def load_config(config_name: str | None, overrides: list[str]) -> TrainConfig:
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
         apply_section_values(config, values, str(path))
-    apply_section_values(config, parse_overrides(overrides), "command line")
+    apply_section_values(config, parse_overrides(overrides), "command line", from_cli=True)
     config.validate()
+    check_registered_names(config)
     return config

@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import typing
 from typing import Any
 
 from titan_tpu.config.loader import TrainConfig, field_types, section_types
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(value)  # a JSON string literal is a valid TOML basic string
+from titan_tpu.config.values import to_toml_value, type_name
 
 
 def to_toml(config: TrainConfig) -> str:
@@ -23,15 +14,13 @@ def to_toml(config: TrainConfig) -> str:
     for name, section in config.sections().items():
         lines.append(f"[{name}]")
         for f in dataclasses.fields(section):
-            lines.append(f"{f.name} = {_toml_value(getattr(section, f.name))}")
+            lines.append(f"{f.name} = {to_toml_value(getattr(section, f.name))}")
         lines.append("")
     return "\n".join(lines)
 
 
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is typing.Literal:
-        return " | ".join(json.dumps(c) for c in typing.get_args(tp))
-    return tp.__name__
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def help_text() -> str:
@@ -39,15 +28,17 @@ def help_text() -> str:
         "usage: train.py [--config NAME_OR_PATH] [--print-config] [--section.key=VALUE ...]",
         "",
         "NAME is a file in train_configs/ (with or without .toml) or a path to a TOML file.",
-        "Every key below can be set in the TOML's [section] or overridden as --section.key=VALUE.",
+        "Every key below can be set in the TOML's [section] or overridden as --section.key=VALUE;",
+        "a table entry as --section.key.entry=VALUE (e.g. --model.overrides.n_layers=2).",
+        "Lists are written [1, 2] or 1,2; an optional value is unset with none.",
         "",
     ]
     for name, section_cls in section_types().items():
         lines.append(f"[{name}]")
         types = field_types(section_cls)
         for f in dataclasses.fields(section_cls):
-            default = _toml_value(f.default)
-            lines.append(f"  {f.name} ({_type_name(types[f.name])}, default {default})")
+            default = to_toml_value(_default(f))
+            lines.append(f"  {f.name} ({type_name(types[f.name])}, default {default})")
             lines.append(f"      {f.metadata['doc']}")
         lines.append("")
     return "\n".join(lines)

@@ -19,6 +19,11 @@ def opt(default: Any, doc: str) -> Any:
     return field(default=default, metadata={"doc": doc})
 
 
+def opt_table(doc: str) -> Any:
+    """A table field (a fresh empty dict per config) and its one-line doc."""
+    return field(default_factory=dict, metadata={"doc": doc})
+
+
 def _require(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"{key}: {message}")
@@ -52,6 +57,10 @@ class ModelConfig:
         "Causal attention kernel: 0 = scaled_dot_product_attention, N = plain matmuls in N-token "
         "query blocks (faster on CPUs), -1 = the device's better one.",
     )
+    overrides: dict[str, Any] = opt_table(
+        "Model arguments set on top of the flavor, e.g. { n_layers = 2, dim = 512 }; each is checked "
+        "against the flavor's fields (max_seq_len comes from training.seq_len).",
+    )
 
     def validate(self) -> None:
         _require(bool(self.name), "model.name", "must not be empty")
@@ -73,8 +82,15 @@ class TrainingConfig:
         "Sequences per forward pass on one rank; gradients accumulate up to the global batch. "
         "-1: global_batch_size / data-parallel degree (no accumulation).",
     )
-    dtype: Literal["bfloat16", "float32"] = opt(
-        "bfloat16", "Compute dtype; float32 turns mixed precision off (parameters stay float32)."
+    dtype: Literal["auto", "bfloat16", "float32"] = opt(
+        "auto",
+        "Compute dtype: auto = bfloat16 where the hardware computes it natively (TPUs, recent GPUs, "
+        "CPUs with AVX512-BF16 or AMX), else float32; float32 turns mixed precision off.",
+    )
+    task: str = opt(
+        "auto",
+        "What to train: auto = the model family's own task, else a name from "
+        "titan_tpu/tasks/registry.py (e.g. language_model).",
     )
     max_norm: float = opt(1.0, "Clip the global gradient norm to this value; 0 disables clipping.")
     seed: int = opt(0, "Seed for weight init, data order and dropout-free RNG state.")
@@ -83,6 +99,11 @@ class TrainingConfig:
     def validate(self) -> None:
         _require(self.steps >= 1, "training.steps", f"must be >= 1, got {self.steps}")
         _require(self.seq_len >= 2, "training.seq_len", f"must be >= 2, got {self.seq_len}")
+        _require(
+            self.global_batch_size >= 1,
+            "training.global_batch_size",
+            f"must be >= 1, got {self.global_batch_size}",
+        )
         local = self.local_batch_size
         _require(
             local == -1 or local >= 1, "training.local_batch_size", f"must be -1 or >= 1, got {local}"
@@ -151,6 +172,13 @@ class DataConfig:
     def validate(self) -> None:
         if self.source in ("files", "huggingface"):
             _require(bool(self.path), "data.path", f"is required when data.source = '{self.source}'")
+        else:
+            _require(
+                not self.path,
+                "data.path",
+                f"'{self.path}' is not read when data.source = 'embedded'; set data.source = 'files' "
+                "(or 'huggingface') to train on it",
+            )
         _require(self.shuffle_buffer >= 1, "data.shuffle_buffer", "must be >= 1")
         _require(bool(self.tokenizer), "data.tokenizer", "must be 'byte' or a path")
 
@@ -243,6 +271,10 @@ class MetricsConfig:
     enable_tensorboard: bool = opt(False, "Also write TensorBoard event files to dump_folder/tb.")
     enable_wandb: bool = opt(False, "Also log to Weights & Biases (offline unless you are logged in).")
     wandb_project: str = opt("titan_tpu", "Weights & Biases project name.")
+    eval_freq: int = opt(
+        0, "Evaluate (held-out metrics, samples) every this many steps and at the last step; 0 = never."
+    )
 
     def validate(self) -> None:
         _require(self.log_freq >= 1, "metrics.log_freq", f"must be >= 1, got {self.log_freq}")
+        _require(self.eval_freq >= 0, "metrics.eval_freq", f"must be >= 0, got {self.eval_freq}")
