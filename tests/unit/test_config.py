@@ -62,7 +62,9 @@ def test_new_keys_have_their_defaults() -> None:
 
 def test_model_overrides_from_toml_table_inline_table_and_command_line(tmp_path: Path) -> None:
     table = tmp_path / "table.toml"
-    table.write_text('[model]\nname = "llama3"\nflavor = "debug"\n[model.overrides]\nn_layers = 2\ndim = 128\n')
+    table.write_text(
+        '[model]\nname = "llama3"\nflavor = "debug"\n[model.overrides]\nn_layers = 2\ndim = 128\n'
+    )
     inline = tmp_path / "inline.toml"
     inline.write_text('[model]\nflavor = "debug"\noverrides = { n_layers = 2, dim = 128 }\n')
     expected = {"n_layers": 2, "dim": 128}
@@ -95,7 +97,8 @@ def test_help_lists_every_key_with_type_default_and_doc() -> None:
     text = help_text()
     for needle in ("[training]", "steps (int, default 200)", "Number of optimizer steps",
                    'dtype ("auto" | "bfloat16" | "float32", default "auto")', "task (str, default \"auto\")",
-                   "overrides (table, default {})", "eval_freq (int, default 0)", "[parallelism]", "dp_shard"):
+                   "overrides (table, default {})", "eval_freq (int, default 0)", "[parallelism]",
+                   "dp_shard"):
         assert needle in text
 
 
@@ -105,7 +108,8 @@ def test_help_lists_every_key_with_type_default_and_doc() -> None:
         (["--training.steps=0"], "training.steps: must be >= 1"),
         (["--training.dtype=fp16"], "expected one of 'auto', 'bfloat16', 'float32'"),
         (["--data.source=files"], "data.path: is required"),
-        (["--training.local_batch_size=4", "--training.global_batch_size=6"], "multiple of training.local_batch_size"),
+        (["--training.local_batch_size=4", "--training.global_batch_size=6"],
+         "multiple of training.local_batch_size"),
         (["--training.global_batch_size=0"], "training.global_batch_size: must be >= 1, got 0"),
         (["--training.global_batch_size=-8"], "training.global_batch_size: must be >= 1, got -8"),
         (["--data.path=corpus.txt"], "data.path: 'corpus.txt' is not read when data.source = 'embedded'; "
@@ -131,7 +135,8 @@ def test_bad_values_name_key_and_allowed_values(args: list[str], expected: str) 
         (["--config", "llama3_debug", "stray"], "stray: unrecognised argument"),
         # Registry names: a lookup failure used to be a ValueError traceback with exit status 1.
         (["--model.name=lama3"], "model.name: unknown model 'lama3'; valid: llama3, qwen3, qwen3_moe"),
-        (["--model.flavor=nope"], "model.flavor: unknown flavor 'nope' for model 'llama3'; valid: debug, 100M"),
+        (["--model.flavor=nope"],
+         "model.flavor: unknown flavor 'nope' for model 'llama3'; valid: debug, 100M"),
         (["--training.task=languag_model"], "training.task: unknown task 'languag_model'; did you mean "
                                             "'language_model'? valid: auto, language_model"),
         # Model overrides, checked against the flavor's dataclass.
@@ -155,9 +160,12 @@ def test_cli_errors_are_one_line_and_exit_2(
 
 def test_moe_overrides_are_checked_against_the_moe_dataclass(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--model.name=qwen3_moe", "--model.flavor=debug_moe"]
-    config = load_config(None, [*base, "--model.overrides.num_experts=4", "--model.overrides.expert_impl=loop"])
+    config = load_config(
+        None, [*base, "--model.overrides.num_experts=4", "--model.overrides.expert_impl=loop"]
+    )
     assert config.model.overrides == {"num_experts": 4, "expert_impl": "loop"}
-    assert "expected one of 'auto', 'grouped_mm'" in main_error(capsys, *base, "--model.overrides.expert_impl=x")
+    impl_error = main_error(capsys, *base, "--model.overrides.expert_impl=x")
+    assert "model.overrides.expert_impl: got 'x', expected one of 'auto', 'grouped_mm'" in impl_error
     assert "top_k must be in [1, num_experts=1], got 2" in main_error(
         capsys, *base, "--model.overrides.num_experts=1"
     )
@@ -198,4 +206,5 @@ def test_entry_point_reports_a_registry_error_without_a_traceback() -> None:
     result = run_train("--config", "llama3_debug", "--model.name=nope")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("error: model.name: unknown model 'nope'; valid:")
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: model.name: unknown model 'nope'; valid:")

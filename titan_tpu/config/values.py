@@ -95,7 +95,10 @@ def check(value: Any, tp: Any, where: str) -> Any:
     if inner is not None:
         if value is None or (isinstance(value, str) and value.lower() == NONE_WORD):
             return None
-        return check(value, inner, where)
+        try:
+            return check(value, inner, where)
+        except ConfigError:
+            raise ConfigError(f"{where}: got {value!r}, expected {describe(tp)}") from None
     if typing.get_origin(tp) is Literal:
         if value in typing.get_args(tp) and type(value) in {type(c) for c in typing.get_args(tp)}:
             return value
@@ -134,7 +137,12 @@ def from_text(text: str, tp: Any, where: str) -> Any:
     """Command-line text -> a checked value of the field's type."""
     inner = optional_inner(tp)
     if inner is not None:
-        return None if text.lower() == NONE_WORD else from_text(text, inner, where)
+        if text.lower() == NONE_WORD:
+            return None
+        try:
+            return from_text(text, inner, where)
+        except ConfigError:
+            raise ConfigError(f"{where}: got {text!r}, expected {describe(tp)}") from None
     if typing.get_origin(tp) is Literal or tp is str:
         return check(text, tp, where)
     item = _list_item(tp)
