@@ -1,0 +1,26 @@
+"""FLUX.1 family: registers the "flux" ModelSpec (trained by the "rectified_flow" task)."""
+
+from models.flux.args import FLUX_FLAVORS, FluxArgs
+from models.flux.flops import flux_flops_per_token, flux_param_count, flux_training_flops_per_sample
+from models.flux.model import FluxModel
+from models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER
+from models.registry import ModelSpec, register_model
+
+FLUX_SPEC = ModelSpec(
+    name="flux",
+    model_cls=FluxModel,
+    flavors=FLUX_FLAVORS,
+    flops_per_token=flux_flops_per_token,
+    state_dict_adapter=FLUX_STATE_DICT_ADAPTER,
+)
+register_model(FLUX_SPEC)
+
+__all__ = [
+    "FLUX_FLAVORS",
+    "FLUX_SPEC",
+    "FluxArgs",
+    "FluxModel",
+    "flux_flops_per_token",
+    "flux_param_count",
+    "flux_training_flops_per_sample",
+]
