@@ -1,232 +1,102 @@
-"""Where each rank's chip sits on the TPU interconnect, and the mesh rank order that follows from it.
+"""The mesh's rank order: laid onto the TPU interconnect by torch_tpu, plain row-major elsewhere.
 
-Each rank contributes one `ChipRecord` (coords, core_on_chip, slice_index, process_index,
-device_kind); the records are gathered across ranks, wrapped as duck-typed "devices" and handed to
-`jax.experimental.mesh_utils.create_device_mesh` (one slice) or `create_hybrid_device_mesh` (several
-slices, dp_replicate spanning them over DCN). jax returns the devices arranged in the logical mesh
-shape with the innermost (busiest) axes on the fastest links; the ranks read off that array are the
-DeviceMesh layout. jax is only the topology oracle: it never touches a device here.
+On TPU the order comes from `torch.tpu.distributed.topology_aware_mesh`, which all-gathers every
+rank's chip (coordinates, core, slice) from the TPU runtime and arranges the ranks so that the
+innermost logical axes land on the fastest physical links. Its `mesh_shape` is "ordered by
+increasing network intensity": the outermost axis talks least, the last axis most. That is exactly
+our axis order (dp_replicate, dp_shard[, ep], tp), so the sizes are passed as they are.
 
-What jax reads from a device (jax/_src/mesh_utils.py): `.device_kind` (handler lookup), `.platform`
-("tpu" selects the torus logic), `.coords` and `.core_on_chip` (physical mesh), `.slice_index` (hybrid
-meshes), `.process_index` and `.id` (fallbacks). It expects the devices in jax.devices() order: by
-slice, then z, y, x, then core, which is how `_sorted_for_jax` orders the records.
-
-Where a rank's record comes from is a `TopologyProvider`: tests feed recorded topologies
-(`RecordedTopology`), TPU hosts read their environment (`TpuEnvironmentProvider`).
+Several slices (a multi-slice job, linked over the data-centre network, DCN) are split along
+dp_replicate alone: `dcn_mesh_shape` is always given, (slices, 1, ..., 1), so the library never
+picks another axis by itself (with dp_replicate = 1 it would split dp_shard, putting FSDP traffic on
+DCN). The slice count is the launcher's MEGASCALE_NUM_SLICES, the variable libtpu itself reads for
+multi-slice jobs; when it disagrees with the slices the chips report, the library refuses.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from titan_tpu.config.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-JAX_INSTALL_HINT = "pip install 'titan_tpu[tpu]'  (installs jax, used only to order the TPU mesh)"
+SLICE_COUNT_VARIABLE = "MEGASCALE_NUM_SLICES"
+TPU_INSTALL_HINT = "pip install -e '.[tpu]'"
 
 
-@dataclass(frozen=True)
-class ChipRecord:
-    """One rank's device, in the vocabulary of jax's TPU device objects."""
-
-    rank: int
-    coords: tuple[int, int, int]
-    core_on_chip: int
-    slice_index: int
-    process_index: int
-    device_kind: str
-    platform: str = "tpu"
-
-    @property
-    def id(self) -> int:
-        # jax only reads `.id` on GPUs (sorting); the rank is a stable stand-in.
-        return self.rank
-
-    @property
-    def chip(self) -> tuple[int, int, int, int]:
-        """(slice, x, y, z): the physical chip, shared by the cores of one chip."""
-        return (self.slice_index, *self.coords)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ChipRecord:
-        return cls(
-            rank=int(data["rank"]),
-            coords=tuple(int(c) for c in data["coords"]),  # type: ignore[arg-type]
-            core_on_chip=int(data.get("core_on_chip", 0)),
-            slice_index=int(data.get("slice_index", 0)),
-            process_index=int(data.get("process_index", 0)),
-            device_kind=str(data["device_kind"]),
-            platform=str(data.get("platform", "tpu")),
-        )
-
-    def __repr__(self) -> str:  # jax puts devices into its error messages
-        return f"Chip(rank={self.rank}, slice={self.slice_index}, coords={self.coords}, core={self.core_on_chip})"
-
-
-class TopologyProvider(Protocol):
-    """Gives the record of the device a rank drives, or None when the position is unknown."""
-
-    def local_record(self, rank: int, local_rank: int) -> ChipRecord | None: ...
-
-
-@dataclass(frozen=True)
-class RecordedTopology:
-    """A topology captured earlier (a JSON list of records), replayed rank by rank in tests."""
-
-    name: str
-    records: tuple[ChipRecord, ...]
-
-    @classmethod
-    def load(cls, path: str | Path) -> RecordedTopology:
-        path = Path(path)
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return cls(data.get("name", path.stem), tuple(ChipRecord.from_dict(r) for r in data["records"]))
-
-    def local_record(self, rank: int, local_rank: int) -> ChipRecord | None:
-        return self.records[rank]
-
-    def to_json(self) -> str:
-        lines = [json.dumps({k: v for k, v in asdict(r).items() if k != "platform"}) for r in self.records]
-        return '{"name": "%s", "records": [\n  %s\n]}\n' % (self.name, ",\n  ".join(lines))
-
-
-# TPU_ACCELERATOR_TYPE prefix -> (jax device_kind, devices per chip). v7x shows both cores as devices.
-_ACCELERATOR_KINDS: dict[str, tuple[str, int]] = {
-    "v4": ("TPU v4", 1),
-    "v5litepod": ("TPU v5 lite", 1),
-    "v5e": ("TPU v5 lite", 1),
-    "v5p": ("TPU v5p", 1),
-    "v6e": ("TPU v6 lite", 1),
-    "tpu7x": ("TPU7x", 2),
-    "v7x": ("TPU7x", 2),
-}
-
-
-def _bounds(value: str) -> tuple[int, int, int]:
-    parts = [int(p) for p in value.split(",")]
-    return (parts + [1, 1, 1])[:3]  # type: ignore[return-value]
-
-
-class TpuEnvironmentProvider:
-    """Derives the record from the variables TPU VMs and GKE TPU pods set: TPU_ACCELERATOR_TYPE
-    (e.g. v5p-16), TPU_WORKER_ID (host index), TPU_HOST_BOUNDS and TPU_CHIPS_PER_HOST_BOUNDS
-    ("x,y,z" hosts per slice and chips per host), MEGASCALE_SLICE_ID (multi-slice jobs).
-
-    A host's chips form a TPU_CHIPS_PER_HOST_BOUNDS block at (host coords x chips per host); hosts and
-    chips are numbered x fastest. Local rank i drives chip i // cores_per_chip, core i % cores_per_chip.
-    """
-
-    def __init__(self, environ: dict[str, str] | None = None) -> None:
-        self.environ = dict(os.environ if environ is None else environ)
-
-    def local_record(self, rank: int, local_rank: int) -> ChipRecord | None:
-        env = self.environ
-        accelerator = env.get("TPU_ACCELERATOR_TYPE", "")
-        kind = next((v for k, v in _ACCELERATOR_KINDS.items() if accelerator.startswith(k)), None)
-        if kind is None or "TPU_CHIPS_PER_HOST_BOUNDS" not in env:
-            return None
-        device_kind, cores_per_chip = kind
-        chips = _bounds(env["TPU_CHIPS_PER_HOST_BOUNDS"])
-        hosts = _bounds(env.get("TPU_HOST_BOUNDS", "1,1,1"))
-        worker = int(env.get("TPU_WORKER_ID", "0"))
-        chip = local_rank // cores_per_chip
-        host_xyz = (worker % hosts[0], worker // hosts[0] % hosts[1], worker // (hosts[0] * hosts[1]))
-        chip_xyz = (chip % chips[0], chip // chips[0] % chips[1], chip // (chips[0] * chips[1]))
-        coords = tuple(h * c + o for h, c, o in zip(host_xyz, chips, chip_xyz))
-        return ChipRecord(
-            rank=rank,
-            coords=coords,  # type: ignore[arg-type]
-            core_on_chip=local_rank % cores_per_chip,
-            slice_index=int(env.get("MEGASCALE_SLICE_ID", "0")),
-            process_index=worker,
-            device_kind=device_kind,
-        )
-
-
-def gather_records(provider: TopologyProvider, rank: int, local_rank: int) -> list[ChipRecord] | None:
-    """Every rank's record, indexed by rank (a collective: all ranks call it). None when any rank
-    does not know its position; the caller then falls back to row-major."""
-    import torch.distributed as dist
-
-    mine = provider.local_record(rank, local_rank)
-    gathered: list[ChipRecord | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    if any(r is None for r in gathered):
-        return None
-    return [r for r in gathered if r is not None]
-
-
-def _import_mesh_utils() -> Any:
+def tpu_slice_count(environ: Mapping[str, str] | None = None) -> int:
+    """How many TPU slices the job spans, as the launcher declared it (1 when it did not)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(SLICE_COUNT_VARIABLE, "1")
     try:
-        from jax.experimental import mesh_utils
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ConfigError(
+            f"{SLICE_COUNT_VARIABLE}={value!r}: expected a positive integer, the number of TPU "
+            "slices of a multi-slice job (unset or 1 for one slice)"
+        )
+    return count
+
+
+def describe_mesh(names: Sequence[str], sizes: Sequence[int]) -> str:
+    """"dp_replicate 2 x dp_shard 8 x tp 2"."""
+    return " x ".join(f"{name} {size}" for name, size in zip(names, sizes))
+
+
+def dcn_mesh_shape(names: Sequence[str], sizes: Sequence[int], slices: int) -> tuple[int, ...]:
+    """The inter-slice split: every slice on the first axis (dp_replicate), none elsewhere."""
+    if sizes[0] % slices != 0:
+        raise ConfigError(
+            f"mesh ({describe_mesh(names, sizes)}) cannot span {slices} TPU slices: only "
+            f"{names[0]} crosses slices (over DCN), so {names[0]} must be a multiple of {slices}"
+        )
+    return (slices,) + (1,) * (len(sizes) - 1)
+
+
+def _topology_aware_mesh() -> Callable[..., torch.Tensor]:
+    try:
+        import torch.tpu.distributed as tpu_distributed
     except ImportError as error:
         raise ConfigError(
-            f"laying the mesh onto the TPU interconnect needs jax ({error}); {JAX_INSTALL_HINT}"
+            f"laying the mesh onto TPU chips needs the torch_tpu package ({error}); {TPU_INSTALL_HINT}"
         ) from None
-    return mesh_utils
+    return tpu_distributed.topology_aware_mesh
 
 
-def _sorted_for_jax(records: Sequence[ChipRecord]) -> list[ChipRecord]:
-    return sorted(records, key=lambda r: (r.slice_index, r.coords[2], r.coords[1], r.coords[0], r.core_on_chip))
-
-
-def describe_topology(records: Sequence[ChipRecord]) -> str:
-    """"2 slices of 4x4x1 chips x 1 core (TPU v6 lite)"."""
-    slices = sorted({r.slice_index for r in records})
-    first = [r for r in records if r.slice_index == slices[0]]
-    dims = [max(r.coords[i] for r in first) - min(r.coords[i] for r in first) + 1 for i in range(3)]
-    cores = len({r.core_on_chip for r in first})
-    where = f"{len(slices)} slices of " if len(slices) > 1 else ""
-    return f"{where}{'x'.join(map(str, dims))} chips x {cores} core(s) ({records[0].device_kind})"
-
-
-def rank_layout(records: Sequence[ChipRecord], names: Sequence[str], sizes: Sequence[int]) -> np.ndarray:
-    """Global ranks arranged in the logical mesh `sizes` (outermost first, the first axis being
-    dp_replicate), ordered by jax so that inner axes sit on the fastest links. Several slices need
-    dp_replicate to be a multiple of the slice count: that axis alone crosses DCN."""
-    mesh_utils = _import_mesh_utils()
+def tpu_rank_layout(names: Sequence[str], sizes: Sequence[int], slices: int) -> np.ndarray:
+    """Global ranks in the logical mesh `sizes` (outermost first), placed by torch_tpu on the ICI
+    torus of each slice, with dp_replicate spread over the `slices`. A collective: every rank
+    calls it, and every rank gets the same array."""
     sizes = tuple(int(s) for s in sizes)
-    logical = " x ".join(f"{n} {s}" for n, s in zip(names, sizes))
-    physical = describe_topology(records)
-    if math.prod(sizes) != len(records):
-        raise ConfigError(
-            f"mesh ({logical}) = {math.prod(sizes)} devices cannot be laid onto {physical}: "
-            f"{len(records)} devices"
-        )
-    devices = _sorted_for_jax(records)
-    n_slices = len({r.slice_index for r in records})
+    dcn = dcn_mesh_shape(names, sizes, slices)
+    topology_aware_mesh = _topology_aware_mesh()
     try:
-        if n_slices == 1:
-            array = mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
-        else:
-            if sizes[0] % n_slices != 0:
-                raise ConfigError(
-                    f"mesh ({logical}) cannot be laid onto {physical}: only {names[0]} crosses "
-                    f"slices, so it must be a multiple of {n_slices}"
-                )
-            dcn = (n_slices,) + (1,) * (len(sizes) - 1)
-            ici = (sizes[0] // n_slices, *sizes[1:])
-            array = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, allow_split_physical_axes=True)
-    except ConfigError:
-        raise
-    except (ValueError, NotImplementedError, AssertionError) as error:
-        raise ConfigError(f"mesh ({logical}) cannot be laid onto {physical}: {error}") from None
-    return np.vectorize(lambda d: d.rank, otypes=[np.int64])(array)
+        # Splitting a physical axis between two logical ones is what makes, e.g., tp 2 x dp_shard 8
+        # possible on a 4x4 slice; the library still keeps each logical axis on neighbouring chips.
+        layout = topology_aware_mesh(sizes, dcn_mesh_shape=dcn, allow_split_physical_axes=True)
+    except (ValueError, AssertionError, NotImplementedError) as error:
+        # The library's reason names the device counts and shapes it saw; ours names the request.
+        where = f"{slices} slices ({SLICE_COUNT_VARIABLE}={slices})"
+        if slices == 1:
+            where = f"1 slice ({SLICE_COUNT_VARIABLE} unset or 1)"
+        raise ConfigError(
+            f"mesh ({describe_mesh(names, sizes)}) over {where} cannot be laid onto the TPU "
+            f"interconnect: {error}"
+        ) from None
+    return layout.numpy().astype(np.int64)
 
 
 def row_major_layout(sizes: Sequence[int]) -> np.ndarray:
-    return np.arange(math.prod(sizes)).reshape(tuple(sizes))
+    return np.arange(math.prod(sizes), dtype=np.int64).reshape(tuple(sizes))
 
 
 def build_rank_layout(
@@ -234,16 +104,20 @@ def build_rank_layout(
     names: Sequence[str],
     sizes: Sequence[int],
     rank: int,
-    local_rank: int,
-    provider: TopologyProvider | None = None,
+    local_rank: int | None = None,
 ) -> np.ndarray:
-    """The mesh rank order for this job: ICI-aware on TPU (or whenever a provider is given), plain
-    row-major elsewhere. A collective on TPU: every rank calls it."""
-    if device_type != "tpu" and provider is None:
+    """The mesh rank order for this job: topology-aware on TPU, row-major elsewhere. A collective
+    on TPU: every rank calls it. `rank` picks the one rank that logs the layout; `local_rank` is no
+    longer read (torch_tpu finds each rank's chip itself) and goes once the trainer stops passing it."""
+    if device_type != "tpu":
         return row_major_layout(sizes)
-    _import_mesh_utils()  # fail early, on every rank, with the install hint
-    records = gather_records(provider or TpuEnvironmentProvider(), rank, local_rank)
-    if records is None:
-        logger.warning("TPU chip positions are unknown on some rank; using a row-major mesh order")
-        return row_major_layout(sizes)
-    return rank_layout(records, names, sizes)
+    slices = tpu_slice_count()
+    layout = tpu_rank_layout(names, sizes, slices)
+    if rank == 0:
+        logger.info(
+            "TPU mesh (%s) laid onto the interconnect by torch_tpu over %d slice(s); tp groups: %s",
+            describe_mesh(names, sizes),
+            slices,
+            layout.reshape(-1, layout.shape[-1])[:2].tolist(),
+        )
+    return layout
