@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.common.init import trunc_normal_std_
+from models.common.kv_cache import KVCache, padded_causal_mask
 from models.common.norms import RMSNorm
 from models.common.rope import RopeScaling, RotaryEmbedding
 from models.common.transformer import TransformerBlock
@@ -49,12 +50,36 @@ class DecoderLM(nn.Module):
             # Scaled so the initial logits have unit variance given a unit-RMS normed input.
             trunc_normal_std_(self.output.weight, self.dim**-0.5)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B, S] -> logits [B, S, vocab_size] in the parameters' dtype (the loss upcasts)."""
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        key_padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """tokens [B, S] -> logits [B, S, vocab_size] in the parameters' dtype (the loss upcasts).
+
+        Training passes tokens only. Generation passes a `KVCache` and the slot of tokens[:, 0]
+        (`start_pos`): prefill the prompts at 0, then feed one token per call. `key_padding_mask`
+        [B, S] marks real tokens (True) of left-padded rows, with or without a cache; the convention
+        is in kv_cache.py.
+        """
+        if cache is None and start_pos != 0:
+            raise ValueError(f"start_pos {start_pos} needs a KVCache holding the earlier positions")
         h = self.tok_embeddings(tokens)
-        cos, sin = self.rope(tokens.shape[1])
-        for layer in self.layers.values():
-            h = layer(h, cos, sin)
+        cos, sin = self.rope(start_pos + tokens.shape[1])
+        cos, sin = cos[start_pos:], sin[start_pos:]
+        if cache is None and key_padding_mask is None:
+            for layer in self.layers.values():
+                h = layer(h, cos, sin)
+            return self.logits(h)
+        if cache is None:
+            attn_mask = padded_causal_mask(key_padding_mask)  # type: ignore[arg-type]
+        else:
+            attn_mask = cache.advance(start_pos, tokens, key_padding_mask)
+        for name, layer in self.layers.items():
+            layer_cache = cache.layer(name) if cache is not None else None
+            h = layer(h, cos, sin, kv_cache=layer_cache, start_pos=start_pos, attn_mask=attn_mask)
         return self.logits(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from models.common.attention import Attention
+from models.common.kv_cache import LayerKVCache
 from models.common.norms import RMSNorm
 
 
@@ -55,6 +56,16 @@ class TransformerBlock(nn.Module):
         feed_forward: InitializableFeedForward = self.feed_forward  # type: ignore[assignment]
         feed_forward.init_weights(self.out_init_std)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: LayerKVCache | None = None,
+        start_pos: int = 0,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The cache and mask arguments serve generation and padded batches (see `Attention.forward`);
+        training passes only x, cos, sin."""
+        h = x + self.attention(self.attention_norm(x), cos, sin, kv_cache, start_pos, attn_mask)
         return h + self.feed_forward(self.ffn_norm(h))

@@ -1,0 +1,180 @@
+"""Causal attention kernels, interchangeable behind one call: kernel(q, k, v) -> out.
+
+q is [B, H, S, D]; k and v are [B, H_kv, S, D] with H a multiple of H_kv (grouped-query attention is
+the kernel's business, so a kernel that handles groups natively need not receive repeated copies).
+The output is [B, H, S, D] in q's dtype, scaled by 1/sqrt(D), with a causal mask.
+
+Kernels are small frozen values (hashable, printable), so they can sit in a frozen model-args
+dataclass. A kernel is chosen by name ("sdpa", "blocked:128", "splash") through `attention_kernel`;
+the TPU kernel is an op the caller hands in (model code imports no device library), so a test can hand
+in a stand-in with the same signature. `choose_attention` is the policy for "auto".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from models.common.blocked_attention import blocked_causal_attention
+
+
+class AttentionKernel(Protocol):
+    """Causal attention over [B, H, S, D] queries and [B, H_kv, S, D] keys and values."""
+
+    name: str
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[B, H_kv, S, D] -> [B, H_kv * n_rep, S, D], each kv head repeated for its group of query heads.
+
+    Done by hand rather than with SDPA's `enable_gqa` so the path relies on no backend-specific support
+    for that flag (PyTorch's own CPU and CUDA kernels have it; an out-of-tree backend need not). The
+    price is one k/v copy the size of q.
+    """
+    if n_rep == 1:
+        return x
+    bs, n_kv_heads, seqlen, head_dim = x.shape
+    return x[:, :, None].expand(bs, n_kv_heads, n_rep, seqlen, head_dim).reshape(
+        bs, n_kv_heads * n_rep, seqlen, head_dim
+    )
+
+
+@dataclass(frozen=True)
+class SdpaAttention:
+    """`F.scaled_dot_product_attention` with is_causal: the fused kernels of CUDA and recent CPUs."""
+
+    name: str = field(default="sdpa", init=False)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n_rep = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
+
+
+@dataclass(frozen=True)
+class BlockedAttention:
+    """Plain-matmul causal attention in `block`-token query blocks that skips the masked half and keeps
+    O(S * block) memory for backward (see `blocked_attention.py`)."""
+
+    block: int
+    name: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        if self.block <= 0:
+            raise ValueError(f"blocked attention needs a positive block size, got {self.block}")
+        object.__setattr__(self, "name", f"blocked:{self.block}")
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return blocked_causal_attention(q, k, v, self.block)
+
+
+# The splash kernel tiles queries and keys in blocks of 512 by default and needs every block to be a
+# multiple of 128 (the TPU's lane count); shorter or odd lengths get the largest block that divides them.
+SPLASH_BLOCKS = (512, 256, 128)
+
+
+def splash_block(seq_len: int) -> int | None:
+    """The splash tile size for `seq_len`, or None when no multiple of 128 divides it."""
+    return next((block for block in SPLASH_BLOCKS if seq_len % block == 0), None)
+
+
+@dataclass(frozen=True)
+class SplashAttention:
+    """The TPU's Pallas splash kernel, `torch.tpu.ops.splash_sdpa`, handed in as `op`.
+
+    The op takes q/k/v as [B, H, S, D] (HEAD_DIM_MINOR), keyword-only options, needs `enable_gqa`
+    exactly when H != H_kv (it expands the groups itself), and returns q's dtype.
+    """
+
+    op: Callable[..., torch.Tensor] = field(compare=False)
+    name: str = field(default="splash", init=False)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        seq_len = q.shape[2]
+        block = splash_block(seq_len)
+        if block is None:
+            raise ValueError(
+                f"splash attention needs a sequence length that is a multiple of 128, got {seq_len}; "
+                "use the 'sdpa' kernel for this length"
+            )
+        return self.op(
+            q,
+            k,
+            v,
+            scale=1.0 / math.sqrt(q.shape[-1]),
+            is_causal=True,
+            enable_gqa=q.shape[1] != k.shape[1],
+            block_q=block,
+            block_kv=block,
+            block_kv_compute=block,
+            block_dkv=block,
+            block_kv_dkv_compute=block,
+        )
+
+
+KERNEL_NAMES = ("sdpa", "blocked:<block>", "splash")
+
+
+def attention_kernel(name: str, splash_op: Callable[..., Any] | None = None) -> AttentionKernel:
+    """The kernel called `name`: "sdpa", "blocked:N" (N-token query blocks) or "splash" (needs the
+    TPU op `torch.tpu.ops.splash_sdpa`, passed as `splash_op` by the device layer)."""
+    if name == "sdpa":
+        return SdpaAttention()
+    if name == "splash":
+        if splash_op is None:
+            raise ValueError("attention kernel 'splash' needs the TPU op torch.tpu.ops.splash_sdpa")
+        return SplashAttention(splash_op)
+    kind, _, block = name.partition(":")
+    if kind == "blocked" and block.isdigit() and int(block) > 0:
+        return BlockedAttention(int(block))
+    raise ValueError(f"unknown attention kernel '{name}'; known: {', '.join(KERNEL_NAMES)}")
+
+
+def kernel_for_block(attention_block: int) -> AttentionKernel:
+    """The kernel a resolved `[model] attention_block` names: 0 -> SDPA, N > 0 -> blocked:N."""
+    if attention_block < 0:
+        raise ValueError(f"attention_block must be resolved (0 or a block size), got {attention_block}")
+    return SdpaAttention() if attention_block == 0 else BlockedAttention(attention_block)
+
+
+# Measured by scripts/bench_attention.py (forward + backward, B=8 H=16 D=16 and B=4 H=6 D=128) on a
+# 2-core Xeon with AVX512F and no AVX512-BF16/AMX: in float32 SDPA's flash kernel is as fast as or
+# faster than plain matmuls at every length, so blocked attention only pays where SDPA's bf16 kernel
+# falls far below matmul speed; see docs in `choose_attention`.
+CPU_BLOCK = 128
+
+
+def choose_attention(device_type: str, dtype: torch.dtype, seq_len: int, requested: int) -> str:
+    """The attention kernel name for a run: `requested` is `[model] attention_block` (-1 automatic,
+    0 SDPA, N > 0 blocked with N-token query blocks); an explicit request is honoured as given.
+
+    Automatic: TPUs run the splash kernel when the sequence length tiles into its 128-multiple blocks
+    (else SDPA); GPUs run SDPA (fused flash / memory-efficient kernels); CPUs run SDPA in float32, where
+    its flash kernel keeps up with plain matmuls at any length, and blocked attention in bf16, where
+    SDPA's kernel runs far below matmul speed and blocking also skips the masked half of the work.
+    """
+    if requested < -1:
+        raise ValueError(f"attention_block must be -1 (auto), 0 (SDPA) or a block size, got {requested}")
+    if requested == 0:
+        return "sdpa"
+    if requested > 0:
+        return f"blocked:{requested}"
+    if device_type == "tpu":
+        return "splash" if splash_block(seq_len) is not None else "sdpa"
+    if device_type == "cpu" and dtype == torch.bfloat16 and seq_len > CPU_BLOCK:
+        return f"blocked:{CPU_BLOCK}"
+    return "sdpa"
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of q [B, H, S, D] over k, v [B, H_kv, L, D] under a boolean mask broadcastable to
+    [B, H, S, L] (True = may attend): padded batches and cached decoding, where the causal kernels'
+    square, unpadded mask does not fit."""
+    n_rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask)
