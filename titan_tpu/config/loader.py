@@ -37,6 +37,7 @@ from titan_tpu.config.values import (
     optional_inner,
     parse_toml_literal,
 )
+from titan_tpu.tasks.rectified_flow.config import FluxConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,6 +65,7 @@ class TrainConfig:
     compile: CompileConfig = dataclasses.field(default_factory=CompileConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    flux: FluxConfig = dataclasses.field(default_factory=FluxConfig)
 
     def validate(self) -> None:
         for section in self.sections().values():

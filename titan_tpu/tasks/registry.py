@@ -13,6 +13,7 @@ from titan_tpu.config.errors import ConfigError
 # name -> "module:Class"; imported lazily so a language-model run never imports image or RL code.
 TASKS: dict[str, str] = {
     "language_model": "titan_tpu.tasks.language_model:LanguageModelTask",
+    "rectified_flow": "titan_tpu.tasks.rectified_flow.task:RectifiedFlowTask",
 }
 
 
