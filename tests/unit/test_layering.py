@@ -1,0 +1,309 @@
+"""The import layering of docs/architecture.md, checked on the source with `ast` (nothing is imported).
+
+Each rule names a layer (files, by glob from the repository root), the modules it must not import, and
+why. Every import statement counts: at the top, inside a function, under `if TYPE_CHECKING:`, and
+`importlib.import_module("literal")`; relative imports are resolved first. The configuration's rule
+counts what runs when the module is imported (not function bodies): it may consult the registries
+lazily, once its plain checks have passed. A rule whose files match nothing fails too, so renaming a
+folder cannot switch a rule off without anyone noticing.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Everything the engine has above the configuration, for "nothing of it" rules.
+_ENGINE = (
+    "titan_tpu.device",
+    "titan_tpu.distributed",
+    "titan_tpu.data",
+    "titan_tpu.checkpoint",
+    "titan_tpu.metrics",
+    "titan_tpu.optim",
+    "titan_tpu.tasks",
+    "titan_tpu.trainer",
+    "titan_tpu.recipes",
+)
+
+
+def _engine_except(*allowed: str) -> tuple[str, ...]:
+    return tuple(name for name in _ENGINE if name not in allowed)
+
+
+@dataclass(frozen=True)
+class Rule:
+    layer: str
+    files: tuple[str, ...]  # globs relative to the repository root
+    forbidden: tuple[str, ...]  # module prefixes: "torch.distributed" also forbids its submodules
+    why: str
+    exempt: tuple[str, ...] = ()
+    no_private_names: bool = False  # no `_name` (or `_module`) from titan_tpu / models, but its own
+    import_time_only: bool = False  # only statements that run when the module is imported
+    allowed: tuple[str, ...] = ()  # fnmatch patterns of modules the forbidden prefixes let through
+    optional: bool = False  # a checkout may have no such files
+
+
+RULES = (
+    Rule(
+        "config",
+        ("titan_tpu/config/**/*.py",),
+        ("torch", "numpy", "models", *_ENGINE),
+        "`train.py --help` and the plain config errors answer before torch loads; all layers read it",
+        import_time_only=True,
+        # A component may own its section (a task's `[flux]`) in a torch-free `config` module.
+        allowed=("titan_tpu.*.config",),  # fnmatch: * spans dots too
+    ),
+    Rule(
+        "model code",
+        ("models/**/*.py",),
+        ("torch.distributed", "titan_tpu"),
+        "model files are single-device; parallelism is applied from outside by parallelize.py",
+        exempt=("models/__init__.py", "models/registry.py", "models/*/__init__.py", "models/*/parallelize.py"),
+    ),
+    Rule(
+        "models",
+        ("models/**/*.py",),
+        _engine_except("titan_tpu.distributed"),
+        "the engine finds models through the registry, never the other way round; a family's "
+        "parallelize.py may use titan_tpu.distributed's building blocks",
+    ),
+    Rule(
+        "device",
+        ("titan_tpu/device.py", "titan_tpu/device/**/*.py"),
+        ("models", *_engine_except("titan_tpu.device")),
+        "the bottom of the engine: everything else asks it about the hardware",
+    ),
+    Rule(
+        "distributed",
+        ("titan_tpu/distributed/**/*.py",),
+        ("models", *_engine_except("titan_tpu.device", "titan_tpu.distributed")),
+        "meshes, FSDP, TP, EP work on any nn.Module handed in; they know no model, data or loop",
+    ),
+    Rule(
+        "data",
+        ("titan_tpu/data/**/*.py",),
+        ("torch.distributed", "models", *_engine_except("titan_tpu.data")),
+        "the pipeline gets its data-parallel rank and size as plain ints, so it runs and is "
+        "tested without a process group",
+    ),
+    Rule(
+        "data: source contract",
+        ("titan_tpu/data/documents.py",),
+        ("titan_tpu.data.sources", "titan_tpu.data.files", "titan_tpu.data.loader", "titan_tpu.data.packing"),
+        "every source depends on the contract, the contract on no source",
+    ),
+    Rule(
+        "data: embedded and Hub sources",
+        ("titan_tpu/data/sources.py",),
+        ("titan_tpu.data.files", "titan_tpu.data.loader"),
+        "sources do not import each other; loader.build_source picks one",
+    ),
+    Rule(
+        "data: file source",
+        ("titan_tpu/data/files.py",),
+        ("titan_tpu.data.sources", "titan_tpu.data.loader"),
+        "sources do not import each other; loader.build_source picks one",
+    ),
+    Rule(
+        "checkpoint",
+        ("titan_tpu/checkpoint/**/*.py",),
+        ("models", *_engine_except("titan_tpu.device", "titan_tpu.distributed", "titan_tpu.checkpoint")),
+        "it saves the Stateful objects it is handed and converts through the adapter it is handed",
+    ),
+    Rule(
+        "metrics",
+        ("titan_tpu/metrics/**/*.py",),
+        ("models", *_engine_except("titan_tpu.device", "titan_tpu.metrics")),
+        "a record in, lines out; the trainer computes what goes into the record",
+    ),
+    Rule(
+        "optim",
+        ("titan_tpu/optim.py", "titan_tpu/optim/**/*.py"),
+        ("models", *_engine_except("titan_tpu.optim")),
+        "optimizers and schedules are built from parameters and a config section alone",
+    ),
+    Rule(
+        "tasks",
+        ("titan_tpu/tasks/**/*.py",),
+        ("titan_tpu.trainer",),
+        "the trainer runs tasks; a task never drives the trainer",
+    ),
+    Rule(
+        "recipes",
+        ("titan_tpu/recipes/**/*.py",),
+        (),
+        "recipes are built from the public pieces and never reach into their insides",
+        no_private_names=True,
+        optional=True,
+    ),
+    Rule(
+        "package",
+        ("titan_tpu/**/*.py", "models/**/*.py"),
+        ("train", "scripts", "tests"),
+        "the installed package works without the repository's entry point, scripts and tests",
+    ),
+)
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if node.level == 0:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _nodes(tree: ast.Module, import_time_only: bool) -> Iterator[ast.AST]:
+    if not import_time_only:
+        yield from ast.walk(tree)
+        return
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        yield node
+        # A function body runs when called, not when the module is imported; a class body does run.
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def imports_of(
+    source: str, module: str, is_package: bool = False, import_time_only: bool = False
+) -> list[tuple[int, str, str]]:
+    """(line, imported module, imported name or "") for every import in `source`.
+
+    `from a import b` gives ("a", "b"): b may be a submodule, so rules match "a.b" as well as "a".
+    """
+    found: list[tuple[int, str, str]] = []
+    for node in _nodes(ast.parse(source), import_time_only):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name, "") for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            target = _absolute(node, module, is_package)
+            found.extend((node.lineno, target, alias.name) for alias in node.names)
+        elif (
+            isinstance(node, ast.Call)
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None))
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.append((node.lineno, node.args[0].value, ""))
+    return sorted(found)
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _private(target: str, name: str, own_package: str) -> bool:
+    if not (_within(target, "titan_tpu") or _within(target, "models")) or _within(target, own_package):
+        return False
+    return name.startswith("_") or any(part.startswith("_") for part in target.split("."))
+
+
+def rule_files(rule: Rule, root: Path) -> list[Path]:
+    files = {path for pattern in rule.files for path in root.glob(pattern) if path.is_file()}
+    return sorted(
+        path
+        for path in files
+        if not any(fnmatch.fnmatch(path.relative_to(root).as_posix(), e) for e in rule.exempt)
+    )
+
+
+def violations(rule: Rule, root: Path) -> list[str]:
+    found: list[str] = []
+    for path in rule_files(rule, root):
+        module = module_name(path, root)
+        own_package = ".".join(module.split(".")[:2])
+        where = path.relative_to(root).as_posix()
+        source = path.read_text("utf-8")
+        is_package = path.name == "__init__.py"
+        for line, target, name in imports_of(source, module, is_package, rule.import_time_only):
+            candidates = [target, f"{target}.{name}"] if name else [target]
+            if any(fnmatch.fnmatchcase(target, pattern) for pattern in rule.allowed):
+                continue
+            for prefix in rule.forbidden:
+                if any(_within(candidate, prefix) for candidate in candidates):
+                    found.append(f"{where}:{line}: {rule.layer} imports {candidates[-1]} ({rule.why})")
+                    break
+            if rule.no_private_names and _private(target, name, own_package):
+                found.append(f"{where}:{line}: {rule.layer} imports private {target} {name} ({rule.why})")
+    return found
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[rule.layer for rule in RULES])
+def test_layer_imports_only_what_it_may(rule: Rule) -> None:
+    assert rule.optional or rule_files(rule, REPO), f"rule '{rule.layer}' matches no file: {rule.files}"
+    assert violations(rule, REPO) == []
+
+
+def test_importing_the_config_loads_no_torch() -> None:
+    """What the config rule is for, end to end: transitive imports included (a config module that
+    imports a torch-free module of a package whose __init__ imports torch still loads torch)."""
+    probe = "import sys, titan_tpu.config; print(sorted(m for m in ('torch', 'models') if m in sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_checker_flags_a_synthetic_bad_tree(tmp_path: Path) -> None:
+    """Negative control: each way of importing what a layer may not is reported, clean code is not."""
+    bad = {
+        "models/toy/model.py": "import torch\nfrom torch.distributed.tensor import DTensor\n",
+        "models/toy/args.py": "def f():\n    from titan_tpu import trainer\n",
+        "models/toy/parallelize.py": "from titan_tpu.distributed import fsdp\nfrom titan_tpu.data import loader\n",
+        "titan_tpu/config/extra.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",
+        "titan_tpu/config/late.py": (
+            "def check():\n    import models\nclass C:\n    from titan_tpu.tasks import base\n"
+            "from titan_tpu.tasks.flow.config import Section\nfrom titan_tpu.tasks.flow.configs import X\n"
+        ),
+        "titan_tpu/data/documents.py": "from . import sources\n",
+        "titan_tpu/data/files.py": "from .sources import text_of\n",
+        "titan_tpu/data/pipe.py": "import importlib\nimportlib.import_module('titan_tpu.distributed.fsdp')\n",
+        "titan_tpu/device/__init__.py": "from ..metrics.peak import table\n",
+        "titan_tpu/tasks/lm.py": "import titan_tpu.trainer as t\n",
+        "titan_tpu/recipes/grpo/loop.py": "from titan_tpu.trainer import _Window\nfrom titan_tpu.recipes.grpo import _ok\n",
+        "titan_tpu/metrics/logger.py": "from train import main\n",
+    }
+    for relative, text in bad.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text)
+    reported = {line.split(": ", 1)[0] for rule in RULES for line in violations(rule, tmp_path)}
+    assert reported == {
+        "models/toy/model.py:2",
+        "models/toy/args.py:2",
+        "models/toy/parallelize.py:2",
+        "titan_tpu/config/extra.py:3",
+        "titan_tpu/config/late.py:4",
+        "titan_tpu/config/late.py:6",
+        "titan_tpu/data/documents.py:1",
+        "titan_tpu/data/files.py:1",
+        "titan_tpu/data/pipe.py:2",
+        "titan_tpu/device/__init__.py:1",
+        "titan_tpu/tasks/lm.py:1",
+        "titan_tpu/recipes/grpo/loop.py:1",
+        "titan_tpu/metrics/logger.py:1",
+    }
+
+
+def test_relative_imports_resolve_against_the_package() -> None:
+    assert imports_of("from . import x", "titan_tpu.data.loader") == [(1, "titan_tpu.data", "x")]
+    assert imports_of("from .. import y", "titan_tpu.data.loader") == [(1, "titan_tpu", "y")]
+    assert imports_of("from .a import b", "titan_tpu.data", is_package=True) == [(1, "titan_tpu.data.a", "b")]
