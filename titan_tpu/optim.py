@@ -1,8 +1,19 @@
-"""AdamW with decoupled weight decay on matrices only, and a warmup-then-decay schedule."""
+"""AdamW with decoupled weight decay on matrices only, and a warmup-then-decay schedule.
+
+On TPU this is still `torch.optim.AdamW`, not `torch.tpu.optimizers.AdamW`. TorchTPU's AdamW is a
+stateless functional optimizer for its `SingleTraceTrainer` (`init_param_group` / `step(param_group,
+grads)`): it has no param groups (no per-group weight decay), no `state_dict` for distributed
+checkpoints, its lr is fixed when it is built (so no lr schedule), it keeps the moments in bf16 by
+default, and it is marked experimental; its step calls `torch.optim.adamw.adamw`, the same function
+`torch.optim.AdamW` runs, so nothing is lost by using the standard class. What is taken from it is
+its default `capturable=True` on TPU: step counts and bias corrections are device tensors, not
+Python numbers that change every step (not yet measured on a chip).
+"""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -10,8 +21,25 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from titan_tpu.config.sections import LRSchedulerConfig, OptimizerConfig
 
+_KERNELS: dict[str, dict[str, bool]] = {
+    "auto": {},
+    "foreach": {"foreach": True},
+    "fused": {"fused": True},
+    "for-loop": {"foreach": False},
+}
+
+
+def adamw_options(cfg: OptimizerConfig, device_type: str) -> dict[str, Any]:
+    """Keyword arguments of `torch.optim.AdamW` for parameters on `device_type`."""
+    options: dict[str, Any] = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+    options.update(_KERNELS[cfg.implementation])
+    if device_type == "tpu":
+        options["capturable"] = True
+    return options
+
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW over the model's trainable parameters, which are already on their device."""
     # Norm gains (1-D) are not decayed: pulling them toward zero only fights the normalisation.
     # Embeddings are matrices and decay like every other weight, as in Llama and TorchTitan.
     decay, no_decay = [], []
@@ -22,15 +50,8 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    kernel = {
-        "auto": {},
-        "foreach": {"foreach": True},
-        "fused": {"fused": True},
-        "for-loop": {"foreach": False},
-    }[cfg.implementation]
-    return torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kernel
-    )
+    device_type = (decay or no_decay)[0].device.type if decay or no_decay else "cpu"
+    return torch.optim.AdamW(groups, **adamw_options(cfg, device_type))
 
 
 def lr_multiplier(step: int, total_steps: int, cfg: LRSchedulerConfig) -> float:

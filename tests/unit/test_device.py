@@ -1,96 +1,132 @@
-"""Device selection: auto order, forced types, backends; the tpu branch with a stand-in torch_tpu."""
+"""Device selection and the device operations, through torch.accelerator; the real torch_tpu
+package is exercised in test_tpu_package.py."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from titan_tpu import device as device_layer
 from titan_tpu.config import ConfigError
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-# The stand-in runs in a child process: like the real torch_tpu it renames PyTorch's PrivateUse1
-# device to "tpu" and registers itself as `torch.tpu`, which is process-wide and cannot be undone.
-FAKE_TORCH_TPU = """
-import json, sys, types
-import torch
-
-calls = []
-fake = types.ModuleType("torch_tpu")
-fake.device_count = lambda: int(sys.argv[1])
-fake.set_device = lambda i: calls.append(["set_device", i])
-fake.synchronize = lambda i: calls.append(["synchronize", i])
-fake.get_device_name = lambda i: "TPU v5p"
-fake.max_memory_allocated = lambda i: 3 * 2**30
-torch.utils.rename_privateuse1_backend("tpu")
-torch._register_device_module("tpu", fake)
-sys.modules["torch_tpu"] = fake
-torch.cuda.is_available = lambda: False
-
-from titan_tpu import device as layer
-from titan_tpu.config import ConfigError
-
-result = {"auto": layer.resolve_device_type("auto")}
-try:
-    device = layer.select_device("tpu", local_rank=2)
-    device.synchronize()
-    result.update(
-        torch_device=str(device.torch_device), backend=device.backend, name=device.name(),
-        memory_gib=device.peak_memory_gib(), calls=calls,
-    )
-except ConfigError as e:
-    result["error"] = str(e)
-print(json.dumps(result))
-"""
+from titan_tpu.device import Device, memory, select
 
 
-def run_with_fake_tpu(chips: int) -> dict:
-    result = subprocess.run(
-        [sys.executable, "-c", FAKE_TORCH_TPU, str(chips)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
-    )
-    return json.loads(result.stdout.strip().splitlines()[-1])
+def pretend_accelerator(monkeypatch: pytest.MonkeyPatch, device_type: str | None, count: int = 0) -> list:
+    """torch.accelerator as a host with `count` devices of `device_type` shows it; returns the calls."""
+    calls: list = []
+    found = None if device_type is None else SimpleNamespace(type=device_type)
+    accelerator = torch.accelerator
+    monkeypatch.setattr(accelerator, "current_accelerator", lambda check_available=False: found)
+    monkeypatch.setattr(accelerator, "device_count", lambda: count)
+    monkeypatch.setattr(accelerator, "set_device_index", lambda i: calls.append(("set_device_index", i)))
+    monkeypatch.setattr(accelerator, "synchronize", lambda i=None: calls.append(("synchronize", i)))
+    monkeypatch.setattr(accelerator, "reset_peak_memory_stats", lambda i=None: calls.append(("reset", i)))
+    monkeypatch.setattr(accelerator, "max_memory_allocated", lambda i=None: 3 * 2**30)
+    return calls
 
 
-def test_auto_picks_cpu_without_accelerators(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torch_tpu", None)  # import fails
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert device_layer.resolve_device_type("auto") == "cpu"
+def test_auto_picks_cpu_without_accelerators(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    pretend_accelerator(monkeypatch, None)
+    monkeypatch.setattr(select, "torch_tpu_version", lambda: None)
+    with caplog.at_level(logging.WARNING):
+        assert device_layer.resolve_device_type("auto") == "cpu"
+    assert caplog.records == []  # nothing to say when no accelerator package is installed
     assert device_layer.process_group_backend("cpu") == "gloo"
 
 
-def test_auto_prefers_tpu_and_uses_its_device_module() -> None:
-    result = run_with_fake_tpu(chips=4)
-    assert result["auto"] == "tpu"
-    assert result["torch_device"] == "tpu:2"
-    assert result["backend"] == "cpu:gloo,tpu:tpu_dist"
-    assert result["calls"] == [["set_device", 2], ["synchronize", 2]]
-    assert result["name"] == "TPU v5p"
-    assert result["memory_gib"] == pytest.approx(3.0)
+@pytest.mark.parametrize("device_type, backend", [("tpu", "cpu:gloo,tpu:tpu_dist"), ("cuda", "cpu:gloo,cuda:nccl")])
+def test_auto_takes_the_accelerator_torch_reports(
+    monkeypatch: pytest.MonkeyPatch, device_type: str, backend: str
+) -> None:
+    pretend_accelerator(monkeypatch, device_type, count=4)
+    assert device_layer.resolve_device_type("auto") == device_type
+    assert device_layer.resolve_device_type(device_type) == device_type
+    assert device_layer.process_group_backend(device_type) == backend  # type: ignore[arg-type]
 
 
-def test_tpu_without_chips_is_not_available() -> None:
-    result = run_with_fake_tpu(chips=0)
-    assert result["auto"] == "cpu"
-    assert "device.type = 'tpu' was requested" in result["error"]
+def test_auto_does_not_drive_an_accelerator_it_does_not_support(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    pretend_accelerator(monkeypatch, "mps", count=1)
+    with caplog.at_level(logging.WARNING):
+        assert device_layer.resolve_device_type("auto") == "cpu"
+    assert "'mps', which titan_tpu does not drive" in caplog.text
 
 
-def test_cuda_backend_string_and_missing_cuda_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert device_layer.process_group_backend("cuda") == "cpu:gloo,cuda:nccl"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ConfigError, match="torch.cuda sees no GPU"):
+def test_accelerator_operations_go_through_torch_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a return to torch.tpu.set_device / synchronize, which TorchTPU refuses from user code."""
+    calls = pretend_accelerator(monkeypatch, "tpu", count=4)
+    device = device_layer.select_device("tpu", local_rank=2)
+    device.synchronize()
+    device.reset_peak_memory()
+    assert device.peak_memory_gib() == pytest.approx(3.0)
+    assert calls == [("set_device_index", 2), ("synchronize", 2), ("reset", 2)]
+
+
+def test_more_local_ranks_than_devices_is_one_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    pretend_accelerator(monkeypatch, "cuda", count=4)
+    with pytest.raises(ConfigError, match="local rank 4 needs cuda device 4, but this host has 4"):
+        device_layer.select_device("cuda", local_rank=4)
+
+
+@pytest.mark.parametrize(
+    "version, autoload, message",
+    [
+        (None, None, r"the torch_tpu package is not installed \(pip install -e '.\[tpu\]'\)"),
+        ("0.2.0", "0", "TORCH_DEVICE_BACKEND_AUTOLOAD=0 kept torch_tpu 0.2.0 from loading"),
+        ("0.2.0", None, "torch_tpu 0.2.0 sees no TPU chip on this host"),
+    ],
+)
+def test_forced_tpu_without_one_names_the_reason(
+    monkeypatch: pytest.MonkeyPatch, version: str | None, autoload: str | None, message: str
+) -> None:
+    pretend_accelerator(monkeypatch, None)
+    monkeypatch.setattr(select, "torch_tpu_version", lambda: version)
+    if autoload is None:
+        monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", autoload)
+    with pytest.raises(ConfigError, match=f"device.type = 'tpu' was requested but {message}"):
+        device_layer.resolve_device_type("tpu")
+
+
+def test_missing_cuda_and_unknown_type_are_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    pretend_accelerator(monkeypatch, None)
+    with pytest.raises(ConfigError, match="torch.accelerator sees no GPU"):
         device_layer.resolve_device_type("cuda")
+    with pytest.raises(ConfigError, match="expected one of auto, tpu, cuda, cpu"):
+        device_layer.resolve_device_type("gpu")
 
 
-def test_cpu_device_reports_memory_and_name() -> None:
+def test_cpu_device_is_named_after_the_processor() -> None:
     device = device_layer.select_device("cpu", local_rank=0)
     assert device.torch_device == torch.device("cpu")
-    assert device.name() == "cpu"
-    assert device.peak_memory_gib() > 0
+    assert device.name() == torch.cpu.get_capabilities()["cpu_name"]
+    assert device.memory_capacity_gib() is None and device.splash_attention_op() is None
+
+
+def _touch(mib: int) -> bytearray:
+    block = bytearray(mib * 2**20)
+    block[:: 4096] = b"\x01" * len(block[:: 4096])  # write every page so it is resident
+    return block
+
+
+@pytest.mark.skipif(not memory._CLEAR_REFS.exists(), reason="needs Linux /proc/self/clear_refs")
+def test_cpu_peak_memory_is_per_window() -> None:
+    """A window's peak includes its own transient allocation and, after a reset, not an earlier one.
+
+    Catches ru_maxrss (peak since start, never reset): its second window would still show the first
+    window's 256 MiB."""
+    device = Device("cpu", 0)
+    assert memory.reset_peak_rss(), "this Linux refused the reset; the per-window figure is not available"
+    baseline = device.peak_memory_gib()
+    block = _touch(256)
+    del block
+    first_window = device.peak_memory_gib()
+    assert first_window - baseline > 0.2  # the freed 256 MiB still counts in its window's peak
+    device.reset_peak_memory()
+    second_window = device.peak_memory_gib()
+    assert first_window - second_window > 0.2

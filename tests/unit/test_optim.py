@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from titan_tpu.config.sections import LRSchedulerConfig, OptimizerConfig
-from titan_tpu.optim import build_lr_scheduler, build_optimizer, lr_multiplier
+from titan_tpu.optim import adamw_options, build_lr_scheduler, build_optimizer, lr_multiplier
 
 
 @pytest.mark.parametrize("decay_type", ["linear", "cosine"])
@@ -47,3 +47,16 @@ def test_norms_and_biases_are_not_decayed() -> None:
     assert {p.ndim for p in decayed["params"]} == {2}
     assert len(plain["params"]) == 3  # linear bias, layernorm weight and bias
     assert isinstance(optimizer, torch.optim.AdamW)
+
+
+def test_tpu_keeps_step_counts_on_the_device_and_cpu_does_not() -> None:
+    """capturable=True on CPU parameters fails at the first step; on TPU it is TorchTPU's AdamW
+    default (device-side step counts and bias corrections)."""
+    cfg = OptimizerConfig(implementation="fused")
+    assert adamw_options(cfg, "tpu") == {**adamw_options(cfg, "cpu"), "capturable": True}
+    assert adamw_options(cfg, "cpu")["fused"] is True and "capturable" not in adamw_options(cfg, "cpu")
+    model = nn.Linear(4, 4)
+    optimizer = build_optimizer(model, cfg)
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    assert optimizer.param_groups[0]["capturable"] is False

@@ -1,37 +1,146 @@
-"""Peak FLOP/s: the table for accelerators, a measured probe on the CPU, nothing for the unknown."""
+"""Peak FLOP/s: table lookup behaviour, the CPU probe's dtypes, the probe shared per host, and that
+a real training step on this CPU stays below the probe (MFU under 100%)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
+from torch import nn
 
-from titan_tpu.metrics.peak import measure_matmul_flops, peak_flops, table_peak_flops
+from titan_tpu.device import Device, host_peak_flops
+from titan_tpu.metrics import peak
+from titan_tpu.metrics.peak import measure_matmul_flops, table_peak_flops
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def named(monkeypatch: pytest.MonkeyPatch, device_type: str, name: str) -> Device:
+    monkeypatch.setattr(Device, "name", lambda self: name)
+    return Device(device_type, 0)  # type: ignore[arg-type]
+
+
+def test_lookup_prefers_the_specific_entry_over_the_general_one() -> None:
+    """"NVIDIA H100 PCIe" contains "h100": the PCIe card's lower peak must win."""
+    assert table_peak_flops("NVIDIA H100 PCIe") < table_peak_flops("NVIDIA H100 80GB HBM3")  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("name", ["Some Future GPU", "TPU", "NVIDIA H20"])
+def test_unknown_device_gets_no_peak(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """ "TPU" is what torch_tpu reports for a generation it does not recognise."""
+    assert host_peak_flops(named(monkeypatch, "tpu", name), torch.bfloat16) is None
+
+
+def test_v7_peak_is_per_device_half_the_chip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch_tpu names a v7 "TPU v7" and exposes each of its two TensorCores as a device; the
+    published 2307 TFLOP/s is the chip's, so each rank's MFU divides by half of it."""
+    assert host_peak_flops(named(monkeypatch, "tpu", "TPU v7"), torch.bfloat16) == pytest.approx(2307e12 / 2)
+
+
+def test_float32_on_an_accelerator_gets_no_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table holds bf16 tensor-core peaks; dividing an fp32 run by one would understate MFU."""
+    assert host_peak_flops(named(monkeypatch, "cuda", "NVIDIA H200"), torch.bfloat16) == 989e12
+    assert host_peak_flops(named(monkeypatch, "cuda", "NVIDIA H200"), torch.float32) is None
 
 
 @pytest.mark.parametrize(
-    "name, expected",
-    [
-        ("TPU v5p", 459e12),
-        ("TPU v5 lite", 197e12),
-        ("TPU v6e", 918e12),
-        ("TPU7x", 2307e12),
-        ("TPU v4", 275e12),
-        ("NVIDIA H200", 989e12),
-        ("NVIDIA H100 PCIe", 756e12),
-        ("NVIDIA H100 80GB HBM3", 989e12),
-        ("NVIDIA A100-SXM4-80GB", 312e12),
-        ("NVIDIA B200", 2250e12),
-    ],
+    "run_dtype, probed, expected",
+    [(torch.bfloat16, {torch.bfloat16, torch.float32}, 7.0), (torch.float32, {torch.float32}, 5.0)],
 )
-def test_table_knows_the_listed_chips(name: str, expected: float) -> None:
-    assert table_peak_flops(name) == expected
+def test_cpu_peak_is_the_best_of_the_dtypes_the_run_computes_in(
+    monkeypatch: pytest.MonkeyPatch, run_dtype: torch.dtype, probed: set, expected: float
+) -> None:
+    """A bf16 run on a CPU that emulates bf16 still runs fp32 parts at fp32 speed: its peak must not
+    be the (slower) bf16 probe alone, or MFU could pass 100%."""
+    seen: list[torch.dtype] = []
+    rates = {torch.bfloat16: 2.0, torch.float32: 7.0} if run_dtype == torch.bfloat16 else {torch.float32: 5.0}
+
+    def fake_probe(dtype: torch.dtype, *args: object, **kwargs: object) -> float:
+        seen.append(dtype)
+        return rates[dtype]
+
+    monkeypatch.setattr(peak, "measure_matmul_flops", fake_probe)
+    assert host_peak_flops(Device("cpu", 0), run_dtype) == expected
+    assert set(seen) == probed and len(seen) == len(probed)
 
 
-def test_unknown_accelerator_reports_no_peak() -> None:
-    assert peak_flops("cuda", "Some Future GPU", torch.bfloat16) is None
-    assert peak_flops("cuda", "NVIDIA H200", torch.float32) is None
+def _mlp_step_flops_per_sec(width: int, batch: int, steps: int) -> float:
+    """Achieved FLOP/s of forward + backward + SGD steps of a 2-layer MLP, counted as 6 x tokens x
+    matmul weights (the convention the models' FLOP functions use)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, 4 * width, bias=False), nn.GELU(), nn.Linear(4 * width, width, bias=False))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, target = torch.randn(batch, width), torch.randn(batch, width)
+
+    def step() -> None:
+        loss = nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    elapsed = time.perf_counter() - start
+    weights = sum(p.numel() for p in model.parameters())
+    return 6 * batch * weights * steps / elapsed
 
 
-def test_cpu_peak_is_measured() -> None:
-    flops = measure_matmul_flops(torch.float32, size=256, windows=2, seconds=0.02)
-    assert 1e8 < flops < 1e14
+def test_a_real_training_step_stays_below_the_cpu_probe() -> None:
+    """MFU <= 100% on this CPU: a matmul-heavy training step achieves less than the probe.
+
+    Negative control: a probe with tiny matrices (far from the BLAS plateau) is beaten by the same
+    step, so the comparison can fail."""
+    achieved = _mlp_step_flops_per_sec(width=512, batch=1024, steps=3)
+    probe = host_peak_flops(Device("cpu", 0), torch.float32)
+    assert probe is not None
+    too_small_probe = measure_matmul_flops(torch.float32, size=32, windows=2, seconds=0.05)
+    print(f"achieved {achieved / 1e9:.1f} GFLOP/s, probe {probe / 1e9:.1f}, 32x32 probe {too_small_probe / 1e9:.1f}")
+    assert achieved < probe
+    assert achieved > too_small_probe
+
+
+WORKER = """
+import json, sys, time
+import torch, torch.distributed as dist
+from titan_tpu.device import Device, host_peak_flops
+from titan_tpu.metrics import peak
+
+dist.init_process_group("gloo")
+probes = []
+real_probe = peak.measure_matmul_flops
+def recording_probe(dtype, *args, **kwargs):
+    start = time.time()
+    value = real_probe(dtype, size=256, windows=2, seconds=0.05)
+    probes.append([str(dtype), start, time.time()])
+    return value
+peak.measure_matmul_flops = recording_probe
+value = host_peak_flops(Device("cpu", 0), torch.float32)
+done = time.time()
+print("RESULT " + json.dumps({"rank": dist.get_rank(), "value": value, "probes": probes, "done": done}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_one_rank_per_host_probes_and_the_others_wait_and_share(tmp_path: Path) -> None:
+    """Two ranks on one host: rank 0 probes, rank 1 does not (it would share the cores with the
+    probe and halve it), returns only after the probe ended, and gets the same number."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = [line.removeprefix("RESULT ") for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    results = {r["rank"]: r for r in map(json.loads, lines)}
+    assert len(results[0]["probes"]) == 1 and results[1]["probes"] == []
+    assert results[0]["value"] == results[1]["value"] > 0
+    assert results[1]["done"] >= results[0]["probes"][0][2]

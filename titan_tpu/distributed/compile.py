@@ -9,13 +9,10 @@ from torch import nn
 
 from titan_tpu.config.errors import ConfigError
 
-# compile.backend = "auto" -> the first of these that torch._dynamo knows. On TPU it is the backend
-# the torch_tpu package registers when imported (name candidates, newest first).
-AUTO_BACKENDS: dict[str, tuple[str, ...]] = {
-    "cpu": ("inductor",),
-    "cuda": ("inductor",),
-    "tpu": ("torch_tpu", "tpu", "openxla"),
-}
+# compile.backend = "auto" -> the device's backend. On TPU it is "tpu", which the torch_tpu package
+# registers with torch._dynamo when it loads; torch_tpu refuses inductor on TPU tensors.
+AUTO_BACKENDS: dict[str, str] = {"cpu": "inductor", "cuda": "inductor", "tpu": "tpu"}
+REFUSED_BACKENDS: dict[str, tuple[str, ...]] = {"tpu": ("inductor",)}
 
 
 def available_backends() -> list[str]:
@@ -24,19 +21,20 @@ def available_backends() -> list[str]:
 
 def resolve_backend(requested: str, device_type: str) -> str:
     """The dynamo backend name for `requested` ("auto" or a name) on `device_type`."""
+    backend = AUTO_BACKENDS.get(device_type, "inductor") if requested == "auto" else requested
+    if backend in REFUSED_BACKENDS.get(device_type, ()):
+        raise ConfigError(
+            f"compile.backend = '{backend}' does not run on {device_type}; use 'auto' (= "
+            f"'{AUTO_BACKENDS[device_type]}') or compile.enable = false"
+        )
     known = available_backends()
-    if requested != "auto":
-        if requested not in known:
-            raise ConfigError(f"compile.backend: '{requested}' is not a torch.compile backend; known: {', '.join(known)}")
-        return requested
-    for candidate in AUTO_BACKENDS.get(device_type, ("inductor",)):
-        if candidate in known:
-            return candidate
-    raise ConfigError(
-        f"compile.backend = 'auto' found no torch.compile backend for {device_type} (looked for "
-        f"{', '.join(AUTO_BACKENDS.get(device_type, ()))}); known: {', '.join(known)}. Set compile.backend "
-        "or compile.enable = false"
-    )
+    if backend not in known:
+        if requested == "auto":
+            what = f"compile.backend = 'auto' on {device_type} needs '{backend}', which"
+        else:
+            what = f"compile.backend: '{backend}'"
+        raise ConfigError(f"{what} is not a torch.compile backend; known: {', '.join(known)}")
+    return backend
 
 
 def apply_compile(containers: list[nn.ModuleDict | nn.ModuleList], backend: str) -> None:

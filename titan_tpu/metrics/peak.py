@@ -1,33 +1,48 @@
 """Peak FLOP/s of a device, the denominator of MFU.
 
-Accelerators come from a table of published dense (no sparsity) figures per chip; a CPU is measured
-with a short matmul probe at start-up, because its peak depends on cores, threads and the BLAS build.
-An accelerator the table does not know gets no peak, so MFU is reported as missing, never guessed.
+Accelerators come from a table of published dense (no sparsity) bf16 figures per device, looked up
+by the name the runtime reports. A CPU's peak depends on its cores, threads and BLAS build, so it is
+measured: the best of a few windows of large square matmuls, in each dtype the run computes in (a
+bf16 run on the CPU also runs float32 parts: norms, softmax, the loss), with the threads the ranks
+use. One process per host probes while the others on that host wait, so the probe has the cores to
+itself and every rank of a host divides by the same number. An accelerator the table does not know,
+or a float32 run on an accelerator, gets no peak: MFU is reported as missing, never guessed.
 """
 
 from __future__ import annotations
 
+import socket
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 
-# Dense bf16 FLOP/s per chip (per device the framework addresses), from the vendors' data sheets.
-# Ordered so that the more specific name matches first ("v5p" before "v5", "H100 PCIe" before "H100").
+if TYPE_CHECKING:
+    from titan_tpu.device import Device
+
+# Dense bf16 FLOP/s per device the framework addresses, from the vendors' data sheets. Names as
+# the runtimes report them (torch_tpu: "TPU v6e"; CUDA: "NVIDIA H100 PCIe"), matched as lowercase
+# substrings in order, so a more specific name comes before a more general one.
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("tpu v7x", 2307e12),
-    ("tpu7x", 2307e12),
+    # v7 exposes each of its two TensorCores as its own device: half the chip's 2307 TFLOP/s.
+    ("tpu v7", 2307e12 / 2),
     ("tpu v6e", 918e12),
-    ("tpu v6 lite", 918e12),
-    ("tpu v5p", 459e12),
+    ("tpu v5p", 459e12),  # v4 and v5p fuse their two cores into one device (megacore)
     ("tpu v5e", 197e12),
-    ("tpu v5 lite", 197e12),
     ("tpu v4", 275e12),
     ("b200", 2250e12),
     ("h200", 989e12),
     ("h100 pcie", 756e12),
+    ("h100 nvl", 835e12),
     ("h100", 989e12),
     ("a100", 312e12),
 )
+
+# Square matmuls of this size reach the BLAS plateau on CPUs from laptops to servers while one
+# still takes well under a second in fp32.
+PROBE_SIZE = 1024
 
 
 def table_peak_flops(device_name: str) -> float | None:
@@ -38,30 +53,80 @@ def table_peak_flops(device_name: str) -> float | None:
     return None
 
 
-def measure_matmul_flops(dtype: torch.dtype, size: int = 1024, windows: int = 5, seconds: float = 0.1) -> float:
-    """FLOP/s of repeated square matmuls on the CPU with the current thread count.
+def measure_matmul_flops(
+    dtype: torch.dtype,
+    device: torch.device = torch.device("cpu"),
+    size: int = PROBE_SIZE,
+    windows: int = 5,
+    seconds: float = 0.2,
+) -> float:
+    """FLOP/s of repeated square matmuls with the current thread count.
 
-    The best of several short windows: a peak is what the hardware can do, and the best window is
-    the one least disturbed by other work on the machine.
+    The best of several windows: a peak is what the hardware can do, and the best window is the
+    one least disturbed by other work on the machine.
     """
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
-    torch.mm(a, b)  # warm-up: first call picks kernels and touches memory
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    torch.mm(a, b)  # warm-up: the first call picks kernels and touches memory
     best = 0.0
     for _ in range(windows):
+        _wait_for(device)
         iterations = 0
         start = time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds:
+        while True:
             torch.mm(a, b)
             iterations += 1
+            _wait_for(device)
+            if (elapsed := time.perf_counter() - start) >= seconds:
+                break
         best = max(best, 2 * size**3 * iterations / elapsed)
     return best
 
 
-def peak_flops(device_type: str, device_name: str, dtype: torch.dtype) -> float | None:
-    """Peak FLOP/s for MFU in the compute dtype; None when it is not known."""
-    if device_type == "cpu":
-        return measure_matmul_flops(dtype)
-    if dtype == torch.float32:
-        return None  # tables list bf16 tensor-core peaks; an fp32 MFU against them would mislead
-    return table_peak_flops(device_name)
+def _wait_for(device: torch.device) -> None:
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+
+
+def cpu_peak_flops(dtype: torch.dtype) -> float:
+    """The CPU peak for a run in `dtype`, with this process's threads: the best of its dtypes."""
+    dtypes = {dtype, torch.float32}
+    return max(measure_matmul_flops(probe_dtype) for probe_dtype in dtypes)
+
+
+def host_peak_flops(device: Device, dtype: torch.dtype) -> float | None:
+    """Peak FLOP/s of one device for a run that computes in `dtype`; None when unknown.
+
+    On the CPU with torch.distributed initialised this is a collective: every rank must call it.
+    """
+    if device.type != "cpu":
+        # The table lists bf16 tensor-core peaks; an fp32 run against them would report a
+        # meaningless MFU, and fp32 peaks on TPU depend on the matmul precision mode.
+        return table_peak_flops(device.name()) if dtype == torch.bfloat16 else None
+    return once_per_host(lambda: cpu_peak_flops(dtype))
+
+
+def once_per_host(probe: Callable[[], float]) -> float:
+    """`probe()` as measured on this host with this rank's thread count.
+
+    Single process: just probes. Under torch.distributed the lowest rank of each host probes, once
+    for each thread count the ranks of its host use, while the others wait in the collective that
+    then shares the numbers; ranks on different hosts probe at the same time.
+    """
+    threads = torch.get_num_threads()
+    if not (dist.is_available() and dist.is_initialized()):
+        return probe()
+    host = socket.gethostname()
+    members: list[tuple[str, int]] = [("", 0)] * dist.get_world_size()
+    dist.all_gather_object(members, (host, threads))
+    rank = dist.get_rank()
+    prober = min(r for r, (member_host, _) in enumerate(members) if member_host == host)
+    measured: dict[int, float] = {}
+    if rank == prober:
+        for count in sorted({t for member_host, t in members if member_host == host}):
+            torch.set_num_threads(count)
+            measured[count] = probe()
+        torch.set_num_threads(threads)
+    shared: list[tuple[str, dict[int, float]] | None] = [None] * len(members)
+    dist.all_gather_object(shared, (host, measured) if rank == prober else None)
+    return next(entry[1][threads] for entry in shared if entry is not None and entry[0] == host)

@@ -1,0 +1,43 @@
+"""The one place that names device types.
+
+Everything else asks this package for the device and its process-group backend, synchronisation,
+per-window peak memory, the device's name, the compute dtype it runs natively and its peak FLOP/s.
+
+- `select`: detection through `torch.accelerator` (TPUs via the `torch_tpu` package), `Device`.
+- `dtype`: the compute-dtype decision and the one table of dtype names.
+- `memory`: the CPU's per-window peak memory.
+- `tpu_api`: every torch_tpu function the project calls, by public path.
+- `titan_tpu.metrics.peak`: peak FLOP/s (published table, or the CPU probe shared per host).
+"""
+
+from titan_tpu.device.select import (
+    Device,
+    DeviceType,
+    accelerator_type,
+    available,
+    process_group_backend,
+    resolve_device_type,
+    select_device,
+    torch_tpu_version,
+)
+from titan_tpu.device.dtype import DTYPES, dtype_from_name, native_bf16, resolve_compute_dtype
+from titan_tpu.device.tpu_api import TORCH_TPU_CALLS, torch_tpu_function
+from titan_tpu.metrics.peak import host_peak_flops
+
+__all__ = [
+    "DTYPES",
+    "TORCH_TPU_CALLS",
+    "Device",
+    "DeviceType",
+    "accelerator_type",
+    "available",
+    "dtype_from_name",
+    "host_peak_flops",
+    "native_bf16",
+    "process_group_backend",
+    "resolve_compute_dtype",
+    "resolve_device_type",
+    "select_device",
+    "torch_tpu_function",
+    "torch_tpu_version",
+]
