@@ -273,8 +273,9 @@ def test_wrong_text_field_gives_up_early(tmp_path: Path) -> None:
         next(docs)
 
 
-def test_filesource_describes_itself(tmp_path: Path) -> None:
-    (tmp_path / "a.txt").write_text("x")
-    (tmp_path / "b.txt").write_text("y")
-    source = FileSource(str(tmp_path), "text")
-    assert source.description == f"{tmp_path} (2 files)"
+def test_folder_without_usable_document_names_the_folder_and_its_files(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("  \n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": ""}) + "\n")
+    with pytest.raises(ConfigError) as err:
+        texts(FileSource(str(tmp_path), "text"))
+    assert str(err.value).startswith(f"data.path: {tmp_path} (2 files) holds no usable document")
