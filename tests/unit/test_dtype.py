@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from titan_tpu.config import ConfigError
-from titan_tpu.device import Device, dtype_from_name, native_bf16, resolve_compute_dtype
+from titan_tpu.device import DTYPES, Device, dtype_from_name, dtype_name, native_bf16, resolve_compute_dtype
 from titan_tpu.device import dtype as dtype_module
 
 CPU = Device("cpu", 0)
@@ -95,6 +95,7 @@ def test_explicit_bf16_on_native_cpu_does_not_warn(
 
 
 def test_dtype_names_come_from_one_table() -> None:
+    assert all(dtype_name(dtype_from_name(name, "x")) == name for name in DTYPES)  # the names round-trip
     assert dtype_from_name("bfloat16", "checkpoint.export_dtype") == torch.bfloat16
     with pytest.raises(ConfigError, match="checkpoint.export_dtype: got 'fp16', expected one of float32, bfloat16"):
         dtype_from_name("fp16", "checkpoint.export_dtype")

@@ -20,7 +20,7 @@ from titan_tpu.device.select import (
     select_device,
     torch_tpu_version,
 )
-from titan_tpu.device.dtype import DTYPES, dtype_from_name, native_bf16, resolve_compute_dtype
+from titan_tpu.device.dtype import DTYPES, dtype_from_name, dtype_name, native_bf16, resolve_compute_dtype
 from titan_tpu.device.tpu_api import TORCH_TPU_CALLS, torch_tpu_function
 from titan_tpu.metrics.peak import host_peak_flops
 
@@ -32,6 +32,7 @@ __all__ = [
     "accelerator_type",
     "available",
     "dtype_from_name",
+    "dtype_name",
     "host_peak_flops",
     "native_bf16",
     "process_group_backend",

@@ -35,6 +35,11 @@ def dtype_from_name(name: str, where: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The config name of a dtype in DTYPES (the resolved config records "auto" as what it became)."""
+    return next(name for name, known in DTYPES.items() if known == dtype)
+
+
 def native_bf16(device_type: str) -> bool:
     """Whether the device computes bf16 matmuls in hardware rather than by emulation."""
     if device_type == "tpu":
