@@ -1,0 +1,148 @@
+"""Our GRPO loss against TRL's `GRPOTrainer._compute_loss` on identical tensors, in float64.
+
+TRL's loss method takes a model and a batch; it gets the policy's per-token log-probs from the model
+through `_get_per_token_logps_and_entropies`. Here that method returns given log-probs, and the rest
+of `_compute_loss` (ratio, clipping, k3 KL, aggregation) is TRL's own code. A trainer is not
+constructed (that needs a Hugging Face model and dataset); the attributes `_compute_loss` reads are
+set to the values of the configuration named in each case.
+
+Pairs compared (TRL loss_type / scale_rewards -> ours):
+- grpo / "group"  -> seq_mean_token_mean, advantages scaled by the group std
+- dr_grpo / "none" -> seq_mean_token_sum_norm with max_completion_tokens = TRL's max_completion_length,
+  advantages not scaled (the Dr. GRPO paper drops both the length and the std normalisation)
+- dapo / "group"  -> token_mean; TRL divides by `num_items_in_batch` (completion tokens of the whole
+  generation batch) / processes x accumulation steps / steps per generation; with one process, one
+  micro-batch and one step per generation that is this batch's token count, our default normaliser.
+
+TRL computes advantages inside its rollout method (`_generate_and_score_completions`, which needs a
+model, tokenizer and reward functions), so the reference advantages below are its formula written out
+with TRL's own `nanstd` helper: (r - group mean) / (group nanstd + 1e-4), or r - group mean.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
+trl_utils = pytest.importorskip("trl.trainer.utils")
+
+from titan_tpu.recipes.grpo.objective import group_advantages, grpo_loss  # noqa: E402
+
+GROUP, PROMPTS, T = 4, 3, 7
+EPS_LOW, EPS_HIGH = 0.2, 0.28
+CASES = [
+    ("grpo", True, "seq_mean_token_mean"),
+    ("dr_grpo", False, "seq_mean_token_sum_norm"),
+    ("dapo", True, "token_mean"),
+]
+
+
+class _Accelerator:
+    """One process: reductions and gathers are the identity."""
+
+    num_processes = 1
+
+    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        return tensor
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    gather_for_metrics = gather
+
+
+def trl_loss(loss_type: str, beta: float, inputs: dict, logps: torch.Tensor) -> torch.Tensor:
+    trainer = trl_grpo.GRPOTrainer.__new__(trl_grpo.GRPOTrainer)
+    values = dict(
+        loss_type=loss_type, beta=beta, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH,
+        importance_sampling_level="token", top_entropy_quantile=1.0, off_policy_mask_threshold=None,
+        use_vllm=False, current_gradient_accumulation_steps=1, max_completion_length=T,
+        _entropy_bonus_enabled=False, aux_loss_enabled=False, accelerator=_Accelerator(),
+        model=nn.Linear(1, 1), _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+    )
+    trainer.__dict__.update(values)
+    # The model's log-probs are the given tensor (entropies only feed TRL's metrics).
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, torch.zeros_like(logps), None)
+    return trainer._compute_loss(trainer.model, inputs)
+
+
+def trl_advantages(rewards: torch.Tensor, scale: bool) -> torch.Tensor:
+    grouped = rewards.view(-1, GROUP)
+    mean = torch.nanmean(grouped, dim=1).repeat_interleave(GROUP)
+    std = trl_utils.nanstd(grouped, dim=1).repeat_interleave(GROUP)
+    return (rewards - mean) / (std + 1e-4) if scale else rewards - mean
+
+
+def make_batch(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    n = GROUP * PROMPTS
+    logps = -torch.rand(n, T, generator=gen, dtype=torch.float64) * 3
+    lengths = torch.randint(1, T + 1, (n,), generator=gen)
+    return {
+        "logps": logps,
+        "old": logps + 0.4 * torch.randn(n, T, generator=gen, dtype=torch.float64),
+        "ref": logps + 0.3 * torch.randn(n, T, generator=gen, dtype=torch.float64),
+        "rewards": torch.randint(0, 3, (n,), generator=gen).to(torch.float64) / 2,
+        "mask": (torch.arange(T)[None, :] < lengths[:, None]).to(torch.int64),
+    }
+
+
+@pytest.mark.parametrize("loss_type,scale,aggregation", CASES)
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_loss_equals_trl(loss_type: str, scale: bool, aggregation: str, beta: float) -> None:
+    batch = make_batch(seed=len(loss_type) + int(beta * 100))
+    ours_adv = group_advantages(batch["rewards"], GROUP, scale_by_std=scale, eps=1e-4)
+    theirs_adv = trl_advantages(batch["rewards"], scale)
+    # Not bit-equal: TRL's nanstd forms Bessel's factor count / (count - 1) from integer counts, which
+    # torch divides in float32 (4/3 off by ~1e-8); ours is float64 throughout.
+    assert torch.allclose(ours_adv, theirs_adv, rtol=1e-6, atol=1e-12)
+
+    n = batch["logps"].shape[0]
+    inputs = {
+        "prompt_ids": torch.zeros(n, 2, dtype=torch.int64),
+        "prompt_mask": torch.ones(n, 2, dtype=torch.int64),
+        "completion_ids": torch.zeros(n, T, dtype=torch.int64),
+        "completion_mask": batch["mask"],
+        "advantages": theirs_adv,
+        "old_per_token_logps": batch["old"],
+        "ref_per_token_logps": batch["ref"],
+        "num_items_in_batch": batch["mask"].sum().to(torch.float64),
+    }
+    theirs_logps = batch["logps"].clone().requires_grad_(True)
+    theirs = trl_loss(loss_type, beta, inputs, theirs_logps)
+    ours_logps = batch["logps"].clone().requires_grad_(True)
+    ours = grpo_loss(
+        ours_logps, batch["old"], ours_adv, batch["mask"], eps_low=EPS_LOW, eps_high=EPS_HIGH,
+        aggregation=aggregation, max_completion_tokens=T, beta=beta, ref_logps=batch["ref"],  # type: ignore[arg-type]
+    ).loss
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6, abs=1e-12)
+    # The gradients (what training uses) agree too.
+    theirs.backward()
+    ours.backward()
+    assert torch.allclose(ours_logps.grad, theirs_logps.grad, rtol=1e-6, atol=1e-12)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("loss_type,scale,aggregation", CASES)
+def test_mismatched_aggregation_misses_trl(loss_type: str, scale: bool, aggregation: str) -> None:
+    """Negative control: each of our other aggregations gives a different number on the same batch, so
+    the comparison above distinguishes them."""
+    batch = make_batch(seed=7)
+    adv = trl_advantages(batch["rewards"], scale)
+    inputs = {
+        "prompt_ids": torch.zeros(len(adv), 2, dtype=torch.int64),
+        "prompt_mask": torch.ones(len(adv), 2, dtype=torch.int64),
+        "completion_ids": torch.zeros(len(adv), T, dtype=torch.int64),
+        "completion_mask": batch["mask"], "advantages": adv, "old_per_token_logps": batch["old"],
+        "num_items_in_batch": batch["mask"].sum().to(torch.float64),
+    }
+    theirs = trl_loss(loss_type, 0.0, inputs, batch["logps"]).item()
+    for other in {"token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"} - {aggregation}:
+        ours = grpo_loss(batch["logps"], batch["old"], adv, batch["mask"], eps_low=EPS_LOW, eps_high=EPS_HIGH,
+                         aggregation=other, max_completion_tokens=T).loss.item()  # type: ignore[arg-type]
+        assert ours != pytest.approx(theirs, rel=1e-6)

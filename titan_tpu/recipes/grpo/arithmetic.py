@@ -1,0 +1,126 @@
+"""Arithmetic with a verifiable answer: "a+b=" -> "c\\n", a and b in [0, max_operand].
+
+Every problem lives in exactly one split: a seeded permutation of all (a, b) pairs puts a fixed share
+into the held-out set, which training prompts never draw from. Training prompts come as a stream in
+a seeded order whose position is the only state (`PromptStream`), so a resumed run continues with the
+next prompt and every data-parallel layout sees the same global sequence of prompts.
+
+`pretraining_corpus` writes the text a language model first learns the format from. Its optional
+`carry_error_rate` makes the demonstrations systematically wrong on problems whose units digits
+carry (it writes the answer without the carry), like a student who forgets to carry: a model trained
+on it answers carry problems wrongly when it decodes greedily but still samples the right answer some
+of the time, which is the situation reinforcement learning with a checker can repair.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from titan_tpu.recipes.grpo.rewards import ExactMatchReward, FormatReward, WeightedRewards
+
+STOP_TEXT = "\n"
+
+
+@dataclass(frozen=True)
+class Problem:
+    a: int
+    b: int
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.a}+{self.b}="
+
+    @property
+    def answer(self) -> str:
+        return str(self.a + self.b)
+
+    @property
+    def carries(self) -> bool:
+        return self.a % 10 + self.b % 10 >= 10
+
+    @property
+    def answer_without_carry(self) -> str:
+        """The sum with the units carry dropped (the systematic error of the noisy corpus)."""
+        return str(self.a + self.b - 10) if self.carries else self.answer
+
+
+class ArithmeticProblems:
+    """All a+b problems with operands in [0, max_operand], split once into train and held out."""
+
+    def __init__(self, max_operand: int, held_out_fraction: float, split_seed: int = 1234) -> None:
+        if max_operand < 1:
+            raise ValueError(f"max_operand must be >= 1, got {max_operand}")
+        if not 0 < held_out_fraction < 1:
+            raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
+        pairs = [Problem(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+        random.Random(split_seed).shuffle(pairs)
+        n_held_out = max(1, round(held_out_fraction * len(pairs)))
+        self.held_out: list[Problem] = pairs[:n_held_out]
+        self.train: list[Problem] = pairs[n_held_out:]
+
+    def rewards(self, format_weight: float) -> WeightedRewards:
+        """Exact match (weight 1) plus the format reward (weight `format_weight`; 0 drops it)."""
+        functions = [ExactMatchReward(STOP_TEXT)]
+        weights = [1.0]
+        if format_weight != 0:
+            functions.append(FormatReward(r"-?\d+", STOP_TEXT))  # type: ignore[arg-type]
+            weights.append(format_weight)
+        return WeightedRewards(functions, weights)  # type: ignore[arg-type]
+
+
+class PromptStream:
+    """Training problems in a seeded order, epoch after epoch (reshuffled each epoch); a Stateful
+    whose state is the position, saved in every checkpoint."""
+
+    def __init__(self, problems: list[Problem], seed: int) -> None:
+        self.problems = problems
+        self.seed = seed
+        self.position = 0  # problems handed out so far, over all epochs
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.problems)))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def take(self, count: int) -> list[Problem]:
+        """The next `count` problems of the global stream (the same whatever the parallel layout)."""
+        taken = []
+        while len(taken) < count:
+            epoch, index = divmod(self.position, len(self.problems))
+            order = self._order(epoch)
+            chunk = order[index : index + count - len(taken)]
+            taken += [self.problems[i] for i in chunk]
+            self.position += len(chunk)
+        return taken
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "seed": self.seed, "size": len(self.problems)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["seed"] != self.seed or state["size"] != len(self.problems):
+            raise ValueError(
+                f"checkpoint's prompt stream (seed {state['seed']}, {state['size']} problems) does not match "
+                f"this run's (seed {self.seed}, {len(self.problems)} problems); resume with the same [rl] task"
+            )
+        self.position = int(state["position"])
+
+
+def pretraining_corpus(
+    problems: ArithmeticProblems, path: Path, lines: int, carry_error_rate: float, seed: int
+) -> Path:
+    """Write `lines` lines "a+b=c" drawn from the training split (never the held-out one) to `path`;
+    on problems that carry, a `carry_error_rate` share of lines give the answer without the carry."""
+    if not 0 <= carry_error_rate <= 1:
+        raise ValueError(f"carry_error_rate must be in [0, 1], got {carry_error_rate}")
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(lines):
+            problem = rng.choice(problems.train)
+            wrong = problem.carries and rng.random() < carry_error_rate
+            answer = problem.answer_without_carry if wrong else problem.answer
+            f.write(f"{problem.prompt}{answer}{STOP_TEXT}")
+    return path
