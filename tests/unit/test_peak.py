@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from titan_tpu.device import Device, host_peak_flops
-from titan_tpu.metrics import peak
-from titan_tpu.metrics.peak import measure_matmul_flops, table_peak_flops
+from titan_tpu.device import peak
+from titan_tpu.device.peak import measure_matmul_flops, table_peak_flops
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,7 @@ WORKER = """
 import json, sys, time
 import torch, torch.distributed as dist
 from titan_tpu.device import Device, host_peak_flops
-from titan_tpu.metrics import peak
+from titan_tpu.device import peak
 
 dist.init_process_group("gloo")
 probes = []

@@ -6,8 +6,8 @@ per-window peak memory, the device's name, the compute dtype it runs natively an
 - `select`: detection through `torch.accelerator` (TPUs via the `torch_tpu` package), `Device`.
 - `dtype`: the compute-dtype decision and the one table of dtype names.
 - `memory`: the CPU's per-window peak memory.
+- `peak`: peak FLOP/s for MFU (published table, or the CPU probe shared per host).
 - `tpu_api`: every torch_tpu function the project calls, by public path.
-- `titan_tpu.metrics.peak`: peak FLOP/s (published table, or the CPU probe shared per host).
 """
 
 from titan_tpu.device.select import (
@@ -22,7 +22,7 @@ from titan_tpu.device.select import (
 )
 from titan_tpu.device.dtype import DTYPES, dtype_from_name, dtype_name, native_bf16, resolve_compute_dtype
 from titan_tpu.device.tpu_api import TORCH_TPU_CALLS, torch_tpu_function
-from titan_tpu.metrics.peak import host_peak_flops
+from titan_tpu.device.peak import host_peak_flops
 
 __all__ = [
     "DTYPES",

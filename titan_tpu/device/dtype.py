@@ -15,7 +15,7 @@ import torch
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.device.select import Device
-from titan_tpu.metrics.peak import measure_matmul_flops
+from titan_tpu.device.peak import measure_matmul_flops
 
 logger = logging.getLogger(__name__)
 

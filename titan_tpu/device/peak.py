@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from titan_tpu.device import Device
+    from titan_tpu.device.select import Device
 
 # Dense bf16 FLOP/s per device the framework addresses, from the vendors' data sheets. Names as
 # the runtimes report them (torch_tpu: "TPU v6e"; CUDA: "NVIDIA H100 PCIe"), matched as lowercase
