@@ -1,0 +1,150 @@
+"""Batched sampling from a decoder with the KV cache: prefill the left-padded prompts once, then one
+token per forward pass, with temperature, top-p, a token budget and stop tokens.
+
+Randomness is per row: each completion owns a vector of uniform numbers (one per generated position)
+drawn from its own seeded generator, and the token is picked by inverse CDF over the (top-p filtered)
+distribution. The tokens of a completion therefore do not depend on which other rows share its batch,
+so one process and several data-parallel processes sample the same completions for the same prompts.
+
+Under FSDP every forward would all-gather every block's parameters, once per generated token.
+`gathered_for_generation` gathers them once for the whole rollout and frees them afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+
+from models.common.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 decodes greedily; top_p 1 keeps the whole distribution."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Completions:
+    """tokens [B, T] (padding after a row's stop token is `pad_id`); mask [B, T] is True on generated
+    tokens up to and including the stop token; stopped [B] says whether a row stopped by itself."""
+
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    stopped: torch.Tensor
+
+    def lists(self) -> list[list[int]]:
+        return [row[m].tolist() for row, m in zip(self.tokens, self.mask)]
+
+
+def row_uniforms(seeds: Sequence[int], length: int) -> torch.Tensor:
+    """[len(seeds), length] uniform numbers in [0, 1), row i from its own generator seeded by seeds[i]."""
+    rows = [torch.rand(length, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) for seed in seeds]
+    return torch.stack(rows) if rows else torch.empty(0, length, dtype=torch.float64)
+
+
+def pick_tokens(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None) -> torch.Tensor:
+    """logits [B, V] -> token ids [B]: argmax at temperature 0, else inverse-CDF sampling with
+    `uniforms` [B] from the top-p nucleus (the smallest set of likeliest tokens whose mass reaches top_p)."""
+    if params.temperature == 0:
+        return logits.argmax(dim=-1)
+    if uniforms is None:
+        raise ValueError("sampling at temperature > 0 needs one uniform number per row")
+    probs = torch.softmax(logits.double() / params.temperature, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = torch.where(mass_before < params.top_p, sorted_probs, torch.zeros_like(sorted_probs))
+    cdf = sorted_probs.cumsum(dim=-1)
+    target = uniforms.to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
+    index = torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[-1] - 1)
+    return order.gather(-1, index).squeeze(-1)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts -> tokens [B, P] left-padded to the longest and the mask of real tokens [B, P]."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    width = max(len(p) for p in prompts)
+    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    real = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for i, prompt in enumerate(prompts):
+        tokens[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        real[i, width - len(prompt) :] = True
+    return tokens.to(device), real.to(device)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    pad_id: int,
+    device: torch.device,
+    uniforms: torch.Tensor | None = None,
+    all_finished: Callable[[bool], bool] = lambda done: done,
+) -> Completions:
+    """Complete every prompt with the KV cache.
+
+    `uniforms` [B, max_new_tokens]: the per-row random numbers (see `row_uniforms`); unused at
+    temperature 0. `all_finished(local_done)` decides whether to stop early: processes that run
+    collectives in their forward (FSDP without `gathered_for_generation`, tensor parallelism) must
+    stop together, so they pass a function that combines every rank's answer.
+    """
+    tokens, real = left_pad(prompts, pad_id, device)
+    batch, width = tokens.shape
+    cache = KVCache(width + params.max_new_tokens)
+    logits = model(tokens, cache=cache, start_pos=0, key_padding_mask=real)[:, -1].float()
+    stop_ids = torch.tensor(params.stop_ids, dtype=torch.long, device=device)
+    out = torch.full((batch, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.bool, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+    for t in range(params.max_new_tokens):
+        step_uniforms = uniforms[:, t] if uniforms is not None else None
+        next_tokens = pick_tokens(logits, params, step_uniforms)
+        live = ~finished
+        out[:, t] = torch.where(live, next_tokens, torch.full_like(next_tokens, pad_id))
+        mask[:, t] = live
+        hit_stop = live & torch.isin(next_tokens, stop_ids)
+        stopped |= hit_stop
+        finished |= hit_stop
+        if t + 1 == params.max_new_tokens or all_finished(bool(finished.all())):
+            out, mask = out[:, : t + 1], mask[:, : t + 1]
+            break
+        logits = model(out[:, t : t + 1], cache=cache, start_pos=width + t)[:, -1].float()
+    return Completions(tokens=out, mask=mask, stopped=stopped)
+
+
+@contextlib.contextmanager
+def gathered_for_generation(model: nn.Module, reshard_after: Callable[[FSDPModule], bool]) -> Iterator[None]:
+    """Hold every FSDP group of `model` gathered for the duration (one all-gather per group for the
+    whole rollout instead of one per group per token); then free them and give each group back the
+    reshard-after-forward setting `reshard_after(module)` says it had. A model without FSDP passes
+    through unchanged."""
+    groups = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for group in groups:
+        group.set_reshard_after_forward(False, recurse=False)
+        group.unshard()
+    try:
+        yield
+    finally:
+        for group in groups:
+            group.reshard()
+            group.set_reshard_after_forward(reshard_after(group), recurse=False)
