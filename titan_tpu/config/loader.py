@@ -37,6 +37,7 @@ from titan_tpu.config.values import (
     optional_inner,
     parse_toml_literal,
 )
+from titan_tpu.recipes.grpo.config import RLConfig
 from titan_tpu.tasks.rectified_flow.config import FluxConfig
 
 if sys.version_info >= (3, 11):
@@ -66,6 +67,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     flux: FluxConfig = dataclasses.field(default_factory=FluxConfig)
+    rl: RLConfig = dataclasses.field(default_factory=RLConfig)
 
     def validate(self) -> None:
         for section in self.sections().values():

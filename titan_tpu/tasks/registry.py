@@ -14,6 +14,7 @@ from titan_tpu.config.errors import ConfigError
 TASKS: dict[str, str] = {
     "language_model": "titan_tpu.tasks.language_model:LanguageModelTask",
     "rectified_flow": "titan_tpu.tasks.rectified_flow.task:RectifiedFlowTask",
+    "grpo": "titan_tpu.recipes.grpo.task:GRPOTask",
 }
 
 
