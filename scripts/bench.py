@@ -1,4 +1,4 @@
-"""Training throughput of a config: one JSON line with tokens/s, TFLOP/s, MFU and peak memory.
+"""Training throughput of a config: one JSON line with tokens/s (or samples/s), TFLOP/s, MFU and peak memory.
 
     python scripts/bench.py --config llama3_debug --steps 20 [--section.key=value ...]
     python scripts/bench.py --config llama3_debug --nproc 1,2,4 --parallelism.dp_shard=-1
@@ -29,42 +29,43 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
     """Time `steps` optimizer steps after `warmup` untimed ones; returns the record on rank 0."""
     import torch
 
-    from titan_tpu.metrics.peak import peak_flops
+    from titan_tpu.device import host_peak_flops
     from titan_tpu.trainer import Trainer
 
     config = load_config(config_name, [f"--training.steps={steps + warmup}", *overrides])
     trainer = Trainer(config)
     try:
-        batches = iter(trainer.dataloader)
         for _ in range(warmup):
-            trainer.train_step(batches)
+            trainer.train_step()
         trainer.device.synchronize()
+        trainer.device.reset_peak_memory()
+        items = 0
         start = time.perf_counter()
         for _ in range(steps):
-            loss, _ = trainer.train_step(batches)
+            loss, _, step_items = trainer.train_step()
+            items += step_items
         trainer.device.synchronize()
         elapsed = time.perf_counter() - start
         # Re-measure the peak now, under the same threads and memory state as the timed steps.
-        peak = peak_flops(trainer.device.type, trainer.device.name(), trainer.compute_dtype)
-        training = config.training
-        tokens = steps * trainer.grad_accum_steps * trainer.local_batch_size * training.seq_len
-        tokens_per_sec = tokens / elapsed
-        flops_per_sec = tokens_per_sec * trainer.flops_per_token
+        peak = host_peak_flops(trainer.device, trainer.compute_dtype)
+        items_per_sec = items / trainer.model_parallel_degree / elapsed
+        flops_per_sec = items_per_sec * trainer.flops_per_item
+        unit = trainer.task.unit
         record = {
             "config": config_name,
             "model": f"{config.model.name}/{config.model.flavor}",
             "processes": trainer.process.world_size,
             "device": trainer.device.name(),
-            "dtype": training.dtype,
+            "dtype": config.training.dtype,
             "threads": torch.get_num_threads(),
             "steps": steps,
-            "tokens_per_sec_per_process": round(tokens_per_sec, 1),
+            f"{unit}_per_sec_per_process": round(items_per_sec, 1),
             "tflops_per_process": round(flops_per_sec / 1e12, 4),
             "peak_tflops": round(peak / 1e12, 4) if peak else None,
             "mfu_percent": round(100 * flops_per_sec / peak, 2) if peak else None,
             "peak_memory_gib": round(trainer.device.peak_memory_gib(), 3),
             "step_time_s": round(elapsed / steps, 4),
-            "final_loss": round(loss, 4),
+            "final_loss": round(float(loss), 4),
         }
         return record if trainer.is_writer else None
     finally:
@@ -86,13 +87,11 @@ def scaling(config_name: str, counts: list[int], passthrough: list[str]) -> None
         record = json.loads(output.strip().splitlines()[-1])
         print(json.dumps(record), flush=True)
         results.append(record)
-    base = results[0]["tokens_per_sec_per_process"] * results[0]["processes"]
+    rate = next(key for key in results[0] if key.endswith("_per_sec_per_process"))
+    base = results[0][rate] * results[0]["processes"]
     summary = {
-        "scaling": {
-            str(r["processes"]): round(r["tokens_per_sec_per_process"] * r["processes"] / base, 3)
-            for r in results
-        },
-        "meaning": "total tokens/s relative to the first process count",
+        "scaling": {str(r["processes"]): round(r[rate] * r["processes"] / base, 3) for r in results},
+        "meaning": f"total {rate.removesuffix('_per_sec_per_process')}/s relative to the first process count",
     }
     print(json.dumps(summary))
 

@@ -37,6 +37,7 @@ import models  # noqa: E402
 from titan_tpu.checkpoint import CheckpointManager, layout  # noqa: E402
 from titan_tpu.checkpoint.hf import check_hf_config, load_hf_weights  # noqa: E402
 from titan_tpu.checkpoint.hf_export import export_checkpoint_to_hf  # noqa: E402
+from titan_tpu.device.dtype import DTYPES  # noqa: E402
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.config.sections import CheckpointConfig  # noqa: E402
 
@@ -126,7 +127,7 @@ def main(argv: list[str]) -> int:
     to_hf = sub.add_parser("dcp-to-hf", help="checkpoint step -> Hugging Face folder")
     to_hf.add_argument("out", type=Path)
     to_hf.add_argument("--step", type=int, default=None, help="default: the newest complete step")
-    to_hf.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    to_hf.add_argument("--dtype", choices=list(DTYPES), default=None)
     to_hf.add_argument("--max-shard-gb", type=float, default=5.0)
     for p in (to_dcp, to_hf):
         p.add_argument("--config", default=None, help="train config to take the defaults from")

@@ -1,7 +1,14 @@
-"""One training run: set up device, model, data and optimizer from a config, then loop.
+"""One training run: set up device, mesh, task, model and optimizer from a config, then loop.
 
-The order of set-up follows DESIGN.md: device and process group, model on `meta`, parallelise,
-materialise on the device, then optimizer, data and metrics. Nothing here names a device type.
+Set-up follows the flow in docs/architecture.md: device and process group, mesh, the training task,
+model on `meta`, parallelise, materialise, optimizer, the task's data, metrics, checkpoints. The loop
+is the same for every kind of training; what differs (batches, loss, FLOPs per item, evaluation)
+comes from the task (titan_tpu/tasks). Nothing here names a device type.
+
+Values that need a device-to-host copy (the loss, the gradient norm, the non-finite check) are read
+on logging steps and before a checkpoint only, so an accelerator is never stalled by the host in
+between. A non-finite loss is caught at the next such step: before the optimizer step when that
+step logs, and always before a checkpoint of the poisoned state could be written.
 """
 
 from __future__ import annotations
@@ -10,35 +17,31 @@ import contextlib
 import dataclasses
 import gc
 import logging
-import math
 import os
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 import models
 from titan_tpu.checkpoint import CheckpointManager
 from titan_tpu.checkpoint.hf import check_hf_config, load_hf_weights
 from titan_tpu.config import ConfigError, TrainConfig, to_toml
-from titan_tpu.data.loader import build_dataloader
-from titan_tpu.data.tokenizer import build_tokenizer
-from titan_tpu.device import Device, select_device
+from titan_tpu.device import Device, dtype_name, host_peak_flops, resolve_compute_dtype, select_device
 from titan_tpu.distributed import process_group
-from titan_tpu.distributed.compile import compile_loss, resolve_backend
-from titan_tpu.distributed.grad_utils import clip_grad_norm_, mean_over
+from titan_tpu.distributed.grad_utils import clip_grad_norm_, sum_over
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import parallelize_model
-from titan_tpu.distributed.tensor_parallel import loss_context, local_value
+from titan_tpu.distributed.tensor_parallel import local_value, loss_context
 from titan_tpu.distributed.topology import build_rank_layout
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
-from titan_tpu.metrics.peak import peak_flops
 from titan_tpu.optim import build_lr_scheduler, build_optimizer
+from titan_tpu.tasks.base import TaskContext, TrainingTask
+from titan_tpu.tasks.registry import task_class
 
 logger = logging.getLogger("titan_tpu")
 
@@ -71,7 +74,7 @@ def write_resolved_config(dump_folder: Path, text: str) -> None:
 
 
 def split_global_batch(global_batch: int, local_batch: int, dp_degree: int) -> tuple[int, int]:
-    """(sequences per forward pass, micro-batches per step); local -1 means no accumulation."""
+    """(samples per forward pass, micro-batches per step); local -1 means no accumulation."""
     if local_batch == -1:
         if global_batch % dp_degree != 0:
             raise ConfigError(
@@ -88,89 +91,141 @@ def split_global_batch(global_batch: int, local_batch: int, dp_degree: int) -> t
     return local_batch, global_batch // per_step
 
 
+@dataclasses.dataclass
+class _Window:
+    """What the steps since the last record left on the device, read back in one go."""
+
+    losses: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    items: int = 0
+    steps: int = 0
+    start: float = 0.0
+
+    def reset(self) -> None:
+        self.losses, self.items, self.steps, self.start = [], 0, 0, time.perf_counter()
+
+
 class Trainer:
     def __init__(self, config: TrainConfig):
         self.config = config
+        self._setup_device()
+        self._setup_parallelism()
+        self._setup_task()
+        self._setup_model()
+        self._setup_optimizer()
+        self.task.setup(self.model)
+        self._setup_metrics()
+        self._setup_checkpointing()
+
+    # ------------------------------------------------------------------------------ set-up steps
+
+    def _setup_device(self) -> None:
+        """Device, process group, compute dtype and seeds; the resolved config is written here."""
+        config = self.config
         self.process = process_group.process_info()
         self.device: Device = select_device(config.device.type, self.process.local_rank)
         process_group.init_process_group(self.device.backend, self.process)
         self.is_writer = self.process.rank == 0
         self.dump_folder = Path(config.job.dump_folder)
+        self.compute_dtype = resolve_compute_dtype(config.training.dtype, self.device)
+        config.training.dtype = dtype_name(self.compute_dtype)
         if self.is_writer:
+            logger.info("device: %s, compute dtype %s", self.device.name(), config.training.dtype)
             write_resolved_config(self.dump_folder, to_toml(config))
+        seed_everything(config.training.seed, config.training.deterministic)
 
-        training = config.training
-        self.compute_dtype = torch.bfloat16 if training.dtype == "bfloat16" else torch.float32
-        if self.compute_dtype == torch.bfloat16 and not self.device.supports_bfloat16():
-            raise ConfigError(
-                f"training.dtype = 'bfloat16' but {self.device.name()} has no bf16 support; "
-                "use 'float32'"
-            )
-        seed_everything(training.seed, training.deterministic)
-
-        self.parallel = self._build_parallelism()
+    def _setup_parallelism(self) -> None:
+        """Degrees from [parallelism], validated against the process count; the named meshes laid
+        onto the interconnect (none for a single process); this rank's share of the global batch."""
+        cfg, training = self.config.parallelism, self.config.training
+        dims = ParallelDims.from_config(cfg, self.process.world_size)
+        meshes = {}
+        if self.is_writer:
+            logger.info("parallelism: %s on %d process(es)", dims.describe(), dims.world_size)
+        if dims.is_distributed:
+            names, sizes = dims.mesh_axes()
+            layout = build_rank_layout(self.device.type, names, sizes, self.process.rank)
+            meshes = dims.build_meshes(self.device.type, layout)
+        self.parallel = ParallelContext(dims, meshes, cfg.sequence_parallel, cfg.loss_parallel)
         self.dp_rank, self.dp_world = self.parallel.dp_coordinates()
         self.local_batch_size, self.grad_accum_steps = split_global_batch(
             training.global_batch_size, training.local_batch_size, self.dp_world
         )
 
+    def _setup_task(self) -> None:
+        """The training task (what is trained and how a batch becomes a loss) and the model
+        arguments it fits to the run."""
+        config = self.config
         self.spec = models.get_model_spec(config.model.name)
-        # Rotary tables are sized by max_seq_len; published flavors allow 128K, a run needs seq_len.
-        attention_block = config.model.attention_block
-        self.model_args = dataclasses.replace(
-            self.spec.flavor(config.model.flavor),
-            max_seq_len=training.seq_len,
-            attention_block=attention_block if attention_block >= 0 else self.device.attention_block(),
-        )
-        self.tokenizer = build_tokenizer(config.data.tokenizer)
-        if self.tokenizer.vocab_size > self.model_args.vocab_size:
-            raise ConfigError(
-                f"data.tokenizer has {self.tokenizer.vocab_size} tokens but model "
-                f"{config.model.name} {config.model.flavor} has vocab_size "
-                f"{self.model_args.vocab_size}; pick a tokenizer or flavor that fits"
-            )
-        if config.checkpoint.initial_load_path and self.spec.state_dict_adapter is not None:
-            # Before the model is built: a mismatched folder should not cost a materialised 405B model.
-            check_hf_config(
-                Path(config.checkpoint.initial_load_path),
-                self.spec.state_dict_adapter,
-                self.model_args,
-                f"model {config.model.name} flavor {config.model.flavor}",
-            )
-        self.model = self._build_model()
-        self.loss_fn = self.spec.loss_fn
-        if config.compile.enable and not self.parallel.loss_parallel_enabled:
-            self.loss_fn = compile_loss(
-                self.loss_fn, resolve_backend(config.compile.backend, self.device.type)
-            )
-        self.optimizer = build_optimizer(self.model, config.optimizer)
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, config.lr_scheduler, training.steps)
-        self.dataloader = build_dataloader(
-            config.data,
-            self.tokenizer,
-            seq_len=training.seq_len,
-            local_batch_size=self.local_batch_size,
+        task_name = config.training.task if config.training.task != "auto" else self.spec.default_task
+        context = TaskContext(
+            config=config,
+            spec=self.spec,
+            device=self.device.torch_device,
+            device_type=self.device.type,
+            compute_dtype=self.compute_dtype,
+            parallel=self.parallel,
             dp_rank=self.dp_rank,
-            dp_world_size=self.dp_world,
-            seed=training.seed,
+            dp_world=self.dp_world,
+            local_batch_size=self.local_batch_size,
+            grad_accum_steps=self.grad_accum_steps,
+            dump_folder=self.dump_folder,
+            is_writer=self.is_writer,
         )
+        self.task: TrainingTask = task_class(task_name)(context)
+        self.model_args = self.task.model_args(self.spec.build_args(config.model.flavor, config.model.overrides))
+
+    def _setup_model(self) -> None:
+        """On meta, then TP/SP -> AC -> compile -> FSDP -> materialise + init (identical weights on
+        every layout; see titan_tpu/distributed/parallelize.py)."""
+        config = self.config
+        initial = config.checkpoint.initial_load_path
+        if initial and self.spec.state_dict_adapter is not None:
+            # Before the model is built: a mismatched folder should not cost a materialised 405B model.
+            check_hf_config(Path(initial), self.spec.state_dict_adapter, self.model_args, self._model_name())
+        with torch.device("meta"):
+            model = self.spec.model_cls(self.model_args)
+        self.model: nn.Module = parallelize_model(
+            model,
+            self.spec.parallelize,
+            self.parallel,
+            config,
+            self.device.torch_device,
+            self.device.type,
+            self.compute_dtype,
+        )
+
+    def _setup_optimizer(self) -> None:
+        self.optimizer = build_optimizer(self.model, self.config.optimizer)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, self.config.lr_scheduler, self.config.training.steps)
         self.step = 0
-        self.flops_per_token = self.spec.flops_per_token(self.model_args, training.seq_len)
-        self.peak_flops = peak_flops(self.device.type, self.device.name(), self.compute_dtype)
-        self.metrics = MetricsLogger(
-            config.metrics, self.dump_folder, self.is_writer, run_config=config_dict(config)
-        )
+
+    def _setup_metrics(self) -> None:
+        """FLOPs per item for MFU; the peak of the dtypes this run computes in; the sinks.
+
+        Every process of a data-parallel group processes the same items when tp (or another
+        non-data-parallel axis) is > 1, so per-process throughput divides by that degree."""
+        self.flops_per_item = self.task.flops_per_item()
+        self.model_parallel_degree = self.process.world_size // self.dp_world
+        self.peak_flops = host_peak_flops(self.device, self.compute_dtype)
+        run_config = {name: dataclasses.asdict(section) for name, section in self.config.sections().items()}
+        self.metrics = MetricsLogger(self.config.metrics, self.dump_folder, self.is_writer, run_config=run_config)
+
+    def _setup_checkpointing(self) -> None:
+        config = self.config
         self.checkpointer = CheckpointManager(
             config.checkpoint,
             self.dump_folder,
             model=self.model,
             optimizer=self.optimizer,
             lr_scheduler=self.lr_scheduler,
-            dataloader=self.dataloader,
+            dataloader=self.task.data_state(),
             device_type=self.device.type,
         )
         if not config.checkpoint.create_seed_checkpoint:
             self._load_initial_state()
+
+    def _model_name(self) -> str:
+        return f"model {self.config.model.name} flavor {self.config.model.flavor}"
 
     def _load_initial_state(self) -> None:
         """Resume from the newest complete checkpoint (or checkpoint.load_step); without one, take the
@@ -183,47 +238,11 @@ class Trainer:
                 logger.info("checkpoint: resumed at step %d, so initial_load_path is not used", step)
             return
         if path:
-            model = self.config.model
-            load_hf_weights(
-                self.model,
-                path,
-                self.spec.state_dict_adapter,
-                self.model_args,
-                what=f"model {model.name} flavor {model.flavor}",
-            )
+            load_hf_weights(self.model, path, self.spec.state_dict_adapter, self.model_args, what=self._model_name())
             if self.is_writer:
                 logger.info("checkpoint: initial weights from %s", path)
 
-    def _build_parallelism(self) -> ParallelContext:
-        """Degrees from [parallelism], validated against the process count, and the named meshes
-        laid onto the interconnect (none for a single process)."""
-        cfg = self.config.parallelism
-        dims = ParallelDims.from_config(cfg, self.process.world_size)
-        meshes: dict[str, DeviceMesh] = {}
-        if self.is_writer:
-            logger.info("parallelism: %s on %d process(es)", dims.describe(), dims.world_size)
-        if dims.is_distributed:
-            names, sizes = dims.mesh_axes()
-            layout = build_rank_layout(
-                self.device.type, names, sizes, self.process.rank, self.process.local_rank
-            )
-            meshes = dims.build_meshes(self.device.type, layout)
-        return ParallelContext(dims, meshes, cfg.sequence_parallel, cfg.loss_parallel)
-
-    def _build_model(self) -> nn.Module:
-        """On meta, then TP/SP -> AC -> compile -> FSDP -> materialise + init (identical weights on
-        every layout; see titan_tpu/distributed/parallelize.py)."""
-        with torch.device("meta"):
-            model = self.spec.model_cls(self.model_args)
-        return parallelize_model(
-            model,
-            self.spec.parallelize,
-            self.parallel,
-            self.config,
-            self.device.torch_device,
-            self.device.type,
-            self.compute_dtype,
-        )
+    # ------------------------------------------------------------------------------------ loop
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         # Under FSDP the mixed-precision policy casts parameters to the compute dtype already.
@@ -231,88 +250,130 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
-    def train_step(self, batches: Iterator[dict[str, torch.Tensor]]) -> tuple[float, float]:
-        """One optimizer step over `grad_accum_steps` micro-batches; returns (loss, grad norm)."""
-        device = self.device.torch_device
-        loss_sum = torch.zeros((), device=device)
+    def forward_backward(self) -> tuple[torch.Tensor, int]:
+        """Loss and gradients of one optimizer step over `grad_accum_steps` micro-batches: the mean
+        micro-batch loss (a device tensor, this rank's) and the items this rank trained on."""
+        loss_sum = torch.zeros((), device=self.device.torch_device)
+        items = 0
         for _ in range(self.grad_accum_steps):
-            batch = next(batches)
-            input_ids = batch["input_ids"].to(device, non_blocking=True)
-            labels = batch["labels"].to(device, non_blocking=True)
-            with self._autocast():
-                output = self.model(input_ids)
-            # Every micro-batch holds the same number of tokens, so the mean of means is the mean.
+            batch = self.task.next_batch(self.model)
             # With loss parallel the logits are vocab-sharded: loss and backward run in its context.
             with loss_context(self.parallel.loss_parallel_enabled):
-                loss = self.loss_fn(output, labels) / self.grad_accum_steps
+                with self._autocast():
+                    result = self.task.loss(self.model, batch)
+                # Every micro-batch weighs the same, so the mean of the means is the step's mean.
+                loss = result.loss / self.grad_accum_steps
                 loss.backward()
             loss_sum += local_value(loss.detach())
+            items += result.items
+        return loss_sum, items
 
-        # FSDP reduced (averaged) the gradients over data parallelism during backward.
-        loss_value = self._global_mean(loss_sum)
-        if not math.isfinite(loss_value):
-            raise TrainingStopped(
-                f"step {self.step + 1}: loss is {loss_value}; stopping before the optimizer step "
-                "(weights and checkpoints of earlier steps are untouched)"
-            )
-        max_norm = self.config.training.max_norm
-        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm)
+    def optimizer_step(self) -> torch.Tensor:
+        """Clip, step the optimizer and the schedule; returns the gradient norm before clipping (a
+        device tensor)."""
+        grad_norm = clip_grad_norm_(self.model.parameters(), self.config.training.max_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
-        return loss_value, float(grad_norm)
+        return grad_norm
 
-    def _global_mean(self, value: torch.Tensor) -> float:
-        return mean_over(value, self.parallel.meshes.get("dp") if self.dp_world > 1 else None)
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """One optimizer step with no host read-back: (loss, grad norm) as device tensors and the
+        items trained on this rank."""
+        loss, items = self.forward_backward()
+        return loss, self.optimizer_step(), items
+
+    def _stop_if_not_finite(self, losses: list[torch.Tensor], first_step: int) -> None:
+        """One device-to-host read of the losses of steps `first_step`, `first_step + 1`, ...; raises
+        with the first step whose loss (on any data-parallel rank) is not finite."""
+        finite = torch.isfinite(torch.stack(losses)).float()
+        finite = sum_over(finite, self.parallel.meshes.get("dp") if self.dp_world > 1 else None)
+        bad = (finite < self.dp_world).nonzero()
+        if len(bad) > 0:
+            step = first_step + int(bad[0])
+            local = float(losses[int(bad[0])])
+            raise TrainingStopped(
+                f"step {step}: loss is {local if not np.isfinite(local) else 'not finite on another rank'}; "
+                f"stopped before the optimizer step of step {self.step + 1}, no checkpoint of this "
+                "state was written (checkpoints of earlier steps are untouched)"
+            )
+
+    def _is_record_step(self, step: int) -> bool:
+        eval_freq = self.config.metrics.eval_freq
+        return (
+            step == 1
+            or step % self.config.metrics.log_freq == 0
+            or step == self.config.training.steps
+            or (eval_freq > 0 and step % eval_freq == 0)
+        )
 
     def train(self) -> list[StepRecord]:
         training = self.config.training
-        log_freq = self.config.metrics.log_freq
         if self.config.checkpoint.create_seed_checkpoint:
             self.checkpointer.save(0, model_only=True)
             self.checkpointer.close()
             self.metrics.close()
             return []
-        batches = iter(self.dataloader)
         records: list[StepRecord] = []
-        tokens_per_step = self.grad_accum_steps * self.local_batch_size * training.seq_len
+        window = _Window()
         self.device.synchronize()
-        window_start, window_steps = time.perf_counter(), 0
+        self.device.reset_peak_memory()
+        window.reset()
         try:
             while self.step < training.steps:
+                step = self.step + 1
+                record_now = self._is_record_step(step)
+                saving = self.checkpointer.will_save(step, last=step == training.steps)
                 lr = self.lr_scheduler.get_last_lr()[0]
-                loss, grad_norm = self.train_step(batches)
-                self.step += 1
-                window_steps += 1
-                if self.step == 1 or self.step % log_freq == 0 or self.step == training.steps:
-                    self.device.synchronize()
-                    elapsed = time.perf_counter() - window_start
-                    record = self._record(loss, grad_norm, lr, window_steps, elapsed, tokens_per_step)
+                loss, items = self.forward_backward()
+                window.losses.append(loss)
+                window.items += items
+                window.steps += 1
+                if record_now or saving:
+                    # Before the optimizer step: a non-finite loss of this step never reaches the
+                    # weights, and one of an earlier step of the window never reaches a checkpoint.
+                    self._stop_if_not_finite(window.losses, first_step=step - window.steps + 1)
+                grad_norm = self.optimizer_step()
+                self.step = step
+                if record_now:
+                    record = self._record(loss, grad_norm, lr, window)
                     self.metrics.log(record)
                     records.append(record)
-                    window_start, window_steps = time.perf_counter(), 0
+                    self.device.reset_peak_memory()
+                    window.reset()
                 self.checkpointer.maybe_save(self.step, last=self.step == training.steps)
         finally:
             self.checkpointer.close()
             self.metrics.close()
         return records
 
-    def _record(
-        self, loss: float, grad_norm: float, lr: float, steps: int, elapsed: float, tokens_per_step: int
-    ) -> StepRecord:
-        tokens_per_sec = steps * tokens_per_step / elapsed
-        flops_per_sec = tokens_per_sec * self.flops_per_token
-        mfu = 100 * flops_per_sec / self.peak_flops if self.peak_flops else None
+    def _record(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, window: _Window) -> StepRecord:
+        """The step's record; waits for the device, reads the loss (mean over data parallelism) and
+        grad norm, and runs the task's evaluation when it is due."""
+        self.device.synchronize()
+        elapsed = time.perf_counter() - window.start
+        extras: dict[str, float] = dict(self.task.step_metrics())
+        eval_freq = self.config.metrics.eval_freq
+        last = self.step == self.config.training.steps
+        if eval_freq > 0 and (last or self.step % eval_freq == 0):
+            # Outside the timed window: evaluation is not training throughput.
+            extras.update(self.task.evaluate(self.model, self.step))
+        dp_mesh = self.parallel.meshes.get("dp") if self.dp_world > 1 else None
+        mean_loss = float(sum_over(loss.float(), dp_mesh)) / self.dp_world
+        items_per_sec = window.items / self.model_parallel_degree / elapsed
+        flops_per_sec = items_per_sec * self.flops_per_item
         return StepRecord(
             step=self.step,
-            loss=loss,
-            grad_norm=grad_norm,
+            loss=mean_loss,
+            grad_norm=float(grad_norm),
             lr=lr,
-            tokens_per_sec=tokens_per_sec,
+            unit=self.task.unit,
+            items_per_sec=items_per_sec,
             tflops=flops_per_sec / 1e12,
-            mfu=mfu,
+            mfu=100 * flops_per_sec / self.peak_flops if self.peak_flops else None,
             memory_gib=self.device.peak_memory_gib(),
-            step_time_s=elapsed / steps,
+            step_time_s=elapsed / window.steps,
+            extras=extras,
         )
 
     def close(self) -> None:
@@ -320,7 +381,3 @@ class Trainer:
         # Free the last collectives' tensors now: left to interpreter shutdown, a gloo thread can still
         # be releasing one and the process aborts after a successful run.
         gc.collect()
-
-
-def config_dict(config: TrainConfig) -> dict[str, dict[str, object]]:
-    return {name: dataclasses.asdict(section) for name, section in config.sections().items()}

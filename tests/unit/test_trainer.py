@@ -1,5 +1,6 @@
-"""The training loop on one process: loss falls, records are complete, accumulation is exact,
-and a non-finite loss stops the run with the step number."""
+"""The training loop on one process: loss falls, records are complete, accumulation is exact, a
+non-finite loss stops the run with the step number, and the host reads the device only on logging
+and checkpoint steps."""
 
 from __future__ import annotations
 
@@ -42,7 +43,12 @@ def test_loss_falls_and_every_record_is_complete(tmp_path: Path) -> None:
         data = json.loads(line)
         assert set(data) == RECORD_KEYS
         assert data["loss"] == pytest.approx(record.loss)
-        assert data["tokens_per_sec"] > 0 and data["mfu"] > 0 and data["memory_gib"] > 0
+        # Per-process throughput of a single process is its items over the window's time.
+        expected = 4 * 64 / record.step_time_s
+        assert data["tokens_per_sec"] == pytest.approx(expected, rel=1e-6)
+        assert data["tflops"] == pytest.approx(expected * trainer.flops_per_item / 1e12, rel=1e-6)
+        # The peak is the best of the dtypes this run computes in, so MFU cannot pass 100%.
+        assert 0 < data["mfu"] <= 100
     resolved = load_config(str(tmp_path / "config.toml"), [])
     assert resolved.training.steps == 25
 
@@ -61,17 +67,22 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
-def test_non_finite_loss_stops_with_step_number(tmp_path: Path) -> None:
-    trainer = Trainer(small_config(tmp_path, "--training.steps=10", "--metrics.log_freq=1"))
-    real_loss = trainer.loss_fn
+def poison_loss(trainer: Trainer, at_call: int) -> None:
+    """Make the task's loss nan at its `at_call`-th micro-batch."""
+    real_loss = trainer.task.loss_fn
     calls = {"n": 0}
 
     def loss_fn(output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         calls["n"] += 1
         loss = real_loss(output, labels)
-        return loss * float("nan") if calls["n"] == 3 else loss
+        return loss * float("nan") if calls["n"] == at_call else loss
 
-    trainer.loss_fn = loss_fn
+    trainer.task.loss_fn = loss_fn
+
+
+def test_non_finite_loss_on_a_logging_step_never_reaches_the_weights(tmp_path: Path) -> None:
+    trainer = Trainer(small_config(tmp_path, "--training.steps=10", "--metrics.log_freq=1"))
+    poison_loss(trainer, at_call=3)
     weights_before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     with pytest.raises(TrainingStopped, match=r"step 3: loss is nan"):
         trainer.train()
@@ -81,6 +92,48 @@ def test_non_finite_loss_stops_with_step_number(tmp_path: Path) -> None:
     assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
+
+
+def test_non_finite_loss_between_logs_is_caught_before_the_next_checkpoint(tmp_path: Path) -> None:
+    """Step 3 is poisoned; nothing reads the loss until step 4, which saves a checkpoint: the run
+    must stop there, naming step 3, and write no checkpoint of the poisoned weights."""
+    trainer = Trainer(
+        small_config(
+            tmp_path, "--training.steps=10", "--metrics.log_freq=10",
+            "--checkpoint.enable=true", "--checkpoint.interval=2",
+        )
+    )
+    poison_loss(trainer, at_call=3)
+    with pytest.raises(TrainingStopped, match=r"step 3: loss is nan"):
+        trainer.train()
+    trainer.close()
+    saved = sorted(p.name for p in (tmp_path / "checkpoint").iterdir())
+    assert saved == ["step-2"]
+
+
+def test_device_values_are_read_only_on_logging_and_checkpoint_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loss check and the record are the only host reads; they run on steps 1, 4 (log), 6
+    (checkpoint), 8 (log) and 9 (last), not on every step."""
+    trainer = Trainer(
+        small_config(
+            tmp_path, "--training.steps=9", "--metrics.log_freq=4",
+            "--checkpoint.enable=true", "--checkpoint.interval=6",
+        )
+    )
+    checked: list[int] = []
+    real_check = trainer._stop_if_not_finite
+
+    def counting_check(losses: list[torch.Tensor], first_step: int) -> None:
+        checked.append(first_step + len(losses) - 1)
+        real_check(losses, first_step)
+
+    monkeypatch.setattr(trainer, "_stop_if_not_finite", counting_check)
+    records = trainer.train()
+    trainer.close()
+    assert checked == [1, 4, 6, 8, 9]
+    assert [r.step for r in records] == [1, 4, 8, 9]
 
 
 def test_tokenizer_larger_than_vocab_is_a_config_error(

@@ -36,9 +36,9 @@ from titan_tpu.checkpoint.storage import (
     read_metadata_file,
 )
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.device.dtype import dtype_from_name
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class HFFolderWriter:
@@ -111,9 +111,7 @@ class HFFolderWriter:
 def _export_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in _DTYPES:
-        raise ConfigError(f"checkpoint.export_dtype: got {dtype!r}, expected one of {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
+    return dtype_from_name(dtype, "checkpoint.export_dtype")
 
 
 def export_model_to_hf(

@@ -143,13 +143,13 @@ class CheckpointManager:
 
     # -- save -----------------------------------------------------------------------------------
 
+    def will_save(self, step: int, last: bool = False) -> bool:
+        """Whether `maybe_save(step, last)` saves: a multiple of checkpoint.interval, or the last step."""
+        return self.cfg.enable and step > 0 and (step % self.cfg.interval == 0 or last)
+
     def maybe_save(self, step: int, last: bool = False) -> bool:
         """Save when `step` is a multiple of checkpoint.interval, or it is the last step."""
-        if not self.cfg.enable or step <= 0:
-            return False
-        if step % self.cfg.interval != 0 and not last:
-            return False
-        return self.save(step)
+        return self.save(step) if self.will_save(step, last) else False
 
     def save(self, step: int, model_only: bool = False) -> bool:
         """Save `step` (async when configured, except model-only saves); False when skipped because a

@@ -18,8 +18,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import ParallelismConfig
+from titan_tpu.device.dtype import dtype_from_name
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 RESHARD_POLICIES = ("default", "always", "never")
 
 
@@ -55,7 +55,7 @@ class FSDPPolicy:
         only when FSDP does (`sharded`): an unsharded model is never parked on the host."""
         return cls(
             param_dtype=compute_dtype,
-            reduce_dtype=DTYPES[cfg.fsdp_reduce_dtype] if compute_dtype != torch.float32 else torch.float32,
+            reduce_dtype=dtype_from_name(cfg.fsdp_reduce_dtype, "parallelism.fsdp_reduce_dtype") if compute_dtype != torch.float32 else torch.float32,
             reshard=cfg.fsdp_reshard_after_forward,
             cpu_offload=cfg.fsdp_cpu_offload and sharded,
             # Pinned host memory speeds up copies to an accelerator; a CPU run has nothing to copy.

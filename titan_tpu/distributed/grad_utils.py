@@ -58,15 +58,14 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_ty
     return total
 
 
-def mean_over(value: torch.Tensor, mesh: DeviceMesh | None) -> float:
-    """Mean of a per-rank scalar over the data-parallel ranks (tp ranks hold equal copies and are not
-    counted twice). None: single process."""
+def sum_over(value: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:
+    """Sum of a per-rank tensor over the data-parallel ranks, left on the device (tp ranks hold equal
+    copies and are not counted twice). None: single process, the value itself."""
     value = value.detach()
     if isinstance(value, DTensor):
         value = value.full_tensor()
     if mesh is None or mesh.size() == 1:
-        return float(value)
-    value = value.clone().float()
-    # gloo has no AVG reduction; SUM then divide works on every backend.
+        return value
+    value = value.clone()
     dist.all_reduce(value, op=dist.ReduceOp.SUM, group=mesh.get_group())
-    return float(value) / mesh.size()
+    return value

@@ -8,7 +8,7 @@ Mesh axes, outermost (least traffic) to innermost (most traffic):
 
 Flattened views handed out: "dp" = (dp_replicate, dp_shard) for the data loader and the loss mean,
 "dp_shard" as one axis even when ep splits it. The rank order inside the mesh comes from
-`topology.rank_layout` (ICI-aware on TPU, row-major elsewhere).
+`topology.build_rank_layout` (ICI-aware on TPU, row-major elsewhere).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class ParallelDims:
         or 2-D (dp_replicate, dp_shard) for HSDP / replication).
 
         `rank_layout` has the mesh shape and holds global ranks (the ICI-aware order from
-        `topology.rank_layout`); None means row-major. Every rank must call this (it creates groups).
+        `topology.build_rank_layout`); None means row-major. Every rank must call this (it creates groups).
         """
         names, sizes = self.mesh_axes()
         if rank_layout is None:

@@ -104,11 +104,10 @@ def build_rank_layout(
     names: Sequence[str],
     sizes: Sequence[int],
     rank: int,
-    local_rank: int | None = None,
 ) -> np.ndarray:
     """The mesh rank order for this job: topology-aware on TPU, row-major elsewhere. A collective
-    on TPU: every rank calls it. `rank` picks the one rank that logs the layout; `local_rank` is no
-    longer read (torch_tpu finds each rank's chip itself) and goes once the trainer stops passing it."""
+    on TPU: every rank calls it. `rank` picks the one rank that logs the layout (torch_tpu finds
+    each rank's chip itself)."""
     if device_type != "tpu":
         return row_major_layout(sizes)
     slices = tpu_slice_count()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +24,38 @@ class StepRecord:
     loss: float
     grad_norm: float
     lr: float
-    tokens_per_sec: float  # per process
+    unit: str  # what the task counts: "tokens", "samples"
+    items_per_sec: float  # per process: the items of its data-parallel group / model-parallel degree
     tflops: float  # achieved model TFLOP/s per process
     mfu: float | None  # percent of the device's peak; None when the peak is unknown
-    memory_gib: float  # peak device memory (peak RSS on a CPU)
+    memory_gib: float  # peak device memory (peak RSS on a CPU) since the previous record
     step_time_s: float
+    extras: dict[str, float] = field(default_factory=dict)  # the task's own values (reward, accuracy)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON record: the throughput is named after the unit (`tokens_per_sec`)."""
+        record: dict[str, Any] = {
+            "step": self.step,
+            "loss": self.loss,
+            "grad_norm": self.grad_norm,
+            "lr": self.lr,
+            f"{self.unit}_per_sec": self.items_per_sec,
+            "tflops": self.tflops,
+            "mfu": self.mfu,
+            "memory_gib": self.memory_gib,
+            "step_time_s": self.step_time_s,
+        }
+        record.update(self.extras)
+        return record
 
     def console_line(self) -> str:
         mfu = f"{self.mfu:5.1f}%" if self.mfu is not None else "  n/a"
+        unit = {"tokens": "tok", "samples": "smp"}.get(self.unit, self.unit)
+        extras = "".join(f" | {k} {v:.4g}" for k, v in self.extras.items())
         return (
             f"step {self.step:6d} | loss {self.loss:8.4f} | grad_norm {self.grad_norm:7.3f} | "
-            f"lr {self.lr:.2e} | tok/s {self.tokens_per_sec:9.0f} | TFLOP/s {self.tflops:7.3f} | "
-            f"mfu {mfu} | mem {self.memory_gib:6.2f} GiB | step {self.step_time_s:6.3f} s"
+            f"lr {self.lr:.2e} | {unit}/s {self.items_per_sec:9.1f} | TFLOP/s {self.tflops:7.3f} | "
+            f"mfu {mfu} | mem {self.memory_gib:6.2f} GiB | step {self.step_time_s:6.3f} s{extras}"
         )
 
 
@@ -68,9 +88,10 @@ class MetricsLogger:
             return
         logger.info(record.console_line())
         assert self._jsonl is not None
-        self._jsonl.write(json.dumps(asdict(record)) + "\n")
+        values = record.to_dict()
+        self._jsonl.write(json.dumps(values) + "\n")
         self._jsonl.flush()
-        scalars = {k: v for k, v in asdict(record).items() if k != "step" and v is not None}
+        scalars = {k: v for k, v in values.items() if k != "step" and v is not None}
         if self._tensorboard is not None:
             for key, value in scalars.items():
                 self._tensorboard.add_scalar(key, value, record.step)

@@ -1,6 +1,6 @@
-"""Training tasks: what differs between kinds of training (see base.py); the trainer runs any of them."""
+"""Training tasks: what differs between kinds of training (base.py); the trainer runs any of them.
 
-from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
-from titan_tpu.tasks.registry import task_class, task_names
-
-__all__ = ["TaskContext", "TaskLoss", "TrainingTask", "task_class", "task_names"]
+Deliberately empty of imports: the config layer reads the tasks' config sections
+(`titan_tpu.tasks.<task>.config`) without loading torch, so import `titan_tpu.tasks.base` and
+`titan_tpu.tasks.registry` by their full names.
+"""

@@ -1,0 +1,82 @@
+"""Language-model pretraining: packed token sequences in, next-token cross-entropy out."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from titan_tpu.config import ConfigError
+from titan_tpu.data.loader import build_dataloader
+from titan_tpu.data.tokenizer import build_tokenizer
+from titan_tpu.distributed.compile import compile_loss, resolve_backend
+from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
+
+
+class LanguageModelTask(TrainingTask):
+    """Batches `{"input_ids", "labels"}` of `seq_len` tokens from the configured corpus; the loss is
+    the model family's own (`ModelSpec.loss_fn`: cross-entropy, plus the router's auxiliary loss for
+    mixture-of-experts models)."""
+
+    unit = "tokens"
+
+    def __init__(self, ctx: TaskContext) -> None:
+        super().__init__(ctx)
+        config = ctx.config
+        self.seq_len = config.training.seq_len
+        self.tokenizer = build_tokenizer(config.data.tokenizer)
+        self.loss_fn = ctx.spec.loss_fn
+        # Vocab-sharded logits (loss parallel) need the DTensor loss, which compile does not trace.
+        if config.compile.enable and not ctx.parallel.loss_parallel_enabled:
+            self.loss_fn = compile_loss(self.loss_fn, resolve_backend(config.compile.backend, ctx.device_type))
+        self.args: Any = None
+        self.dataloader: StatefulDataLoader | None = None
+        self._batches: Iterator[dict[str, torch.Tensor]] | None = None
+
+    def model_args(self, args: Any) -> Any:
+        """Rotary tables sized for this run's sequence length (published flavors allow 128K)."""
+        model = self.ctx.config.model
+        if self.tokenizer.vocab_size > args.vocab_size:
+            raise ConfigError(
+                f"data.tokenizer has {self.tokenizer.vocab_size} tokens but model {model.name} "
+                f"{model.flavor} has vocab_size {args.vocab_size}; pick a tokenizer or flavor that fits"
+            )
+        requested_block = self.ctx.config.model.attention_block
+        attention_block = requested_block if requested_block >= 0 else (128 if self.ctx.device_type == "cpu" else 0)
+        self.args = dataclasses.replace(args, max_seq_len=self.seq_len, attention_block=attention_block)
+        return self.args
+
+    def setup(self, model: nn.Module) -> None:
+        ctx = self.ctx
+        self.dataloader = build_dataloader(
+            ctx.config.data,
+            self.tokenizer,
+            seq_len=self.seq_len,
+            local_batch_size=ctx.local_batch_size,
+            dp_rank=ctx.dp_rank,
+            dp_world_size=ctx.dp_world,
+            seed=ctx.config.training.seed,
+        )
+
+    def data_state(self) -> StatefulDataLoader | None:
+        return self.dataloader
+
+    def next_batch(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        if self._batches is None:
+            assert self.dataloader is not None, "setup() builds the data loader"
+            # Created on first use, after a checkpoint may have restored the loader's position.
+            self._batches = iter(self.dataloader)
+        return next(self._batches)
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskLoss:
+        device = self.ctx.device
+        input_ids = batch["input_ids"].to(device, non_blocking=True)
+        labels = batch["labels"].to(device, non_blocking=True)
+        return TaskLoss(self.loss_fn(model(input_ids), labels), items=labels.numel())
+
+    def flops_per_item(self) -> float:
+        return self.ctx.spec.flops_per_token(self.args, self.seq_len)
