@@ -1,0 +1,102 @@
+"""One rollout batch: prompts -> G sampled completions each -> rewards -> advantages -> training
+micro-batches carrying the rollout policy's (and the reference's) per-token log-probabilities.
+
+Rows are numbered globally: row = prompt index x G + completion index, the same on every parallel
+layout. The batch is cut into mini-batches of `global_batch` rows in order (one optimizer step each);
+within a mini-batch, data-parallel rank r holds the r-th slice, cut into its micro-batches. Rewards and
+completion lengths are shared between ranks with one sum, so each group's advantage is computed from
+the whole group wherever its rows were sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class MicroBatch:
+    """tokens [b, L]: prompt then completion, right-padded; mask [b, L-1] marks the positions whose
+    next token is a completion token; old/ref log-probs [b, L-1] of those next tokens; advantages [b];
+    token_normaliser: the mini-batch's completion tokens / (micro-batches x ranks) (token_mean)."""
+
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    old_logps: torch.Tensor
+    ref_logps: torch.Tensor | None
+    advantages: torch.Tensor
+    token_normaliser: float
+    real_tokens: int  # prompt and completion tokens, no padding: what one forward-backward covers
+
+
+def rank_rows(n_rows: int, global_batch: int, dp_rank: int, dp_world: int) -> list[list[int]]:
+    """The global row indices of each mini-batch that this rank trains on."""
+    per_rank = global_batch // dp_world
+    return [
+        list(range(start + dp_rank * per_rank, start + (dp_rank + 1) * per_rank))
+        for start in range(0, n_rows, global_batch)
+    ]
+
+
+def token_logps(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Log-probability of every next token: [b, L] -> [b, L-1], in float32."""
+    logits = model(tokens)[:, :-1].float()
+    targets = tokens[:, 1:].clamp(min=0)
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def pack_sequences(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows prompt + completion, right-padded with `pad_id` (right padding changes nothing before it
+    under a causal mask, so the training forward needs no mask), and the completion mask [b, L-1]."""
+    width = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width - 1, dtype=torch.float32)
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        row = list(prompt) + list(completion)
+        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, len(prompt) - 1 : len(row) - 1] = 1.0
+    return tokens.to(device), mask.to(device)
+
+
+def build_micro_batches(
+    rows: list[list[int]],
+    prompts: dict[int, list[int]],
+    completions: dict[int, list[int]],
+    advantages: torch.Tensor,
+    completion_lengths: torch.Tensor,
+    global_batch: int,
+    micro_batch: int,
+    dp_world: int,
+    pad_id: int,
+    device: torch.device,
+    policy_logps: Callable[[torch.Tensor], torch.Tensor],
+    reference_logps: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> list[MicroBatch]:
+    """Micro-batches of every mini-batch in `rows` (this rank's rows per mini-batch), with the log-probs
+    of the policy as it is now (the rollout policy) and of the reference. `completion_lengths` [N] holds
+    every row's completion length, all ranks' rows included."""
+    batches = []
+    for mini in rows:
+        micro_count = len(mini) // micro_batch
+        first = mini[0] // global_batch * global_batch
+        mini_batch_tokens = float(completion_lengths[first : first + global_batch].sum())
+        for k in range(micro_count):
+            chunk = mini[k * micro_batch : (k + 1) * micro_batch]
+            tokens, mask = pack_sequences([prompts[r] for r in chunk], [completions[r] for r in chunk], pad_id, device)
+            batches.append(
+                MicroBatch(
+                    tokens=tokens,
+                    mask=mask,
+                    old_logps=policy_logps(tokens),
+                    ref_logps=reference_logps(tokens) if reference_logps is not None else None,
+                    advantages=advantages[chunk].to(device),
+                    token_normaliser=mini_batch_tokens / (micro_count * dp_world),
+                    real_tokens=sum(len(prompts[r]) + len(completions[r]) for r in chunk),
+                )
+            )
+    return batches

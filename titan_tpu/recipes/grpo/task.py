@@ -1,0 +1,267 @@
+"""GRPO as a training task: the trainer's loop, optimizer, checkpoints and metrics, with batches made
+by sampling from the policy it is training.
+
+Each rollout batch (rl.prompts_per_step prompts x rl.group_size completions) serves
+rl.updates_per_rollout x (rows / training.global_batch_size) optimizer steps; `next_batch` makes a new
+one when the previous is used up. The prompt stream's position is the task's checkpointed data state;
+a checkpoint therefore has to fall between rollout batches (checked at start-up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections import deque
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+
+from titan_tpu.checkpoint.hf import load_hf_weights
+from titan_tpu.config import ConfigError
+from titan_tpu.data.tokenizer import build_tokenizer
+from titan_tpu.distributed.fsdp import FSDPPolicy
+from titan_tpu.distributed.grad_utils import sum_over
+from titan_tpu.distributed.parallelize import blocks, parallelize_model
+from titan_tpu.recipes.grpo.arithmetic import ArithmeticProblems, Problem, PromptStream
+from titan_tpu.recipes.grpo.objective import group_advantages, grpo_loss
+from titan_tpu.recipes.grpo.rollout import MicroBatch, build_micro_batches, rank_rows, token_logps
+from titan_tpu.recipes.grpo.sampler import SamplingParams, generate, gathered_for_generation, row_uniforms
+from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
+
+# The prompt of a problem starts on a new line, as every problem does in the pretraining text.
+PROMPT_PREFIX = "\n"
+
+
+class GRPOTask(TrainingTask):
+    unit = "tokens"
+
+    def __init__(self, ctx: TaskContext) -> None:
+        super().__init__(ctx)
+        config = ctx.config
+        self.rl = config.rl
+        if ctx.parallel.dims.tp_enabled or ctx.parallel.dims.ep_enabled:
+            raise ConfigError("training.task = 'grpo' runs with data parallelism (FSDP/HSDP); set parallelism.tp = 1 and ep = 1")
+        self.tokenizer = build_tokenizer(config.data.tokenizer)
+        self.problems = ArithmeticProblems(self.rl.max_operand, self.rl.held_out_fraction)
+        self.rewards = self.problems.rewards(self.rl.format_reward_weight)
+        stop_ids = tuple(dict.fromkeys(self.tokenizer.encode(self.rl.stop_text)[-1:] + [self.tokenizer.eos_id]))
+        self.params = SamplingParams(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_p, stop_ids)
+        self.greedy = dataclasses.replace(self.params, temperature=0.0)
+        self.pad_id = self.tokenizer.eos_id
+        self.rows = self.rl.prompts_per_step * self.rl.group_size
+        global_batch = config.training.global_batch_size
+        if self.rows % global_batch != 0:
+            raise ConfigError(
+                f"rl.prompts_per_step x rl.group_size = {self.rows} completions must be a multiple of "
+                f"training.global_batch_size {global_batch} (one optimizer step per mini-batch)"
+            )
+        self.steps_per_rollout = self.rl.updates_per_rollout * self.rows // global_batch
+        interval = config.checkpoint.interval
+        if config.checkpoint.enable and interval % self.steps_per_rollout != 0:
+            raise ConfigError(
+                f"checkpoint.interval {interval} must be a multiple of the {self.steps_per_rollout} optimizer "
+                "steps each rollout batch serves, so a checkpoint never splits one"
+            )
+        self.dp_mesh = ctx.parallel.meshes.get("dp") if ctx.dp_world > 1 else None
+        self.stream = PromptStream(self.problems.train, seed=config.training.seed)
+        self.queue: deque[MicroBatch] = deque()
+        self.reference: nn.Module | None = None
+        self.args: Any = None
+        self._stats: dict[str, float] = {}
+        self._last_exit: float | None = None
+        self._reset_stats()
+
+    # ------------------------------------------------------------------------------ set-up
+
+    def model_args(self, args: Any) -> Any:
+        config = self.ctx.config
+        if self.tokenizer.vocab_size > args.vocab_size:
+            raise ConfigError(
+                f"data.tokenizer has {self.tokenizer.vocab_size} tokens but model {config.model.name} "
+                f"{config.model.flavor} has vocab_size {args.vocab_size}"
+            )
+        longest = len(self._prompt_ids(Problem(self.rl.max_operand, self.rl.max_operand)))
+        needed = longest + self.rl.max_new_tokens
+        if config.training.seq_len < needed:
+            raise ConfigError(f"training.seq_len {config.training.seq_len} is below the longest prompt + rl.max_new_tokens = {needed}")
+        block = config.model.attention_block
+        attention_block = block if block >= 0 else (128 if self.ctx.device_type == "cpu" else 0)
+        self.args = dataclasses.replace(args, max_seq_len=config.training.seq_len, attention_block=attention_block)
+        return self.args
+
+    def setup(self, model: nn.Module) -> None:
+        """With beta > 0, the frozen reference: the run's initial weights, built like the policy (same
+        seed, same layout) and loaded from checkpoint.initial_load_path when that is set, so a resumed
+        run rebuilds the same reference."""
+        if self.rl.beta == 0:
+            return
+        ctx, config = self.ctx, self.ctx.config
+        with torch.device("meta"):
+            reference = ctx.spec.model_cls(self.args)
+        reference = parallelize_model(
+            reference, ctx.spec.parallelize, ctx.parallel, config, ctx.device, ctx.device_type, ctx.compute_dtype
+        )
+        if config.checkpoint.initial_load_path:
+            what = f"reference model {config.model.name} flavor {config.model.flavor}"
+            load_hf_weights(reference, config.checkpoint.initial_load_path, ctx.spec.state_dict_adapter, self.args, what=what)
+        self.reference = reference.requires_grad_(False)
+
+    def data_state(self) -> PromptStream:
+        return self.stream
+
+    def flops_per_item(self) -> float:
+        # Training FLOPs per trained token; the rollout's generation is reported as its own rate.
+        return self.ctx.spec.flops_per_token(self.args, self.ctx.config.training.seq_len)
+
+    # ------------------------------------------------------------------------------ batches
+
+    def _prompt_ids(self, problem: Problem) -> list[int]:
+        return self.tokenizer.encode(PROMPT_PREFIX + problem.prompt)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        # The same precision as the trainer's forward, so the first ratio of a rollout is exactly 1.
+        if self.ctx.compute_dtype == torch.float32 or self.ctx.parallel.dims.fsdp_enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.ctx.device_type, dtype=self.ctx.compute_dtype)
+
+    def _reshard_after(self, model: nn.Module) -> Any:
+        """The reshard-after-forward setting each FSDP group of `model` was built with."""
+        policy = FSDPPolicy.from_config(self.ctx.config.parallelism, self.ctx.compute_dtype, self.ctx.device_type, True)
+        last_block = blocks(model)[-1] if blocks(model) else None
+
+        def setting(group: FSDPModule) -> bool:
+            return policy.reshard_after_forward(is_last_block=group is last_block or group is model)
+
+        return setting
+
+    def _global(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum of a [k, N] tensor over data-parallel ranks (each rank fills only its own rows)."""
+        return sum_over(values.to(self.ctx.device), self.dp_mesh).cpu() if self.dp_mesh is not None else values
+
+    def next_batch(self, model: nn.Module) -> MicroBatch:
+        now = time.perf_counter()
+        if self._last_exit is not None:
+            self._stats["train_time"] += now - self._last_exit
+        if not self.queue:
+            self._rollout(model)
+        batch = self.queue.popleft()
+        self._stats["train_tokens"] += batch.real_tokens
+        self._last_exit = time.perf_counter()
+        return batch
+
+    @torch.no_grad()
+    def _rollout(self, model: nn.Module) -> None:
+        start = time.perf_counter()
+        ctx, rl = self.ctx, self.rl
+        rollout_index = self.stream.position // rl.prompts_per_step
+        problems = self.stream.take(rl.prompts_per_step)
+        global_batch = ctx.config.training.global_batch_size
+        rows = rank_rows(self.rows, global_batch, ctx.dp_rank, ctx.dp_world)
+        mine = [r for mini in rows for r in mini]
+        prompts = {r: self._prompt_ids(problems[r // rl.group_size]) for r in mine}
+        seeds = [hash((ctx.config.training.seed, rollout_index, r)) % (2**63) for r in mine]
+        with gathered_for_generation(model, self._reshard_after(model)):
+            out = generate(model, [prompts[r] for r in mine], self.params, self.pad_id, ctx.device,
+                           uniforms=row_uniforms(seeds, rl.max_new_tokens))
+        completions = dict(zip(mine, out.lists()))
+        # Rewards, reward parts and lengths of this rank's rows, summed with the other ranks'.
+        table = torch.zeros(4, self.rows, dtype=torch.float64)
+        for r in mine:
+            problem = problems[r // rl.group_size]
+            text = self.tokenizer.decode(completions[r])
+            parts = self.rewards.parts(problem.prompt, text, problem.answer)
+            table[:, r] = torch.tensor([self.rewards.total(parts), parts["exact_match"], parts.get("format", 0.0),
+                                        len(completions[r])])
+        table = self._global(table)
+        rewards, lengths = table[0], table[3]
+        advantages = group_advantages(rewards, rl.group_size, rl.scale_rewards, rl.advantage_eps).float()
+        generate_time = time.perf_counter() - start
+
+        def policy_logps(tokens: torch.Tensor) -> torch.Tensor:
+            with self._autocast():
+                return token_logps(model, tokens)
+
+        def reference_logps(tokens: torch.Tensor) -> torch.Tensor:
+            assert self.reference is not None
+            with self._autocast():
+                return token_logps(self.reference, tokens)
+
+        batches = build_micro_batches(
+            rows, prompts, completions, advantages, lengths, global_batch, ctx.local_batch_size, ctx.dp_world,
+            self.pad_id, ctx.device, policy_logps, reference_logps if self.reference is not None else None,
+        )
+        for _ in range(rl.updates_per_rollout):
+            self.queue.extend(batches)
+        stats = self._stats
+        stats["rollouts"] += 1
+        stats["reward_sum"] += float(rewards.sum())
+        stats["reward_std_sum"] += float(rewards.view(-1, rl.group_size).std(dim=1).mean())
+        stats["exact_sum"] += float(table[1].sum())
+        stats["format_sum"] += float(table[2].sum())
+        stats["length_sum"] += float(lengths.sum())
+        stats["rows"] += self.rows
+        stats["rollout_tokens"] += float(lengths.sum())
+        stats["rollout_time"] += generate_time
+
+    # ------------------------------------------------------------------------------ loss
+
+    def loss(self, model: nn.Module, batch: MicroBatch) -> TaskLoss:
+        rl = self.rl
+        logps = token_logps(model, batch.tokens)
+        terms = grpo_loss(
+            logps, batch.old_logps, batch.advantages, batch.mask, eps_low=rl.eps_low, eps_high=rl.eps_high,
+            aggregation=rl.loss_aggregation, max_completion_tokens=rl.max_new_tokens, beta=rl.beta,  # type: ignore[arg-type]
+            ref_logps=batch.ref_logps, token_normaliser=batch.token_normaliser,
+        )
+        self._stats["kl_sum"] += float(terms.kl)
+        self._stats["clip_sum"] += float(terms.clip_fraction)
+        self._stats["micro_batches"] += 1
+        return TaskLoss(terms.loss, items=batch.real_tokens)
+
+    # ------------------------------------------------------------------------------ metrics
+
+    def _reset_stats(self) -> None:
+        keys = ("rollouts", "reward_sum", "reward_std_sum", "exact_sum", "format_sum", "length_sum", "rows",
+                "rollout_tokens", "rollout_time", "kl_sum", "clip_sum", "micro_batches", "train_tokens", "train_time")
+        self._stats = dict.fromkeys(keys, 0.0)
+
+    def step_metrics(self) -> dict[str, float]:
+        """Means since the last record: rollout numbers are global already; the per-rank loss numbers
+        and rates are combined over data-parallel ranks here (every rank calls this on record steps)."""
+        s = self._stats
+        local = torch.tensor([s["kl_sum"], s["clip_sum"], s["micro_batches"], s["train_tokens"], s["train_time"]],
+                             dtype=torch.float64)
+        kl, clip, micro, train_tokens, train_time = self._global(local[None])[0].tolist()
+        metrics: dict[str, float] = {}
+        if micro > 0:
+            metrics.update(kl=kl / micro, clip_fraction=clip / micro)
+        if train_time > 0:
+            metrics["train_tokens_per_sec"] = train_tokens / (train_time / self.ctx.dp_world)
+        if s["rows"] > 0:
+            metrics.update(
+                reward_mean=s["reward_sum"] / s["rows"],
+                reward_std=s["reward_std_sum"] / s["rollouts"],
+                train_accuracy=s["exact_sum"] / s["rows"],
+                format_rate=s["format_sum"] / s["rows"],
+                completion_length=s["length_sum"] / s["rows"],
+                rollout_tokens_per_sec=s["rollout_tokens"] / s["rollout_time"],
+            )
+        self._reset_stats()
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
+        """Held-out exact-match accuracy of greedy answers (rl.eval_prompts problems, split over ranks)."""
+        held_out = self.problems.held_out[: self.rl.eval_prompts or None]
+        mine = held_out[self.ctx.dp_rank :: self.ctx.dp_world]
+        correct = 0.0
+        if mine:
+            with gathered_for_generation(model, self._reshard_after(model)):
+                out = generate(model, [self._prompt_ids(p) for p in mine], self.greedy, self.pad_id, self.ctx.device)
+            for problem, ids in zip(mine, out.lists()):
+                correct += self.rewards.functions[0](problem.prompt, self.tokenizer.decode(ids), problem.answer)
+        total = self._global(torch.tensor([[correct, float(len(mine))]], dtype=torch.float64))[0]
+        return {"heldout_accuracy": float(total[0] / total[1])}
