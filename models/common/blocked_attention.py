@@ -6,8 +6,7 @@ at matmul speed where SDPA's bf16 kernel does not.
 
 Letting autograd record the blocks would keep every block's probabilities for backward, O(S^2) per
 layer: at S=2048 that made a small model need 3x SDPA's memory. Instead the forward keeps only its
-inputs, its output and the per-row log-sum-exp (O(S)), and the backward recomputes one block's
-probabilities at a time, so at most O(S * block) scores live at once, forward or backward.
+inputs and its output (O(S)), and the backward recomputes one block's probabilities at a time, so at most O(S * block) scores live at once, forward or backward.
 
 Grouped-query attention needs no repeated k/v: the query heads of a group are stacked as extra rows
 against their one k/v head, so one matmul serves the whole group and dk/dv sum over it by construction.
@@ -21,26 +20,28 @@ from typing import Any
 import torch
 
 
-def _block_rows(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """[B, H_kv, R, S, D] -> the rows start:stop of every head in each group, as [B, H_kv, R * n, D]."""
+def _scaled_block_rows(x: torch.Tensor, start: int, stop: int, scale: float) -> torch.Tensor:
+    """[B, H_kv, R, S, D] -> rows start:stop of every head in each group, times `scale`, as
+    [B, H_kv, R * n, D]. Scaling the n x D queries is cheaper than scaling the n x S scores."""
     bs, n_kv_heads, n_rep, _, head_dim = x.shape
-    return x[:, :, :, start:stop].reshape(bs, n_kv_heads, n_rep * (stop - start), head_dim)
+    return (x[:, :, :, start:stop] * scale).reshape(bs, n_kv_heads, n_rep * (stop - start), head_dim)
 
 
-def _block_scores(
-    q_rows: torch.Tensor, k: torch.Tensor, start: int, stop: int, n_rep: int, scale: float
-) -> torch.Tensor:
-    """Float32 scaled scores [B, H_kv, R * n, stop] of one query block against keys 0:stop, with the
-    diagonal block's future keys at -inf."""
-    scores = (q_rows @ k[:, :, :stop].transpose(-1, -2)).float() * scale
+def _block_probs(q_rows: torch.Tensor, k: torch.Tensor, start: int, stop: int, n_rep: int) -> torch.Tensor:
+    """Float32 probabilities [B, H_kv, R * n, stop] of one block of (scaled) queries over keys 0:stop,
+    with the diagonal block's future keys masked."""
+    scores = (q_rows @ k[:, :, :stop].transpose(-1, -2)).float()
     rows = stop - start
     future = torch.ones(rows, rows, dtype=torch.bool, device=scores.device).triu(diagonal=1)
     grouped = scores.view(scores.shape[0], scores.shape[1], n_rep, rows, stop)
     grouped[..., start:].masked_fill_(future, float("-inf"))
-    return scores
+    return torch.softmax(scores, dim=-1)
 
 
 class _BlockedCausalAttention(torch.autograd.Function):
+    """Saves q, k, v and the output; the backward recomputes each block's probabilities (one fused
+    softmax, cheaper on CPUs than keeping a log-sum-exp, which costs extra passes over the scores)."""
+
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> torch.Tensor:
         bs, n_heads, seqlen, head_dim = q.shape
@@ -49,25 +50,21 @@ class _BlockedCausalAttention(torch.autograd.Function):
         scale = 1.0 / math.sqrt(head_dim)
         q5 = q.view(bs, n_kv_heads, n_rep, seqlen, head_dim)
         out = torch.empty_like(q5)
-        logsumexp = torch.empty(bs, n_kv_heads, n_rep, seqlen, dtype=torch.float32, device=q.device)
         for start in range(0, seqlen, block):
             stop = min(start + block, seqlen)
-            scores = _block_scores(_block_rows(q5, start, stop), k, start, stop, n_rep, scale)
-            block_lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-            probs = torch.exp(scores - block_lse).to(v.dtype)
-            out[:, :, :, start:stop] = (probs @ v[:, :, :stop]).view(
+            probs = _block_probs(_scaled_block_rows(q5, start, stop, scale), k, start, stop, n_rep)
+            out[:, :, :, start:stop] = (probs.to(v.dtype) @ v[:, :, :stop]).view(
                 bs, n_kv_heads, n_rep, stop - start, head_dim
             )
-            logsumexp[:, :, :, start:stop] = block_lse.view(bs, n_kv_heads, n_rep, stop - start)
         out = out.view(bs, n_heads, seqlen, head_dim)
-        ctx.save_for_backward(q, k, v, out, logsumexp)
+        ctx.save_for_backward(q, k, v, out)
         ctx.block = block
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
-        q, k, v, out, logsumexp = ctx.saved_tensors
+        q, k, v, out = ctx.saved_tensors
         block: int = ctx.block
         bs, n_heads, seqlen, head_dim = q.shape
         n_kv_heads = k.shape[1]
@@ -83,19 +80,18 @@ class _BlockedCausalAttention(torch.autograd.Function):
         for start in range(0, seqlen, block):
             stop = min(start + block, seqlen)
             rows = n_rep * (stop - start)
-            q_rows = _block_rows(q5, start, stop)
-            grad_out_rows = _block_rows(grad_out5, start, stop)
-            scores = _block_scores(q_rows, k, start, stop, n_rep, scale)
-            block_lse = logsumexp[:, :, :, start:stop].reshape(bs, n_kv_heads, rows, 1)
-            probs = torch.exp(scores - block_lse)
+            q_rows = _scaled_block_rows(q5, start, stop, scale)
+            grad_out_rows = _scaled_block_rows(grad_out5, start, stop, 1.0)
+            probs = _block_probs(q_rows, k, start, stop, n_rep)
             grad_v[:, :, :stop] += (probs.to(v.dtype).transpose(-1, -2) @ grad_out_rows).float()
-            grad_probs = (grad_out_rows @ v[:, :, :stop].transpose(-1, -2)).float()
-            block_delta = delta[:, :, :, start:stop].reshape(bs, n_kv_heads, rows, 1)
-            grad_scores = (probs * (grad_probs - block_delta)).to(q.dtype)
+            grad_scores = (grad_out_rows @ v[:, :, :stop].transpose(-1, -2)).float()
+            grad_scores.sub_(delta[:, :, :, start:stop].reshape(bs, n_kv_heads, rows, 1)).mul_(probs)
+            grad_scores = grad_scores.to(q.dtype)
             grad_q5[:, :, :, start:stop] = (grad_scores @ k[:, :, :stop] * scale).view(
                 bs, n_kv_heads, n_rep, stop - start, head_dim
             )
-            grad_k[:, :, :stop] += (grad_scores.transpose(-1, -2) @ q_rows).float() * scale
+            # Scores were formed from scaled queries, so dK takes them as they are.
+            grad_k[:, :, :stop] += (grad_scores.transpose(-1, -2) @ q_rows).float()
         return grad_q5.view(q.shape), grad_k.to(k.dtype), grad_v.to(v.dtype), None
 
 

@@ -119,7 +119,7 @@ def test_blocked_attention_keeps_no_quadratic_activations_for_backward() -> None
         return sum(sizes)
 
     one_score_matrix = 4 * 512 * 512 * 4  # heads x S x S float32
-    linear_bound = 4 * q.numel() * 4 + 4 * 512 * 4  # q, k, v, out and the row log-sum-exp
+    linear_bound = 4 * q.numel() * 4  # q, k, v and out
     assert saved_bytes(BlockedAttention(64)) <= linear_bound
     assert saved_bytes(reference_attention) > one_score_matrix
 
