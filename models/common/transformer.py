@@ -67,5 +67,9 @@ class TransformerBlock(nn.Module):
     ) -> torch.Tensor:
         """The cache and mask arguments serve generation and padded batches (see `Attention.forward`);
         training passes only x, cos, sin."""
-        h = x + self.attention(self.attention_norm(x), cos, sin, kv_cache, start_pos, attn_mask)
+        # Keywords, not positions: tensor-parallel plans (PrepareModuleInput) lay out the positional
+        # inputs x, cos, sin only.
+        h = x + self.attention(
+            self.attention_norm(x), cos, sin, kv_cache=kv_cache, start_pos=start_pos, attn_mask=attn_mask
+        )
         return h + self.feed_forward(self.ffn_norm(h))

@@ -1,0 +1,48 @@
+"""Worker for the throughput-accounting test: `torchrun --nproc-per-node 4 throughput_worker.py OUT`.
+
+Trains the same model under TP 2 x FSDP 2 and under FSDP 4 in one launch and writes, for each, the
+per-process TFLOP/s and tokens/s of the last logging window as rank 0 reports them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from titan_tpu.config import load_config  # noqa: E402
+from titan_tpu.trainer import Trainer  # noqa: E402
+
+STEPS = 6
+BASE = [
+    "--model.overrides.dim=256",
+    "--model.overrides.n_heads=8",
+    "--model.overrides.n_kv_heads=8",
+    "--training.seq_len=128",
+    "--training.global_batch_size=8",
+    "--training.dtype=float32",
+    f"--training.steps={STEPS}",
+    f"--metrics.log_freq={STEPS}",
+]
+LAYOUTS = {"tp2_fsdp2": ["--parallelism.tp=2", "--parallelism.dp_shard=2"], "fsdp4": ["--parallelism.dp_shard=4"]}
+
+
+def main(out: Path) -> None:
+    results: dict[str, dict[str, float]] = {}
+    for name, layout in LAYOUTS.items():
+        config = load_config("llama3_debug", [*BASE, *layout, f"--job.dump_folder={out.parent / name}"])
+        trainer = Trainer(config)
+        records = trainer.train()
+        window = records[-1]  # steps 2..STEPS: the first step's one-time costs are in its own record
+        results[name] = {"tflops": window.tflops, "tokens_per_sec": window.items_per_sec}
+        if trainer.is_writer:
+            out.write_text(json.dumps(results))
+        trainer.close()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
