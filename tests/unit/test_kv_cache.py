@@ -4,6 +4,7 @@ prompts of different lengths, on a Llama 3 and a Qwen 3 (QK-norm) debug model in
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,3 +129,28 @@ def test_cache_refuses_gaps_overflow_and_a_changed_batch() -> None:
             model(torch.tensor([[4], [5]]), cache=cache, start_pos=3)
         with pytest.raises(ValueError, match="needs a KVCache"):
             model(torch.tensor([[4]]), start_pos=3)
+
+
+def test_cached_decoding_runs_through_fsdp_wrapped_blocks(tmp_path: Path) -> None:
+    # FSDP2's hooks must hand the cache, start position and mask through to each block, and gathering
+    # and freeing the parameters around every decode step must not disturb the cache.
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model("qwen3")
+    with torch.no_grad():
+        expected_tokens, expected_logits = _greedy_with_cache(model, PROMPTS)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        for block in model.layers.values():
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        with torch.no_grad():
+            tokens, logits = _greedy_with_cache(model, PROMPTS)
+    finally:
+        dist.destroy_process_group()
+    assert torch.equal(tokens, expected_tokens)
+    for got, want in zip(logits, expected_logits):
+        torch.testing.assert_close(got, want)
