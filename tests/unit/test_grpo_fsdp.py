@@ -1,0 +1,80 @@
+"""GRPO under FSDP on 2 CPU processes (gloo): the first steps' losses equal one process's.
+
+At the first step of a rollout the ratio is exactly 1, so with equal completion lengths the loss is the
+mean advantage, 0 up to rounding, on any layout; the first step is compared by its gradient norm, and
+the second step (the rollout's second mini-batch, after one update, ratio != 1) by its loss.
+
+Rows are sampled with per-row random streams and rewards are shared between ranks before the group
+advantages, so both layouts train the same first mini-batch. This file is also the worker that
+torchrun starts. From random weights the arithmetic reward is always 0 (so every loss would be 0); the
+worker swaps in a test reward that depends on the sampled tokens, through the task's `rewards`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+OVERRIDES = [
+    "--training.steps=2", "--training.global_batch_size=16", "--rl.prompts_per_step=8", "--rl.group_size=4",
+    "--rl.max_new_tokens=4", "--rl.max_operand=9", "--metrics.eval_freq=0", "--rl.beta=0.04",
+    "--model.overrides={ n_layers = 2 }", "--metrics.log_freq=1", "--optimizer.lr=1e-2",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TokenSumReward:
+    """A reward that varies with the sampled text: the sum of its bytes modulo 5, scaled to [0, 1]."""
+
+    name: str = "exact_match"
+
+    def __call__(self, prompt: str, completion: str, reference: str) -> float:
+        return (sum(completion.encode("utf-8", "replace")) % 5) / 4
+
+
+def worker(out: Path) -> None:
+    import torch.distributed as dist
+
+    from titan_tpu.config.loader import load_config
+    from titan_tpu.recipes.grpo.rewards import WeightedRewards
+    from titan_tpu.trainer import Trainer
+
+    config = load_config("grpo_qwen3_debug", [*OVERRIDES, f"--job.dump_folder={out / 'run'}"])
+    trainer = Trainer(config)
+    trainer.task.rewards = WeightedRewards([TokenSumReward()], [1.0])  # type: ignore[attr-defined]
+    records = trainer.train()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        (out / "result.json").write_text(json.dumps([r.to_dict() for r in records]))
+    trainer.close()
+
+
+@pytest.mark.slow
+def test_fsdp_first_step_loss_matches_one_process(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "distributed"))
+    from launch import torchrun
+
+    results = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"p{nproc}"
+        out.mkdir()
+        torchrun(nproc, Path(__file__), str(out))
+        results[nproc] = json.loads((out / "result.json").read_text())
+    (one, one_next), (two, two_next) = results[1], results[2]
+    print(f"rollout tokens/s: 1 process {one['rollout_tokens_per_sec']:.1f}, "
+          f"FSDP 2 processes {two['rollout_tokens_per_sec']:.1f}")
+    assert one["reward_std"] > 0, "the test reward must vary within groups, or nothing is learned"
+    assert two["reward_mean"] == pytest.approx(one["reward_mean"], rel=1e-12)  # the same completions
+    assert one["grad_norm"] > 1e-3
+    assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
+    assert abs(one_next["loss"]) > 1e-5
+    assert two_next["loss"] == pytest.approx(one_next["loss"], rel=1e-4)
+
+
+if __name__ == "__main__":
+    worker(Path(sys.argv[1]))
