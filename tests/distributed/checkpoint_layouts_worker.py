@@ -1,18 +1,22 @@
 """`torchrun --nproc-per-node 4 checkpoint_layouts_worker.py WORK`: the multi-process half of the
-resharding tests and of the expert-parallel Hugging Face import, in one launch (starting 4 processes
-costs more than the work done in them).
+resharding, async-checkpoint and Hugging Face tests, in one launch (starting 4 processes costs more
+than the work done in them).
 
-Takes from WORK: `fsdp4/` and `ep2_fsdp2/` (each holding the step-2 checkpoint of a one-process run),
-`hf_moe/` (a `Qwen3MoeForCausalLM.save_pretrained` folder) and `tokens.pt`. Runs, one after the other on
-the same 4 processes:
+Takes from WORK: `{llama,moe}_single/` (each holding the step-2 checkpoint of an uninterrupted
+one-process run), `hf_llama/` and `hf_moe/` (`save_pretrained` folders) and `tokens_{llama,moe}.pt`.
+Runs, one after the other on the same 4 processes:
 
-    fsdp4         llama3 FSDP 4 loads step 2, trains 3-4, saves 3 and 4
-    tp2_fsdp2     llama3 TP 2 x FSDP 2 loads fsdp4's step 3, trains 4
-    ep2_fsdp2     qwen3_moe EP 2 x FSDP 2 loads step 2, trains 3-4, saves 3 and 4
-    hf_ep2_fsdp2  qwen3_moe EP 2 x FSDP 2 takes its weights from hf_moe/: logits of the tokens, every
-                  safetensors read per rank, each rank's block of the experts; exports to hf_export/
+    fsdp4         llama3 FSDP 4 loads step 2, trains 3-5, saves 5
+    tp2_fsdp2     llama3 TP 2 x FSDP 2 loads fsdp4's step 5, trains 6-8, saves 8
+    ep2_fsdp2     qwen3_moe EP 2 x FSDP 2 loads step 2, trains 3-5, saves 5
+    tp2_ep2       qwen3_moe TP 2 x EP 2 loads ep2_fsdp2's step 5, trains 6-8, saves 8
+    async_fsdp4   llama3 FSDP 4 from scratch, steps 1-4, saving 2 and 4 asynchronously; then loads
+                  each of them into a fresh trainer
+    hf_tp2_fsdp2  llama3 TP 2 x FSDP 2 takes its weights from hf_llama/: logits, reads per rank, export
+    hf_ep2_fsdp2  qwen3_moe EP 2 x FSDP 2 the same from hf_moe/, with each rank's block of the experts
 
-Rank 0 writes WORK/result.json and WORK/hf_logits.pt.
+Each resumed segment keeps the state it loaded (gathered, before any step) and its run
+(parity.RunResult). Rank 0 writes WORK/<name>.pt, WORK/result.json and WORK/hf_logits_<name>.pt.
 """
 
 from __future__ import annotations
@@ -21,18 +25,23 @@ import gc
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+for path in (ROOT, HERE):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
 
+from parity import capture_states, full_state, train_and_capture  # noqa: E402
 from titan_tpu.checkpoint.hf import local_block  # noqa: E402
 from titan_tpu.checkpoint.hf_export import export_model_to_hf  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
@@ -40,20 +49,33 @@ from titan_tpu.distributed import process_group  # noqa: E402
 from titan_tpu.trainer import Trainer  # noqa: E402
 
 LLAMA, MOE = "llama3_debug", "qwen3_moe_debug"
+# A constant learning rate after 2 warmup steps: a run told to stop at step 5 then takes exactly
+# the first 5 steps of one told to stop at 11, so every segment has an uninterrupted twin.
 ARGS = [
     "--training.seq_len=32",
     "--training.global_batch_size=4",
     "--training.dtype=float32",
-    "--training.steps=4",
     "--metrics.log_freq=1",
     "--data.shuffle_buffer=16",
+    "--lr_scheduler.warmup_steps=2",
+    "--lr_scheduler.decay_type=constant",
     "--checkpoint.enable=true",
-    "--checkpoint.interval=1",
+    "--checkpoint.interval=1000",  # only the last step of a segment
     "--checkpoint.keep_latest_k=0",
 ]
+LINKS = (2, 5, 8)  # a checkpoint at each is loaded by the next layout
+STEPS = 11
 FSDP4 = ["--parallelism.dp_shard=4"]
 TP2_FSDP2 = ["--parallelism.tp=2", "--parallelism.dp_shard=2"]
 EP2_FSDP2 = ["--parallelism.ep=2", "--parallelism.dp_shard=4"]
+TP2_EP2 = ["--parallelism.tp=2", "--parallelism.dp_shard=2", "--parallelism.ep=2"]
+# (config, source run, [(segment, layout), (segment, layout)]): the 4-process links of each chain.
+CHAINS = {
+    "llama": (LLAMA, [("fsdp4", FSDP4), ("tp2_fsdp2", TP2_FSDP2)]),
+    "moe": (MOE, [("ep2_fsdp2", EP2_FSDP2), ("tp2_ep2", TP2_EP2)]),
+}
+ASYNC_STEPS = (2, 4)
+HF_RUNS = {"hf_tp2_fsdp2": (LLAMA, "llama", TP2_FSDP2), "hf_ep2_fsdp2": (MOE, "moe", EP2_FSDP2)}
 EXPERTS = "layers.0.feed_forward.experts.w1"
 
 READS: list[tuple[str, list[int], list[int]]] = []
@@ -68,53 +90,97 @@ def _recording(self, f, req, planner):  # type: ignore[no-untyped-def]
 HuggingFaceStorageReader._process_read_request = _recording  # type: ignore[method-assign]
 
 
-def train(config: str, dump: Path, *layout: str) -> dict[int, float]:
-    trainer = Trainer(load_config(config, [*ARGS, f"--job.dump_folder={dump}", *layout]))
-    return {r.step: r.loss for r in trainer.train()}
+def is_writer() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def copy_step(source: Path, step: int, dump: Path) -> None:
-    if dist.get_rank() == 0:
+def trainer_for(config: str, dump: Path, stop: int, *extra: str) -> Trainer:
+    return Trainer(load_config(config, [*ARGS, f"--training.steps={stop}", f"--job.dump_folder={dump}", *extra]))
+
+
+def resume(config: str, source: Path, step: int, stop: int, dump: Path, *layout: str) -> tuple[Trainer, dict]:
+    """A trainer on `layout` that loads `source`'s step-`step` checkpoint, and its loaded state
+    gathered to full tensors before any step."""
+    if is_writer():
         (dump / "checkpoint").mkdir(parents=True)
         shutil.copytree(source / "checkpoint" / f"step-{step}", dump / "checkpoint" / f"step-{step}")
-    dist.barrier()
+    if dist.is_initialized():
+        dist.barrier()
+    trainer = trainer_for(config, dump, stop, *layout)
+    assert trainer.step == step, (trainer.step, step)
+    return trainer, full_state(trainer.model, trainer.optimizer)
 
 
-def hf_import_export(work: Path) -> tuple[dict[str, Any], torch.Tensor]:
-    overrides = [
-        *ARGS,
-        f"--job.dump_folder={work / 'hf_run'}",
-        f"--checkpoint.initial_load_path={work / 'hf_moe'}",
-        "--checkpoint.enable=false",
-        *EP2_FSDP2,
-    ]
+def chain(work: Path, tag: str) -> None:
+    config, links = CHAINS[tag]
+    source = work / f"{tag}_single"
+    for (name, layout), step, stop in zip(links, LINKS, LINKS[1:]):
+        trainer, loaded = resume(config, source, step, stop, work / name, *layout)
+        run = train_and_capture(trainer)
+        if is_writer():
+            torch.save({"loaded": loaded, "run": run.__dict__}, work / f"{name}.pt")
+        source = work / name
+
+
+def async_checkpoints(work: Path) -> None:
+    """Saves of steps 2 and 4 written in the background by 4 processes while training goes on, each
+    then loaded into a fresh trainer: the loaded state must be the state at the step saved."""
+    dump = work / "async_fsdp4"
+    trainer = trainer_for(LLAMA, dump, ASYNC_STEPS[-1], *FSDP4, "--checkpoint.async_mode=async",
+                          f"--checkpoint.interval={ASYNC_STEPS[0]}")  # fmt: skip
+    captured = capture_states(trainer, ASYNC_STEPS)
+    run = train_and_capture(trainer)
+    loaded = {}
+    for step in ASYNC_STEPS:
+        fresh = trainer_for(LLAMA, dump, ASYNC_STEPS[-1], *FSDP4, f"--checkpoint.load_step={step}")
+        assert fresh.step == step, (fresh.step, step)
+        loaded[step] = full_state(fresh.model, fresh.optimizer)
+    if is_writer():
+        torch.save({"captured": captured, "loaded": loaded, "run": run.__dict__}, work / "async_fsdp4.pt")
+
+
+def hf_import_export(work: Path, name: str) -> dict[str, Any]:
+    config, tag, layout = HF_RUNS[name]
     READS.clear()
-    trainer = Trainer(load_config(MOE, overrides))
-    reads = list(READS)
-    block = local_block(get_model_state_dict(trainer.model)[EXPERTS])
-    assert block is not None
-    local, offsets = block
-    tokens = torch.load(work / "tokens.pt", weights_only=True)
+    trainer = Trainer(load_config(config, [
+        *ARGS, "--training.steps=1", "--checkpoint.enable=false", f"--job.dump_folder={work / name}",
+        f"--checkpoint.initial_load_path={work / f'hf_{tag}'}", *layout,
+    ]))  # fmt: skip
+    mine: dict[str, Any] = {"reads": list(READS)}
+    if tag == "moe":
+        block = local_block(get_model_state_dict(trainer.model)[EXPERTS])
+        assert block is not None
+        local, offsets = block
+        mine["expert_block"] = [list(offsets), list(local.shape)]
+    tokens = torch.load(work / f"tokens_{tag}.pt", weights_only=True)
     with torch.no_grad():
-        logits = trainer.model(tokens).logits
-    export_model_to_hf(trainer.model, work / "hf_export", trainer.spec.state_dict_adapter, trainer.model_args)
-    mine = {"reads": reads, "expert_block": [list(offsets), list(local.shape)]}
-    return mine, logits
+        output = trainer.model(tokens)
+    logits = output.logits if hasattr(output, "logits") else output
+    logits = logits.full_tensor() if isinstance(logits, DTensor) else logits
+    export_model_to_hf(trainer.model, work / f"{name}_export", trainer.spec.state_dict_adapter, trainer.model_args)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if is_writer():
+        torch.save(logits.detach(), work / f"hf_logits_{name}.pt")
+    return {"ranks": everyone}
 
 
 def main(work: Path) -> None:
     process_group.init_process_group("gloo", process_group.process_info())
-    result: dict[str, Any] = {}
-    result["fsdp4"] = train(LLAMA, work / "fsdp4", *FSDP4)
-    copy_step(work / "fsdp4", 3, work / "tp2_fsdp2")
-    result["tp2_fsdp2"] = train(LLAMA, work / "tp2_fsdp2", *TP2_FSDP2)
-    result["ep2_fsdp2"] = train(MOE, work / "ep2_fsdp2", *EP2_FSDP2)
-    mine, logits = hf_import_export(work)
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    result["hf_ep2_fsdp2"] = everyone
-    if dist.get_rank() == 0:
-        torch.save(logits, work / "hf_logits.pt")
+    result: dict[str, Any] = {"timings_s": {}}
+
+    def timed(name: str, part: Any, *args: Any) -> Any:
+        start = time.perf_counter()
+        value = part(work, *args)
+        result["timings_s"][name] = round(time.perf_counter() - start, 1)
+        return value
+
+    for tag in CHAINS:
+        timed(f"{tag}_chain", chain, tag)
+    timed("async_fsdp4", async_checkpoints)
+    for name in HF_RUNS:
+        result[name] = timed(name, hf_import_export, name)
+    if is_writer():
         (work / "result.json").write_text(json.dumps(result))
     process_group.destroy_process_group()
     # Free the process groups before the interpreter exits: left to its final garbage collection, a

@@ -8,16 +8,19 @@ One launch runs, on the same 4 processes:
   2. for each layout (EP 2 x FSDP 2 with compiled blocks, EP 4, TP 2 x EP 2 with activation
      checkpointing, HSDP 2 x 2 with EP 2, and plain FSDP 4 without EP) a real `Trainer` on the MoE
      debug model: the freshly initialised weights, gathered, against a single-process
-     initialisation, then 10 fp32 steps whose losses the test compares with a single process's;
-  3. EP 2 x FSDP 2 again in bfloat16: it must train, gather the experts in bf16 (the run's FSDP
+     initialisation, then 10 fp32 steps (8 past warmup) whose per-step losses and gradient norms
+     and full final state (parity.RunResult) the test compares with a single process's;
+  3. the negative control: EP 2 x FSDP 2 with the experts' weight gradients scaled by ep, as if
+     the 1/ep correction were missing; the test requires the same comparison to fail for it;
+  4. EP 2 x FSDP 2 again in bfloat16: it must train, gather the experts in bf16 (the run's FSDP
      policy) and stay near the float32 losses.
-Rank 0 writes everything to OUT (JSON). `reference()` is the single-process side, run by the test.
+Rank 0 writes OUT (JSON) and OUT's folder/<layout>.pt. `reference()` is the single-process side, run by
+the test.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import sys
 import time
@@ -33,14 +36,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import models  # noqa: E402
 from models.qwen3.moe import MoEFeedForward  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
-from titan_tpu.distributed.expert_parallel import apply_expert_parallel  # noqa: E402
-from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
-from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
+from titan_tpu.distributed.expert_parallel import _ScaleGrad, apply_expert_parallel  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
 from parallel_worker import single_process_init  # noqa: E402
+from parity import RunResult, train_and_capture  # noqa: E402
 
 CONFIG = "qwen3_moe_debug"
 STEPS = 10
@@ -52,6 +53,7 @@ BASE = [
     f"--training.steps={STEPS}",
     "--metrics.log_freq=1",
     "--data.shuffle_buffer=16",
+    "--lr_scheduler.warmup_steps=2",
 ]
 LAYOUTS: dict[str, list[str]] = {
     # With torch.compile (aot_eager): the MoE blocks compile their traceable parts around the
@@ -72,6 +74,8 @@ LAYOUTS: dict[str, list[str]] = {
     # by the model's parallelize, which runs in every distributed run).
     "fsdp4": ["--parallelism.dp_shard=4"],
 }
+# Must fail the parity check: ep2_fsdp2 (eager) whose experts' gradients lack the 1/ep correction.
+MISSCALED_LAYOUT = ("ep2_fsdp2_missing_1_over_ep", ["--parallelism.dp_shard=4", "--parallelism.ep=2"])
 # Not a parity layout: bf16 compute, compared loosely with the float32 ep2_fsdp2 run.
 BF16_LAYOUT = (
     "ep2_fsdp2_bf16", ["--parallelism.dp_shard=4", "--parallelism.ep=2", "--training.dtype=bfloat16"]
@@ -137,6 +141,19 @@ def moe_layer(collapse: bool) -> dict[str, float]:
 # ---------------------------------------------------------------- 2. layouts through the trainer
 
 
+def misscale_expert_grads(model: torch.nn.Module, factor: float) -> None:
+    """Make every experts module's weight gradients `factor` times too large and change nothing
+    else: the gradient entering its output (outside the dispatch / combine hooks) is scaled by
+    `factor` and the one leaving its input by 1 / factor. With factor = ep this is the bug of a
+    missing 1/ep correction."""
+    for name, module in model.named_modules():
+        if name.endswith("feed_forward.experts"):
+            module.register_forward_pre_hook(
+                lambda m, args: (_ScaleGrad.apply(args[0], 1.0 / factor), *args[1:]), prepend=True
+            )
+            module.register_forward_hook(lambda m, args, out: _ScaleGrad.apply(out, factor))
+
+
 def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
     from titan_tpu.trainer import Trainer
 
@@ -154,23 +171,26 @@ def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
     experts = next(m for n, m in trainer.model.named_modules() if n.endswith("feed_forward.experts"))
     gathered: list[str] = []
     experts.register_forward_pre_hook(lambda module, args: gathered.append(str(module.w1.dtype)))
-    losses = [r.loss for r in trainer.train()]
+    if name == MISSCALED_LAYOUT[0]:
+        misscale_expert_grads(trainer.model, float(config.parallelism.ep))
+    run = train_and_capture(trainer)
+    if dist.get_rank() == 0:
+        run.save(dump / f"{name}.pt")
     return {
-        "losses": losses,
         "init_max_abs_diff": init_diff,
         "expert_local_shape": list(local_experts) if local_experts is not None else None,
         "expert_gather_dtypes": sorted(set(gathered)),
     }
 
 
-def reference(dump: Path) -> dict[str, Any]:
-    """Single process, same config: the per-step losses."""
+def reference(dump: Path) -> RunResult:
+    """Single process, same config."""
     from titan_tpu.trainer import Trainer
 
     trainer = Trainer(load_config(CONFIG, [*BASE, f"--job.dump_folder={dump / 'single'}"]))
-    losses = [r.loss for r in trainer.train()]
+    run = train_and_capture(trainer)
     trainer.close()
-    return {"losses": losses}
+    return run
 
 
 def main(out: Path) -> None:
@@ -184,7 +204,7 @@ def main(out: Path) -> None:
         key = "moe_layer_collapsed" if collapse else "moe_layer"
         results[key] = moe_layer(collapse)
         results["timings_s"][key] = time.perf_counter() - start
-    for name, overrides in [*LAYOUTS.items(), BF16_LAYOUT]:
+    for name, overrides in [*LAYOUTS.items(), MISSCALED_LAYOUT, BF16_LAYOUT]:
         start = time.perf_counter()
         results[name] = run_layout(name, overrides, out.parent)
         results["timings_s"][name] = time.perf_counter() - start

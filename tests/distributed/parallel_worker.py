@@ -3,12 +3,15 @@
 One launch runs, in sequence on the same 4 processes:
   1. sharded layers: each TP-sharded linear and the attention block (tp 4), and a whole block with
      sequence parallelism, forward and backward, against the unsharded module;
-  2. for each layout (FSDP 4, HSDP 2x2, TP 2 x FSDP 2 (compiled blocks), TP 4 with loss parallel, and TP 2 x
-     replicate 2 without sequence parallel, with activation checkpointing): a real `Trainer` is built, its freshly
-     initialised weights are gathered and compared with a single-process initialisation, it trains
-     10 fp32 steps, and the per-step losses are kept; FSDP 4 also reports each rank's parameter +
-     gradient + optimizer-state bytes.
-Rank 0 writes everything to OUT (JSON). `reference()` is the single-process side, run by the test.
+  2. for each layout (FSDP 4, HSDP 2x2, TP 2 x FSDP 2 (compiled blocks), TP 4 with loss parallel, TP 2 x
+     replicate 2 without sequence parallel, with activation checkpointing, and TP 2 x FSDP 2 accumulating
+     2 micro-batches per step): a real `Trainer` is built, its freshly initialised weights are gathered
+     and compared with a single-process initialisation, it trains 10 fp32 steps (8 past warmup), and
+     the per-step losses and gradient norms and the full final state (parameters and AdamW state,
+     gathered) are kept (parity.RunResult); FSDP 4 also reports each rank's parameter + gradient +
+     optimizer-state bytes.
+Rank 0 writes OUT (JSON) and OUT's folder/<layout>.pt. `reference()` is the single-process side, run by
+the test.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ from models.llama3.parallelize import apply_decoder_tp, block_plan  # noqa: E402
 from titan_tpu.distributed.tensor_parallel import loss_context  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
-from titan_tpu.distributed.parallelize import parallelize_model
+from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
+from parity import RunResult, train_and_capture  # noqa: E402
 
 STEPS = 10
 BASE = [
@@ -51,6 +55,7 @@ BASE = [
     f"--training.steps={STEPS}",
     "--metrics.log_freq=1",
     "--data.shuffle_buffer=16",
+    "--lr_scheduler.warmup_steps=2",
 ]
 LAYOUTS: dict[str, list[str]] = {
     "fsdp4": ["--parallelism.dp_shard=4"],
@@ -72,6 +77,9 @@ LAYOUTS: dict[str, list[str]] = {
         "--parallelism.sequence_parallel=false",
         "--activation_checkpoint.mode=full",
     ],
+    # Gradient accumulation under FSDP: 2 micro-batches of 1 sequence per rank and step, where every
+    # other layout takes one batch (a missing or doubled 1/accumulation would scale the gradients).
+    "tp2_fsdp2_accum2": ["--parallelism.tp=2", "--parallelism.dp_shard=2", "--training.local_batch_size=1"],
 }
 
 
@@ -204,10 +212,11 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
 
 
 def fill_grads(trainer: Any) -> None:
-    """One more forward/backward so that gradients exist when the bytes are counted."""
-    batch = next(iter(trainer.dataloader))
-    output = trainer.model(batch["input_ids"])
-    trainer.spec.loss_fn(output, batch["labels"]).backward()
+    """One more forward/backward (any tokens will do) so that gradients exist when the bytes are
+    counted; after the final state was taken, so it changes nothing that is compared."""
+    output = trainer.model(torch.randint(0, 256, (1, 32)))
+    logits = output.logits if hasattr(output, "logits") else output
+    local(logits).float().square().mean().backward()
 
 
 def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
@@ -217,8 +226,10 @@ def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
     trainer = Trainer(config)
     reference = single_process_init(config)
     init_diff = max(max_diff(p, reference[canonical_name(n)]) for n, p in trainer.model.named_parameters())
-    losses = [r.loss for r in trainer.train()]
-    result: dict[str, Any] = {"losses": losses, "init_max_abs_diff": init_diff}
+    run = train_and_capture(trainer)
+    if dist.get_rank() == 0:
+        run.save(dump / f"{name}.pt")
+    result: dict[str, Any] = {"init_max_abs_diff": init_diff}
     if name == "fsdp4":
         fill_grads(trainer)
         mine = torch.tensor([state_bytes(trainer.model, trainer.optimizer)])
@@ -228,16 +239,16 @@ def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
     return result
 
 
-def reference(dump: Path) -> dict[str, Any]:
-    """Single process, same config: per-step losses and the state bytes."""
+def reference(dump: Path) -> tuple[RunResult, int]:
+    """Single process, same config: the run and its state bytes."""
     from titan_tpu.trainer import Trainer
 
     trainer = Trainer(load_config("llama3_debug", [*BASE, f"--job.dump_folder={dump / 'single'}"]))
-    losses = [r.loss for r in trainer.train()]
+    run = train_and_capture(trainer)
     fill_grads(trainer)
-    result = {"losses": losses, "state_bytes": state_bytes(trainer.model, trainer.optimizer)}
+    nbytes = state_bytes(trainer.model, trainer.optimizer)
     trainer.close()
-    return result
+    return run, nbytes
 
 
 def main(out: Path) -> None:

@@ -1,22 +1,21 @@
-"""A checkpoint saved under one layout loads under another and the next step's loss is the same
-(within 1e-5 relative: only the order of floating-point sums changes); Hugging Face weights load into
-an expert-parallel model, each rank reading only its own experts.
+"""A checkpoint saved under one layout loads under another with the whole training state intact, and
+training goes on as if the layout had never changed; async saves by several processes hold the state
+of the step they were taken at; Hugging Face weights load into TP and EP models, each rank reading
+only its own block.
 
-Two chains, one 4-process launch for all of their multi-process links (checkpoint_layouts_worker.py):
-    llama3: 1 process, steps 1-2, saves step 2
-      -> FSDP 4 loads step 2, trains 3-4, saves 3 and 4     (1 process -> FSDP 4: step 3 vs 1 process)
-           -> 1 process loads step 3, trains 4             (FSDP 4 -> 1 process: step 4 vs FSDP 4)
-           -> TP 2 x FSDP 2 loads step 3, trains 4         (FSDP 4 -> TP 2 x FSDP 2: step 4 vs FSDP 4)
-    qwen3_moe (experts sharded over ep, then FSDP):
-      1 process, steps 1-2, saves step 2
-      -> EP 2 x FSDP 2 loads step 2, trains 3-4, saves 3 and 4   (step 3 vs 1 process)
-           -> 1 process loads step 3, trains 4                  (step 4 vs EP 2 x FSDP 2)
+Two chains, each against an uninterrupted one-process run of 11 steps (constant lr after 2 warmup
+steps, so a run stopped at step 5 is the first 5 steps of the 11-step one):
+    llama3:     1 process -(step 2)-> FSDP 4 -(step 5)-> TP 2 x FSDP 2 -(step 8)-> 1 process (to 11)
+    qwen3_moe:  1 process -(step 2)-> EP 2 x FSDP 2 -(step 5)-> TP 2 x EP 2 -(step 8)-> 1 process
+At each link the loaded state (parameters, both AdamW moments and step counts, gathered to full
+tensors) must equal the saving run's state bit for bit: resharding copies, it does not compute. Each
+segment's 3 steps (loss, gradient norm) and end state must match the uninterrupted run (parity.compare,
+tolerances in parity.py). The 4-process links run in one launch (checkpoint_layouts_worker.py).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,42 +23,45 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from models.qwen3 import QWEN3_MOE_FLAVORS, QWEN3_STATE_DICT_ADAPTER
 from titan_tpu.checkpoint.hf import hf_tensor_index
-from titan_tpu.config import load_config
-from titan_tpu.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("checkpoint_layouts_worker.py")
 sys.path.insert(0, str(ROOT / "tests" / "parity"))
 sys.path.insert(0, str(WORKER.parent))
 
-from checkpoint_layouts_worker import ARGS, LLAMA, MOE  # noqa: E402
+from checkpoint_layouts_worker import ASYNC_STEPS, CHAINS, LINKS, STEPS, resume, trainer_for  # noqa: E402
 from launch import torchrun  # noqa: E402
+from parity import EXACT, RunResult, capture_states, compare, compare_states, train_and_capture  # noqa: E402
+from test_hf_roundtrip import ARGS as LLAMA_ARGS  # noqa: E402
 from test_hf_roundtrip import random_hf_model  # noqa: E402
 
-REL = 1e-5
 MOE_ARGS = QWEN3_MOE_FLAVORS["debug_moe"]
+HF_SHAPES = {"llama": LLAMA_ARGS, "moe": MOE_ARGS}
 
 
-def one_process(config: str, dump: Path, *extra: str) -> dict[int, float]:
-    trainer = Trainer(load_config(config, [*ARGS, f"--job.dump_folder={dump}", *extra]))
+def uninterrupted(work: Path, tag: str) -> tuple[RunResult, dict[int, dict[str, torch.Tensor]]]:
+    """One process, all 11 steps; saves step 2 for the chain and captures the state at each link."""
+    config, _ = CHAINS[tag]
+    trainer = trainer_for(config, work / f"{tag}_single", STEPS, f"--checkpoint.interval={LINKS[0]}")
+    captured = capture_states(trainer, {*LINKS, *ASYNC_STEPS})
     try:
-        return {r.step: r.loss for r in trainer.train()}
+        run = train_and_capture(trainer)
     finally:
         trainer.close()
+    return run, captured
 
 
-def start_from(source: Path, step: int, dump: Path) -> Path:
-    (dump / "checkpoint").mkdir(parents=True)
-    shutil.copytree(source / "checkpoint" / f"step-{step}", dump / "checkpoint" / f"step-{step}")
-    return dump
-
-
-def close(a: float, b: float) -> float:
-    return abs(a - b) / abs(b)
+def last_segment(work: Path, tag: str) -> tuple[dict[str, torch.Tensor], RunResult]:
+    config, links = CHAINS[tag]
+    trainer, loaded = resume(config, work / links[-1][0], LINKS[-1], STEPS, work / f"{tag}_back")
+    try:
+        return loaded, train_and_capture(trainer)
+    finally:
+        trainer.close()
 
 
 @pytest.fixture(scope="module")
@@ -74,60 +76,115 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _run_chains(work: Path) -> dict[str, Any]:
     start = time.perf_counter()
-    single = one_process(LLAMA, work / "single", "--checkpoint.interval=2")
-    moe_single = one_process(MOE, work / "moe_single", "--checkpoint.interval=2")
-    start_from(work / "single", 2, work / "fsdp4")
-    start_from(work / "moe_single", 2, work / "ep2_fsdp2")
-    hf = random_hf_model(QWEN3_STATE_DICT_ADAPTER, MOE_ARGS, Qwen3MoeConfig, Qwen3MoeForCausalLM)
-    hf.save_pretrained(work / "hf_moe")
-    tokens = torch.randint(0, MOE_ARGS.vocab_size, (2, 32), generator=torch.Generator().manual_seed(1))
-    torch.save(tokens, work / "tokens.pt")
-    with torch.no_grad():
-        hf_logits = hf(input_ids=tokens).logits
+    out: dict[str, Any] = {"work": work}
+    for tag in CHAINS:
+        out[f"{tag}_single"], out[f"{tag}_captured"] = uninterrupted(work, tag)
+    hf_models = {
+        "llama": random_hf_model(),
+        "moe": random_hf_model(QWEN3_STATE_DICT_ADAPTER, MOE_ARGS, Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    }
+    for tag, hf in hf_models.items():
+        hf.save_pretrained(work / f"hf_{tag}")
+        tokens = torch.randint(0, HF_SHAPES[tag].vocab_size, (2, 32), generator=torch.Generator().manual_seed(1))
+        torch.save(tokens, work / f"tokens_{tag}.pt")
+        with torch.no_grad():
+            out[f"hf_{tag}_logits"] = hf(input_ids=tokens).logits
+        out[f"tokens_{tag}"] = tokens
+    single_s = time.perf_counter() - start
 
+    start = time.perf_counter()
     torchrun(4, WORKER, str(work))
-    result = json.loads((work / "result.json").read_text())
-    losses = {k: {int(s): v for s, v in result[k].items()} for k in ("fsdp4", "tp2_fsdp2", "ep2_fsdp2")}
+    launch_s = time.perf_counter() - start
+    out["result"] = json.loads((work / "result.json").read_text())
+    start = time.perf_counter()
+    for tag in CHAINS:
+        out[f"{tag}_back"] = last_segment(work, tag)
+    print(f"\nlayouts: one-process runs {single_s + time.perf_counter() - start:.1f} s, 4-process launch "
+          f"{launch_s:.1f} s; per part: {out['result']['timings_s']}")
+    return out
 
-    back = one_process(LLAMA, start_from(work / "fsdp4", 3, work / "back"))
-    moe_back = one_process(MOE, start_from(work / "ep2_fsdp2", 3, work / "moe_back"))
-    print(f"layouts: {time.perf_counter() - start:.1f} s in all")
-    return {
-        "single": single,
-        "back": back,
-        "moe_single": moe_single,
-        "moe_back": moe_back,
-        **losses,
-        "hf": result["hf_ep2_fsdp2"],
-        "hf_logits": hf_logits,
-        "tokens": tokens,
-        "work": work,
-    }
+
+def segment(work: Path, name: str) -> tuple[dict[str, torch.Tensor], RunResult]:
+    saved = torch.load(work / f"{name}.pt", weights_only=True)
+    return saved["loaded"], RunResult(**saved["run"])
 
 
 @pytest.mark.slow
-def test_reshard_between_layouts(runs: dict[str, Any]) -> None:
-    single, fsdp4, back, tp = runs["single"], runs["fsdp4"], runs["back"], runs["tp2_fsdp2"]
-    assert sorted(fsdp4) == [3, 4] and sorted(back) == [4] and sorted(tp) == [4]
-    diffs = {
-        "1 process -> FSDP 4": close(fsdp4[3], single[3]),
-        "FSDP 4 -> 1 process": close(back[4], fsdp4[4]),
-        "FSDP 4 -> TP 2 x FSDP 2": close(tp[4], fsdp4[4]),
-    }
-    print("relative next-step loss differences:", {k: f"{v:.2e}" for k, v in diffs.items()})
-    assert all(v <= REL for v in diffs.values()), diffs
+@pytest.mark.parametrize("tag", list(CHAINS))
+def test_reshard_chain_keeps_state_and_matches_uninterrupted(runs: dict[str, Any], tag: str) -> None:
+    single, captured = runs[f"{tag}_single"], runs[f"{tag}_captured"]
+    _, links = CHAINS[tag]
+    segments = [(name, *segment(runs["work"], name)) for name, _ in links]
+    segments.append(("1 process", *runs[f"{tag}_back"]))
+    saved_state = captured[LINKS[0]]  # the one-process run's state at its step-2 save
+    saved_by = "1 process"
+    for (name, loaded, run), step in zip(segments, LINKS):
+        steps = {int(v) for k, v in loaded.items() if k.startswith("step/")}
+        assert steps == {step}, f"{saved_by} -> {name}: AdamW step counts {steps} after loading step {step}"
+        load_report = compare_states(loaded, saved_state, EXACT)
+        assert load_report.ok, (f"{saved_by} -> {name}", load_report.failures[:10])
+        end = run.steps[-1]
+        assert run.steps == list(range(step + 1, step + 4)), run.steps
+        reference = single.at(end, captured[end]) if end in captured else single
+        report = compare(run, reference)
+        print(f"{tag} {saved_by} -> {name}: loaded state bitwise equal; steps {run.steps} against the "
+              f"uninterrupted run: {report.summary()}")
+        assert report.ok, (name, report.failures[:10])
+        saved_state, saved_by = run.state, name
 
 
 @pytest.mark.slow
-def test_reshard_expert_parallel(runs: dict[str, Any]) -> None:
-    single, ep, back = runs["moe_single"], runs["ep2_fsdp2"], runs["moe_back"]
-    assert sorted(ep) == [3, 4] and sorted(back) == [4]
-    diffs = {
-        "1 process -> EP 2 x FSDP 2": close(ep[3], single[3]),
-        "EP 2 x FSDP 2 -> 1 process": close(back[4], ep[4]),
-    }
-    print("qwen3_moe relative next-step loss differences:", {k: f"{v:.2e}" for k, v in diffs.items()})
-    assert all(v <= REL for v in diffs.values()), diffs
+def test_async_saves_by_four_processes_hold_their_step(runs: dict[str, Any]) -> None:
+    """A background write that read parameters after the next optimizer step, or a save committed
+    before all 4 ranks wrote, would load a different state."""
+    saved = torch.load(runs["work"] / "async_fsdp4.pt", weights_only=True)
+    assert sorted(saved["captured"]) == sorted(saved["loaded"]) == list(ASYNC_STEPS)
+    for step in ASYNC_STEPS:
+        report = compare_states(saved["loaded"][step], saved["captured"][step], EXACT)
+        assert report.ok, (step, report.failures[:10])
+    run = RunResult(**saved["run"])
+    report = compare(run, runs["llama_single"].at(ASYNC_STEPS[-1], runs["llama_captured"][ASYNC_STEPS[-1]]))
+    print(f"async FSDP 4: saved steps {list(ASYNC_STEPS)} load bitwise; against one process: {report.summary()}")
+    assert report.ok, report.failures[:10]
+
+
+def check_logits(runs: dict[str, Any], name: str, tag: str, model_cls: type) -> None:
+    work = runs["work"]
+    logits = torch.load(work / f"hf_logits_{name}.pt", weights_only=True)
+    expected = runs[f"hf_{tag}_logits"]
+    reloaded = AutoModelForCausalLM.from_pretrained(work / f"{name}_export", attn_implementation="eager").eval()
+    assert type(reloaded) is model_cls
+    with torch.no_grad():
+        exported = reloaded(input_ids=runs[f"tokens_{tag}"]).logits
+    scale = expected.abs().max().item()
+    loaded_diff = (logits - expected).abs().max().item()
+    exported_diff = (exported - expected).abs().max().item()
+    print(f"{name}: ours vs HF {loaded_diff:.2e}, exported vs HF {exported_diff:.2e} (max |logit| {scale:.2f})")
+    assert loaded_diff <= 1e-5 * max(1.0, scale)
+    assert exported_diff <= 1e-5 * max(1.0, scale)
+
+
+def reads_by_name(rank: dict[str, Any]) -> dict[str, tuple[list[int], list[int]]]:
+    reads: dict[str, tuple[list[int], list[int]]] = {}
+    for name, offsets, lengths in rank["reads"]:
+        assert name not in reads, f"{name} read twice"
+        reads[name] = (offsets, lengths)
+    return reads
+
+
+@pytest.mark.slow
+def test_hf_import_export_under_tensor_parallel(runs: dict[str, Any]) -> None:
+    """TP 2 x FSDP 2: each rank reads a quarter of every projection, cut along TP's dimension then
+    FSDP's rows (column-wise q_proj: rows / 4; row-wise o_proj: rows / 2 x columns / 2); logits and
+    the export gathered from the shards match transformers."""
+    in_files = {name: list(shape) for name, (_, shape) in hf_tensor_index(runs["work"] / "hf_llama").items()}
+    q, o = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight"
+    for rank in runs["result"]["hf_tp2_fsdp2"]["ranks"]:
+        reads = reads_by_name(rank)
+        assert set(reads) == set(in_files)
+        assert reads[q][1] == [in_files[q][0] // 4, in_files[q][1]], reads[q]
+        assert reads[o][1] == [in_files[o][0] // 2, in_files[o][1] // 2], reads[o]
+    check_logits(runs, "hf_tp2_fsdp2", "llama", LlamaForCausalLM)
 
 
 @pytest.mark.slow
@@ -137,14 +194,11 @@ def test_hf_import_export_under_expert_parallel(runs: dict[str, Any]) -> None:
     in_files = {name: list(shape) for name, (_, shape) in hf_tensor_index(runs["work"] / "hf_moe").items()}
     experts = {name for name in in_files if ".mlp.experts." in name}
     covered: list[int] = []
-    for rank in runs["hf"]:
+    for rank in runs["result"]["hf_ep2_fsdp2"]["ranks"]:
         (start, *_), (count, *_) = rank["expert_block"]
         assert count == MOE_ARGS.num_experts // 4, rank["expert_block"]
         covered += range(start, start + count)
-        reads: dict[str, tuple[list[int], list[int]]] = {}
-        for name, offsets, lengths in rank["reads"]:
-            assert name not in reads, f"{name} read twice"
-            reads[name] = (offsets, lengths)
+        reads = reads_by_name(rank)
         mine = {n for n in experts if start <= int(n.split(".mlp.experts.")[1].split(".")[0]) < start + count}
         assert experts & set(reads) == mine  # its own experts and no other
         assert all(reads[n] == ([0, 0], in_files[n]) for n in mine)  # FSDP cut the range, not the experts
@@ -152,16 +206,4 @@ def test_hf_import_export_under_expert_parallel(runs: dict[str, Any]) -> None:
         q = "model.layers.0.self_attn.q_proj.weight"
         assert reads[q][1] == [in_files[q][0] // 4, in_files[q][1]], reads[q]
     assert sorted(covered) == list(range(MOE_ARGS.num_experts))
-
-    logits = torch.load(runs["work"] / "hf_logits.pt", weights_only=True)
-    expected = runs["hf_logits"]
-    reloaded = AutoModelForCausalLM.from_pretrained(runs["work"] / "hf_export", attn_implementation="eager").eval()
-    assert type(reloaded) is Qwen3MoeForCausalLM
-    with torch.no_grad():
-        exported = reloaded(input_ids=runs["tokens"]).logits
-    scale = expected.abs().max().item()
-    loaded_diff = (logits - expected).abs().max().item()
-    exported_diff = (exported - expected).abs().max().item()
-    print(f"EP 2 x FSDP 2: ours vs HF {loaded_diff:.2e}, exported vs HF {exported_diff:.2e} (max |logit| {scale:.2f})")
-    assert loaded_diff <= 1e-5 * max(1.0, scale)
-    assert exported_diff <= 1e-5 * max(1.0, scale)
+    check_logits(runs, "hf_ep2_fsdp2", "moe", Qwen3MoeForCausalLM)

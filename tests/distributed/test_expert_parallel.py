@@ -3,9 +3,12 @@
 One torchrun launch (expert_parallel_worker.py) runs every multi-process check; the tests read it:
 - one MoE layer with experts sharded over ep 4: outputs and gradients equal the single-device layer,
   also when three of the four ranks receive no tokens;
-- loss parity: EP 2 x FSDP 2 (compiled), EP 4, TP 2 x EP 2 (with activation checkpointing), HSDP
-  2 x 2 with EP 2 and plain FSDP 4 (no EP) train the Qwen 3 MoE debug model 10 fp32 steps through
-  the real Trainer; every step's loss is within 1e-4 relative of the single process's;
+- parity: EP 2 x FSDP 2 (compiled), EP 4, TP 2 x EP 2 (with activation checkpointing), HSDP
+  2 x 2 with EP 2 and plain FSDP 4 (no EP) train the Qwen 3 MoE debug model 10 fp32 steps (warmup 2)
+  through the real Trainer; every step's loss and gradient norm and the full final state
+  (parameters, AdamW moments and step counts, gathered) match the single process's (parity.compare);
+- the check bites: the same comparison fails for EP 2 x FSDP 2 with the experts' gradients scaled by
+  ep (the 1/ep correction left out), although its losses stay close;
 - identical init and the expected expert shards per rank;
 - EP 2 x FSDP 2 in bf16 gathers the experts in bf16 and stays near the float32 losses.
 The layout rule's error messages are checked without processes.
@@ -31,6 +34,7 @@ sys.path.insert(0, str(HERE))
 
 import expert_parallel_worker  # noqa: E402
 from launch import torchrun  # noqa: E402
+from parity import RunResult, compare  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +45,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     torchrun(4, HERE / "expert_parallel_worker.py", str(out), timeout=600)
     elapsed = time.perf_counter() - start
     data = json.loads(out.read_text())
+    for layout in [*expert_parallel_worker.LAYOUTS, expert_parallel_worker.MISSCALED_LAYOUT[0]]:
+        data[layout]["run"] = RunResult.load(out_dir / f"{layout}.pt")
+    data[expert_parallel_worker.BF16_LAYOUT[0]]["run"] = RunResult.load(out_dir / "ep2_fsdp2_bf16.pt")
     start = time.perf_counter()
     data["single"] = expert_parallel_worker.reference(out_dir)
     print(f"\n4-process launch {elapsed:.1f}s, single-process reference {time.perf_counter() - start:.1f}s; "
@@ -61,14 +68,33 @@ def test_sharded_moe_layer_matches_one_device(results: dict[str, Any], case: str
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(expert_parallel_worker.LAYOUTS))
-def test_loss_parity_with_single_process(results: dict[str, Any], layout: str) -> None:
-    single = results["single"]["losses"]
-    losses = results[layout]["losses"]
-    assert len(losses) == len(single) == expert_parallel_worker.STEPS
-    rel = [abs(a - b) / abs(b) for a, b in zip(losses, single)]
-    print(f"\n{layout}: max relative loss difference {max(rel):.2e} over {len(rel)} steps")
-    assert max(rel) <= 1e-4, list(zip(losses, single))
-    assert single[-1] < single[0]  # it trained
+def test_parity_with_single_process(results: dict[str, Any], layout: str) -> None:
+    single, run = results["single"], results[layout]["run"]
+    assert run.steps == single.steps == list(range(1, expert_parallel_worker.STEPS + 1))
+    report = compare(run, single)
+    print(f"\n{layout}: max relative differences over {len(run.steps)} steps: {report.summary()}")
+    assert report.ok, report.failures[:10]
+    assert single.losses[-1] < single.losses[0]  # it trained
+
+
+@pytest.mark.slow
+def test_parity_check_fails_for_misscaled_expert_gradients(results: dict[str, Any]) -> None:
+    """The experts' gradients ep (2) times too large: AdamW's per-tensor normalisation keeps their
+    updates nearly the same, but the gradient norm differs at every step and the experts' moments
+    carry the factor (exp_avg x2, exp_avg_sq x4)."""
+    name, _ = expert_parallel_worker.MISSCALED_LAYOUT
+    run, single = results[name]["run"], results["single"]
+    report = compare(run, single)
+    print(f"\n{name}: max relative differences {report.summary()}; {len(report.failures)} failures, "
+          f"e.g. {report.failures[:2]}")
+    assert not report.ok
+    failed_steps = {int(f.split()[1]) for f in report.failures if f.startswith("step ") and "grad_norm" in f}
+    assert failed_steps == set(run.steps), failed_steps
+    moments = {k: v for k, v in report.per_tensor.items() if k.startswith("exp_avg/")}
+    experts = {k: v for k, v in moments.items() if ".experts." in k}
+    assert experts and min(experts.values()) >= 0.5, experts  # factor 2: a difference of 1.0
+    others = max(v for k, v in moments.items() if k not in experts)
+    assert others < 0.5, others  # the rest only through the clipping coefficient
 
 
 @pytest.mark.slow
@@ -92,15 +118,15 @@ def test_bf16_experts_are_gathered_in_bf16_and_train(results: dict[str, Any]) ->
     """The experts' FSDP group takes the run's policy: bf16 all-gathers (half the bytes of float32),
     and the losses stay near float32's (a loose sanity bound: bf16 rounding, not a parity test)."""
     name, _ = expert_parallel_worker.BF16_LAYOUT
-    bf16 = results[name]
-    fp32 = results["ep2_fsdp2"]["losses"]
-    assert bf16["expert_gather_dtypes"] == ["torch.bfloat16"]
-    rel = [abs(a - b) / abs(b) for a, b in zip(bf16["losses"], fp32)]
-    print(f"\n{name}: losses {[round(x, 4) for x in bf16['losses']]}; float32 {[round(x, 4) for x in fp32]}; "
+    bf16 = results[name]["run"].losses
+    fp32 = results["ep2_fsdp2"]["run"].losses
+    assert results[name]["expert_gather_dtypes"] == ["torch.bfloat16"]
+    rel = [abs(a - b) / abs(b) for a, b in zip(bf16, fp32)]
+    print(f"\n{name}: losses {[round(x, 4) for x in bf16]}; float32 {[round(x, 4) for x in fp32]}; "
           f"max relative difference {max(rel):.2e}")
-    assert len(rel) == expert_parallel_worker.STEPS and all(math.isfinite(x) for x in bf16["losses"])
+    assert len(rel) == expert_parallel_worker.STEPS and all(math.isfinite(x) for x in bf16)
     assert max(rel) <= 2e-2
-    assert bf16["losses"][-1] < bf16["losses"][0]
+    assert bf16[-1] < bf16[0]
 
 
 def test_layout_rule_is_validated_with_a_clear_message() -> None:

@@ -1,0 +1,199 @@
+"""The one comparison every multi-process parity test makes, and the capture it compares.
+
+A run is captured as its per-step loss and gradient norm and its full training state (every
+parameter, both AdamW moments and AdamW's step count, each gathered to a full tensor and keyed by
+the parameter's canonical name), so that two runs on different layouts compare tensor by tensor.
+
+Why more than the loss: AdamW divides each tensor's update by the running RMS of its own gradient,
+so a constant mis-scaling of one group of gradients (a forgotten 1/ep, a doubled accumulation)
+leaves the updates, hence the loss, almost unchanged. The gradient norm sees the mis-scaling at
+every step and the moments carry it (exp_avg by the factor, exp_avg_sq by its square).
+
+A state tensor's difference is |a - b| / |b| (L2 norms over the tensor): a few elements whose
+gradients nearly cancel get ±lr-sized Adam updates from rounding alone, and an element-wise maximum
+would report them rather than the tensor. Tolerances: see `Tolerance`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from titan_tpu.distributed.sharded_init import canonical_name
+
+ADAM_STATE = ("exp_avg", "exp_avg_sq", "step")
+KINDS = ("param", *ADAM_STATE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """Relative tolerances for float32 runs of at most 11 steps (lr 3e-3, warmup 2, clipping at 1).
+
+    Layouts differ only in the order of floating-point sums (~1e-7 per reduction). Measured against
+    one process (Llama 3 and Qwen 3 MoE debug, 11 layouts of 10 steps and two resharding chains of
+    11): loss <= 2.5e-6; gradient norm <= 5.2e-5 (<= 2.1e-6 in the first 4 steps; from step 5 on,
+    every multi-process layout's gradients differ from one process's by a near-uniform factor of
+    2e-5 to 5e-5); parameters <= 7e-5 (MoE: a token whose top-2 experts nearly tie may switch
+    experts; <= 1.1e-5 in the dense runs); AdamW moments <= 1.6e-4 (exp_avg_sq squares the
+    gradient's difference). Each tolerance is 4x to 7x the largest measured value. A gradient group
+    mis-scaled by 2 moves the gradient norm by 1.5e-2 to 4.5e-2 at every step, the group's moments
+    by 1.0 and 2.9 and the parameters by 1.3e-2: far outside.
+    """
+
+    loss: float = 1e-5
+    grad_norm: float = 2e-4
+    param: float = 5e-4
+    moments: float = 1e-3
+
+
+EXACT = Tolerance(loss=0.0, grad_norm=0.0, param=0.0, moments=0.0)
+DEFAULT = Tolerance()
+
+
+@dataclasses.dataclass
+class RunResult:
+    steps: list[int]
+    losses: list[float]
+    grad_norms: list[float]
+    state: dict[str, torch.Tensor]  # after the last step; see full_state()
+
+    def at(self, step: int, state: dict[str, torch.Tensor]) -> RunResult:
+        """This run's records up to `step`, with `state` (captured after `step`) as its end state."""
+        keep = [i for i, s in enumerate(self.steps) if s <= step]
+        return RunResult(
+            [self.steps[i] for i in keep], [self.losses[i] for i in keep], [self.grad_norms[i] for i in keep], state
+        )
+
+    def save(self, path: Path) -> None:
+        torch.save(dataclasses.asdict(self), path)
+
+    @classmethod
+    def load(cls, path: Path) -> RunResult:
+        return cls(**torch.load(path, weights_only=True))
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach()
+    if isinstance(tensor, DTensor):
+        tensor = tensor.full_tensor()  # a collective: every rank gathers the same tensors in order
+    return tensor.to("cpu", copy=True)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """`{kind}/{canonical name}` -> full tensor for every parameter and its AdamW state (absent
+    before the first step). Every rank must call it at the same point."""
+    state: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        key = canonical_name(name)
+        state[f"param/{key}"] = _full(param)
+        for kind, value in optimizer.state.get(param, {}).items():
+            state[f"{kind}/{key}"] = _full(value)
+    return state
+
+
+def optimizer_step_count(optimizer: torch.optim.Optimizer) -> int:
+    counts = {int(s["step"]) for s in optimizer.state.values()}
+    if len(counts) != 1:
+        raise AssertionError(f"parameters disagree on AdamW's step count: {sorted(counts)}")
+    return counts.pop()
+
+
+def capture_states(trainer: Any, steps: Iterable[int]) -> dict[int, dict[str, torch.Tensor]]:
+    """Fill the returned dict with full_state() after each optimizer step whose count is in `steps`
+    (AdamW's own count, so a resumed run counts on from its checkpoint)."""
+    wanted, captured = set(steps), {}
+
+    def after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        step = optimizer_step_count(optimizer)
+        if step in wanted:
+            captured[step] = full_state(trainer.model, optimizer)
+
+    trainer.optimizer.register_step_post_hook(after_step)
+    return captured
+
+
+def train_and_capture(trainer: Any) -> RunResult:
+    """Train to the end (metrics.log_freq must be 1) and gather the final state."""
+    records = trainer.train()
+    steps = [r.step for r in records]
+    if steps != list(range(steps[0], steps[0] + len(steps))):
+        raise AssertionError(f"a record for every step is needed (metrics.log_freq = 1); got steps {steps}")
+    return RunResult(
+        steps, [r.loss for r in records], [r.grad_norm for r in records], full_state(trainer.model, trainer.optimizer)
+    )
+
+
+@dataclasses.dataclass
+class ParityReport:
+    """Largest relative difference per quantity and every breach of the tolerance."""
+
+    max_diff: dict[str, float]
+    failures: list[str]
+    per_tensor: dict[str, float] = dataclasses.field(default_factory=dict)  # state key -> difference
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        return ", ".join(f"{k} {v:.1e}" for k, v in self.max_diff.items())
+
+
+def _relative(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def compare_states(
+    state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], tol: Tolerance = DEFAULT
+) -> ParityReport:
+    failures: list[str] = []
+    if state.keys() != reference.keys():
+        missing, extra = sorted(reference.keys() - state.keys()), sorted(state.keys() - reference.keys())
+        failures.append(f"state keys differ: missing {missing[:5]}, unexpected {extra[:5]}")
+    worst = {kind: 0.0 for kind in KINDS}
+    limits = {"param": tol.param, "exp_avg": tol.moments, "exp_avg_sq": tol.moments, "step": 0.0}
+    per_tensor: dict[str, float] = {}
+    for key in sorted(state.keys() & reference.keys()):
+        kind = key.split("/", 1)[0]
+        a, b = state[key].double(), reference[key].double()
+        if a.shape != b.shape:
+            failures.append(f"{key}: shape {tuple(a.shape)} != {tuple(b.shape)}")
+            continue
+        if kind == "step":
+            diff = float((a - b).abs().max())  # counts: any difference is a failure
+        else:
+            diff = float((a - b).norm()) / max(float(b.norm()), 1e-30)
+        worst[kind] = max(worst[kind], diff)
+        per_tensor[key] = diff
+        if diff > limits[kind]:
+            failures.append(f"{key}: difference {diff:.2e} > {limits[kind]:.0e}")
+    return ParityReport(worst, failures, per_tensor)
+
+
+def compare(run: RunResult, reference: RunResult, tol: Tolerance = DEFAULT) -> ParityReport:
+    """Every step of `run` against the same step of `reference`, then the end states."""
+    failures: list[str] = []
+    if run.steps[-1] != reference.steps[-1]:
+        failures.append(f"runs end at different steps: {run.steps[-1]} vs {reference.steps[-1]}")
+    by_step = {s: (loss, norm) for s, loss, norm in zip(reference.steps, reference.losses, reference.grad_norms)}
+    worst = {"loss": 0.0, "grad_norm": 0.0}
+    for step, loss, norm in zip(run.steps, run.losses, run.grad_norms):
+        if step not in by_step:
+            failures.append(f"step {step}: not in the reference run")
+            continue
+        for what, value, expected, limit in (
+            ("loss", loss, by_step[step][0], tol.loss),
+            ("grad_norm", norm, by_step[step][1], tol.grad_norm),
+        ):
+            diff = _relative(value, expected)
+            worst[what] = max(worst[what], diff)
+            if diff > limit:
+                failures.append(f"step {step} {what}: {value!r} vs {expected!r} (relative {diff:.2e} > {limit:.0e})")
+    states = compare_states(run.state, reference.state, tol)
+    return ParityReport({**worst, **states.max_diff}, failures + states.failures, states.per_tensor)
