@@ -143,21 +143,28 @@ def kernel_for_block(attention_block: int) -> AttentionKernel:
     return SdpaAttention() if attention_block == 0 else BlockedAttention(attention_block)
 
 
-# Measured by scripts/bench_attention.py (forward + backward, B=8 H=16 D=16 and B=4 H=6 D=128) on a
-# 2-core Xeon with AVX512F and no AVX512-BF16/AMX: in float32 SDPA's flash kernel is as fast as or
-# faster than plain matmuls at every length, so blocked attention only pays where SDPA's bf16 kernel
-# falls far below matmul speed; see docs in `choose_attention`.
+# Query-block size of the blocked kernel when "auto" picks it: a multiple of the CPUs' matmul tiles,
+# small enough that a block's scores stay in cache.
 CPU_BLOCK = 128
 
 
-def choose_attention(device_type: str, dtype: torch.dtype, seq_len: int, requested: int) -> str:
-    """The attention kernel name for a run: `requested` is `[model] attention_block` (-1 automatic,
-    0 SDPA, N > 0 blocked with N-token query blocks); an explicit request is honoured as given.
+def choose_attention(
+    device_type: str, dtype: torch.dtype, seq_len: int, requested: int, native_bf16_matmul: bool = False
+) -> str:
+    """The attention kernel name for a run. `requested` is `[model] attention_block`: -1 automatic,
+    0 SDPA, N > 0 blocked with N-token query blocks; an explicit request is honoured as given.
+    `native_bf16_matmul`: the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX), which the device
+    layer knows.
 
-    Automatic: TPUs run the splash kernel when the sequence length tiles into its 128-multiple blocks
-    (else SDPA); GPUs run SDPA (fused flash / memory-efficient kernels); CPUs run SDPA in float32, where
-    its flash kernel keeps up with plain matmuls at any length, and blocked attention in bf16, where
-    SDPA's kernel runs far below matmul speed and blocking also skips the masked half of the work.
+    Automatic, from measurements (scripts/bench_attention.py, forward + backward):
+    - TPU: the splash kernel when the sequence tiles into its 128-multiple blocks, else SDPA.
+    - GPU and others: SDPA (fused flash / memory-efficient kernels).
+    - CPU, float32: SDPA. Its flash kernel beat plain-matmul blocks at every length measured (CPU time
+      1.4x to 4x less at sequence 256 to 2048, AVX512F Xeon); blocked attention used to be picked here
+      and ran a small model 2.5x slower at sequence 2048.
+    - CPU, bf16 with native bf16 matmuls: blocked, because SDPA's bf16 kernel does not use those units
+      (blocked measured 1.15x faster per training step of a 100M model at sequence 256).
+    - CPU, bf16 emulated: SDPA (2x to 10x less CPU time than blocked there).
     """
     if requested < -1:
         raise ValueError(f"attention_block must be -1 (auto), 0 (SDPA) or a block size, got {requested}")
@@ -167,7 +174,7 @@ def choose_attention(device_type: str, dtype: torch.dtype, seq_len: int, request
         return f"blocked:{requested}"
     if device_type == "tpu":
         return "splash" if splash_block(seq_len) is not None else "sdpa"
-    if device_type == "cpu" and dtype == torch.bfloat16 and seq_len > CPU_BLOCK:
+    if device_type == "cpu" and dtype == torch.bfloat16 and native_bf16_matmul:
         return f"blocked:{CPU_BLOCK}"
     return "sdpa"
 

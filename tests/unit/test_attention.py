@@ -185,6 +185,8 @@ def test_choose_attention() -> None:
     assert choose_attention("tpu", torch.bfloat16, 1000, requested=-1) == "sdpa"
     assert choose_attention("cuda", torch.bfloat16, 2048, requested=-1) == "sdpa"
     assert choose_attention("cpu", torch.float32, 2048, requested=-1) == "sdpa"
-    assert choose_attention("cpu", torch.bfloat16, 2048, requested=-1) == "blocked:128"
+    assert choose_attention("cpu", torch.bfloat16, 2048, requested=-1) == "sdpa"
+    assert choose_attention("cpu", torch.bfloat16, 256, requested=-1, native_bf16_matmul=True) == "blocked:128"
+    assert choose_attention("cpu", torch.float32, 256, requested=-1, native_bf16_matmul=True) == "sdpa"
     with pytest.raises(ValueError, match="-1 \\(auto\\)"):
         choose_attention("cpu", torch.float32, 256, requested=-2)
