@@ -12,6 +12,7 @@ FLUX_SPEC = ModelSpec(
     flavors=FLUX_FLAVORS,
     flops_per_token=flux_flops_per_token,
     state_dict_adapter=FLUX_STATE_DICT_ADAPTER,
+    default_task="rectified_flow",
 )
 register_model(FLUX_SPEC)
 

@@ -54,10 +54,16 @@ class HFTokenizer:
 
 
 def _seeded(seed: int, build: Any) -> nn.Module:
-    # The same random weights on every rank, without disturbing the run's global RNG stream.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    """`build()` with the CPU generator seeded (the same random weights on every rank), restoring the
+    run's RNG stream afterwards. Only the CPU generator is touched: torch.random.fork_rng and
+    torch.manual_seed also reach the accelerator, which with torch_tpu installed and no chip starts a
+    slow TPU discovery."""
+    saved = torch.default_generator.get_state()
+    torch.default_generator.manual_seed(seed)
+    try:
         return build()
+    finally:
+        torch.default_generator.set_state(saved)
 
 
 def _folder(value: str, key: str) -> str:
