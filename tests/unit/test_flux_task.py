@@ -212,3 +212,20 @@ def test_task_trains_and_samples(tmp_path: Path) -> None:
     assert np.isfinite(metrics["eval_loss"])
     with Image.open(tmp_path / "samples" / "step-000025.png") as image:
         assert image.format == "PNG"
+
+
+def test_autoencoder_from_a_diffusers_folder(tmp_path: Path) -> None:
+    """A local AutoencoderKL folder loads with its own scaling and shift (FLUX.1's VAE has both);
+    catches latents left unnormalised, which would train the flow on the wrong scale."""
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL(
+        latent_channels=3, down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(32, 32), layers_per_block=1, norm_num_groups=8, scaling_factor=0.5, shift_factor=0.2,
+    )  # fmt: skip
+    vae.save_pretrained(tmp_path / "vae")
+    loaded = Autoencoder(FluxConfig(image_size=16, autoencoder=str(tmp_path / "vae")), latent_channels=3, seed=0)
+    pixels = torch.rand(1, 3, 16, 16) * 2 - 1
+    with torch.no_grad():
+        mean = vae.encode(pixels).latent_dist.mean
+    assert torch.allclose(loaded.encode(pixels), (mean - 0.2) * 0.5, atol=1e-5)

@@ -62,7 +62,7 @@ class FluxConfig:
             f"must be a multiple of 8, at least 8, got {self.image_size}",
         )
         for key in ("autoencoder", "t5_encoder", "clip_encoder"):
-            _require(bool(getattr(self, key)), f"flux.{key}", "must be 'random' or a folder")
+            _require(bool(getattr(self, key)), f"flux.{key}", "must not be empty")
         _require(self.t5_max_length >= 1, "flux.t5_max_length", "must be >= 1")
         _require(self.clip_max_length >= 2, "flux.clip_max_length", "must be >= 2")
         _require(self.logit_std > 0, "flux.logit_std", f"must be > 0, got {self.logit_std}")

@@ -75,7 +75,9 @@ def _folder(value: str, key: str) -> str:
 class TextEncoders(nn.Module):
     """captions -> (T5 embeddings [B, t5_max_length, context_dim], CLIP pooled [B, pooled_dim])."""
 
-    def __init__(self, config: FluxConfig, context_dim: int, pooled_dim: int, seed: int) -> None:
+    def __init__(
+        self, config: FluxConfig, context_dim: int, pooled_dim: int, seed: int, dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
         from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
@@ -88,7 +90,7 @@ class TextEncoders(nn.Module):
             self.t5_tokenizer: Any = ByteTokenizer(config.t5_max_length)
         else:
             folder = _folder(config.t5_encoder, "t5_encoder")
-            self.t5 = T5EncoderModel.from_pretrained(folder)
+            self.t5 = T5EncoderModel.from_pretrained(folder, dtype=dtype)
             self.t5_tokenizer = HFTokenizer(folder, config.t5_max_length)
         if config.clip_encoder == "random":
             clip_config = CLIPTextConfig(
@@ -100,7 +102,7 @@ class TextEncoders(nn.Module):
             self.clip_tokenizer: Any = ByteTokenizer(config.clip_max_length)
         else:
             folder = _folder(config.clip_encoder, "clip_encoder")
-            self.clip = CLIPTextModel.from_pretrained(folder)
+            self.clip = CLIPTextModel.from_pretrained(folder, dtype=dtype)
             self.clip_tokenizer = HFTokenizer(folder, config.clip_max_length)
         for name, model, want in (("t5_encoder", self.t5, context_dim), ("clip_encoder", self.clip, pooled_dim)):
             width = model.config.d_model if name == "t5_encoder" else model.config.hidden_size
@@ -121,7 +123,9 @@ class Autoencoder(nn.Module):
     as FLUX.1 does: (mean - shift_factor) * scaling_factor. The encoder's mean is used (no sampling), so
     latents are a deterministic function of the image and can be cached."""
 
-    def __init__(self, config: FluxConfig, latent_channels: int, seed: int) -> None:
+    def __init__(
+        self, config: FluxConfig, latent_channels: int, seed: int, dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
         from diffusers import AutoencoderKL
 
@@ -137,7 +141,7 @@ class Autoencoder(nn.Module):
                     sample_size=config.image_size,
                 ))  # fmt: skip
             else:
-                self.vae = AutoencoderKL.from_pretrained(_folder(config.autoencoder, "autoencoder"))
+                self.vae = AutoencoderKL.from_pretrained(_folder(config.autoencoder, "autoencoder"), torch_dtype=dtype)
             vae_config = self.vae.config
             channels = vae_config.latent_channels
             self.downsample = 2 ** (len(vae_config.block_out_channels) - 1)

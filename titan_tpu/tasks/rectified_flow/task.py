@@ -44,7 +44,7 @@ class RectifiedFlowTask(TrainingTask):
 
     def __init__(self, ctx: TaskContext) -> None:
         super().__init__(ctx)
-        self.flux: FluxConfig = ctx.config.flux  # type: ignore[attr-defined]
+        self.flux: FluxConfig = ctx.config.flux
         self.seed = ctx.config.training.seed
         self.args: FluxArgs | None = None
         self.dataloader: StatefulDataLoader | None = None
@@ -64,8 +64,11 @@ class RectifiedFlowTask(TrainingTask):
 
     def setup(self, model: nn.Module) -> None:
         ctx, args = self.ctx, self._args()
-        self.text_encoders = TextEncoders(self.flux, args.context_dim, args.pooled_dim, self.seed).to(ctx.device)
-        self.autoencoder = Autoencoder(self.flux, args.in_channels // 4, self.seed).to(ctx.device)
+        # Encoders loaded from folders run in the compute dtype (T5-XXL alone is 19 GB in float32);
+        # the tiny random ones stay float32.
+        dtype = ctx.compute_dtype
+        self.text_encoders = TextEncoders(self.flux, args.context_dim, args.pooled_dim, self.seed, dtype).to(ctx.device)
+        self.autoencoder = Autoencoder(self.flux, args.in_channels // 4, self.seed, dtype).to(ctx.device)
         self.dataloader = build_image_dataloader(self.flux, ctx.local_batch_size, ctx.dp_rank, ctx.dp_world, self.seed)
         self.empty_text = self.text_encoders([""])
 
