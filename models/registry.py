@@ -15,7 +15,7 @@ from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.values import check, is_supported, to_toml_value
 
 # Model arguments that every run sets from its own config, so an override would be overwritten.
-RUN_SET_ARGS = {"max_seq_len": "training.seq_len", "attention_block": "model.attention_block"}
+RUN_SET_ARGS = {"max_seq_len": "training.seq_len", "attention": "model.attention_block"}
 
 
 def _did_you_mean(name: str, valid: list[str]) -> str:

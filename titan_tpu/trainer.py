@@ -28,10 +28,12 @@ import torch
 from torch import nn
 
 import models
+from models.common.attention_kernels import AttentionKernel, attention_kernel, choose_attention
 from titan_tpu.checkpoint import CheckpointManager
 from titan_tpu.checkpoint.hf import check_hf_config, load_hf_weights
 from titan_tpu.config import ConfigError, TrainConfig, to_toml
-from titan_tpu.device import Device, dtype_name, host_peak_flops, resolve_compute_dtype, select_device
+from titan_tpu.device import Device, dtype_name, host_peak_flops, native_bf16, resolve_compute_dtype, select_device
+from titan_tpu.device.peak import cpu_peak_flops
 from titan_tpu.distributed import process_group
 from titan_tpu.distributed.grad_utils import clip_grad_norm_, sum_over
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
@@ -170,9 +172,28 @@ class Trainer:
             grad_accum_steps=self.grad_accum_steps,
             dump_folder=self.dump_folder,
             is_writer=self.is_writer,
+            attention=self._attention_kernel(),
         )
         self.task: TrainingTask = task_class(task_name)(context)
         self.model_args = self.task.model_args(self.spec.build_args(config.model.flavor, config.model.overrides))
+
+    def _attention_kernel(self) -> AttentionKernel:
+        """The causal attention kernel for this device, dtype and sequence length (or the one
+        `model.attention_block` names)."""
+        config = self.config
+        name = choose_attention(
+            self.device.type,
+            self.compute_dtype,
+            config.training.seq_len,
+            config.model.attention_block,
+            native_bf16_matmul=native_bf16(self.device.type),
+        )
+        if self.is_writer:
+            logger.info("attention: %s", name)
+        try:
+            return attention_kernel(name, splash_op=self.device.splash_attention_op())
+        except ValueError as error:
+            raise ConfigError(f"model.attention_block: {error}") from None
 
     def _setup_model(self) -> None:
         """On meta, then TP/SP -> AC -> compile -> FSDP -> materialise + init (identical weights on
@@ -362,6 +383,11 @@ class Trainer:
         mean_loss = float(sum_over(loss.float(), dp_mesh)) / self.dp_world
         items_per_sec = window.items / self.model_parallel_degree / elapsed
         flops_per_sec = items_per_sec * self.flops_per_item
+        if self.peak_flops and self.device.type == "cpu" and flops_per_sec > self.peak_flops:
+            # The start-up probe ran while the host was busier than now (other processes share a
+            # CPU): measure again, now. A run still above the new peak has wrong FLOP accounting,
+            # and its MFU above 100% is left visible rather than clipped.
+            self.peak_flops = max(self.peak_flops, cpu_peak_flops(self.compute_dtype))
         return StepRecord(
             step=self.step,
             loss=mean_loss,

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from models.common.attention_kernels import AttentionKernel, kernel_for_block, masked_attention
+from models.common.attention_kernels import AttentionKernel, SdpaAttention, masked_attention
 from models.common.init import trunc_normal_std_
 from models.common.kv_cache import LayerKVCache
 from models.common.norms import RMSNorm
@@ -15,9 +15,8 @@ class Attention(nn.Module):
 
     `head_dim` is explicit because it need not be dim / n_heads (Qwen 3 uses 128 at every size).
     `qk_norm` adds a per-head RMSNorm on q and k before the rotation, as Qwen 3 does.
-    `kernel` computes causal attention (see attention_kernels.py: "sdpa", "blocked:N", "splash");
-    `attention_block` is the older spelling of the same choice (0 SDPA, N > 0 blocked) used when no
-    kernel is given. Padded batches and cached decoding take the masked SDPA path instead.
+    `kernel` computes causal attention (see attention_kernels.py: "sdpa", "blocked:N", "splash").
+    Padded batches and cached decoding take the masked SDPA path instead.
 
     The forward derives head counts from the projected tensors, not from the constructor arguments: under
     tensor parallelism wq/wk/wv hold only this rank's heads, and the same code must run on the shard.
@@ -31,8 +30,7 @@ class Attention(nn.Module):
         head_dim: int,
         qk_norm: bool,
         norm_eps: float,
-        attention_block: int = 0,
-        kernel: AttentionKernel | None = None,
+        kernel: AttentionKernel = SdpaAttention(),
     ) -> None:
         super().__init__()
         if n_heads % n_kv_heads != 0:
@@ -40,7 +38,7 @@ class Attention(nn.Module):
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
-        self.kernel: AttentionKernel = kernel if kernel is not None else kernel_for_block(attention_block)
+        self.kernel = kernel
         self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
         self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
         self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=False)

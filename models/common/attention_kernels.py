@@ -136,13 +136,6 @@ def attention_kernel(name: str, splash_op: Callable[..., Any] | None = None) -> 
     raise ValueError(f"unknown attention kernel '{name}'; known: {', '.join(KERNEL_NAMES)}")
 
 
-def kernel_for_block(attention_block: int) -> AttentionKernel:
-    """The kernel a resolved `[model] attention_block` names: 0 -> SDPA, N > 0 -> blocked:N."""
-    if attention_block < 0:
-        raise ValueError(f"attention_block must be resolved (0 or a block size), got {attention_block}")
-    return SdpaAttention() if attention_block == 0 else BlockedAttention(attention_block)
-
-
 # Query-block size of the blocked kernel when "auto" picks it: a multiple of the CPUs' matmul tiles,
 # small enough that a block's scores stay in cache.
 CPU_BLOCK = 128

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from models.common.feed_forward import llama_ffn_hidden_dim
 from models.common.rope import RopeScaling
+from models.common.attention_kernels import AttentionKernel, SdpaAttention
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,8 @@ class Llama3Args:
     max_seq_len: int = 131072
     tie_embeddings: bool = False
     head_dim: int | None = None
-    # 0: scaled_dot_product_attention; N > 0: causal attention in N-token query blocks (plain matmuls).
-    attention_block: int = 0
+    # The causal attention kernel (models/common/attention_kernels.py); the run picks it for its device.
+    attention: AttentionKernel = SdpaAttention()
 
     def __post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads != 0:

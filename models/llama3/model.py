@@ -20,7 +20,7 @@ def build_llama3_block(args: Llama3Args, layer_id: int) -> TransformerBlock:
         head_dim=args.attn_head_dim,
         qk_norm=False,
         norm_eps=args.norm_eps,
-        attention_block=args.attention_block,
+        kernel=args.attention,
     )
     return TransformerBlock(
         attention=attention,

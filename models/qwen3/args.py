@@ -8,6 +8,7 @@ every layer (no dense-only layers), with the top-k weights renormalised (`norm_t
 
 from dataclasses import dataclass
 from typing import Literal
+from models.common.attention_kernels import AttentionKernel, SdpaAttention
 
 # How the experts' matmuls run; see `models.qwen3.moe.GroupedExperts`.
 ExpertImpl = Literal["auto", "grouped_mm", "padded_bmm", "loop"]
@@ -30,8 +31,8 @@ class Qwen3Args:
     norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     max_seq_len: int = 40960
-    # 0: scaled_dot_product_attention; N > 0: causal attention in N-token query blocks (plain matmuls).
-    attention_block: int = 0
+    # The causal attention kernel (models/common/attention_kernels.py); the run picks it for its device.
+    attention: AttentionKernel = SdpaAttention()
     tie_embeddings: bool = False
 
     def __post_init__(self) -> None:

@@ -32,7 +32,7 @@ def _attention(args: Qwen3Args) -> Attention:
         head_dim=args.head_dim,
         qk_norm=True,
         norm_eps=args.norm_eps,
-        attention_block=args.attention_block,
+        kernel=args.attention,
     )
 
 

@@ -76,7 +76,7 @@ def test_build_args_applies_checked_overrides_and_builds_that_model() -> None:
         ({"vocab_size": -1}, "model.overrides.vocab_size: must be >= 1, got -1"),
         ({"n_kv_heads": 3}, "n_heads (8) must be a multiple of n_kv_heads (3)"),
         ({"head_dim": 3, "dim": 24}, "head_dim must be even"),
-        ({"attention_block": 64}, "set from model.attention_block"),
+        ({"attention": "sdpa"}, "set from model.attention_block"),
     ],
 )
 def test_build_args_refuses_what_the_flavor_cannot_take(overrides: dict, message: str) -> None:

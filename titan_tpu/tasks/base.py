@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from models.common.attention_kernels import AttentionKernel, SdpaAttention
+
 if TYPE_CHECKING:
     from models.registry import ModelSpec
     from titan_tpu.config import TrainConfig
@@ -54,6 +56,9 @@ class TaskContext:
     grad_accum_steps: int
     dump_folder: Path
     is_writer: bool
+    # The causal attention kernel the trainer chose for this device, dtype and sequence length
+    # (models/common/attention_kernels.py); tasks of decoder models put it into the model arguments.
+    attention: AttentionKernel = SdpaAttention()
 
 
 @dataclass

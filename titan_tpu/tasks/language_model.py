@@ -38,16 +38,15 @@ class LanguageModelTask(TrainingTask):
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
 
     def model_args(self, args: Any) -> Any:
-        """Rotary tables sized for this run's sequence length (published flavors allow 128K)."""
+        """Rotary tables sized for this run's sequence length (published flavors allow 128K), and the
+        attention kernel chosen for its device."""
         model = self.ctx.config.model
         if self.tokenizer.vocab_size > args.vocab_size:
             raise ConfigError(
                 f"data.tokenizer has {self.tokenizer.vocab_size} tokens but model {model.name} "
                 f"{model.flavor} has vocab_size {args.vocab_size}; pick a tokenizer or flavor that fits"
             )
-        requested_block = self.ctx.config.model.attention_block
-        attention_block = requested_block if requested_block >= 0 else (128 if self.ctx.device_type == "cpu" else 0)
-        self.args = dataclasses.replace(args, max_seq_len=self.seq_len, attention_block=attention_block)
+        self.args = dataclasses.replace(args, max_seq_len=self.seq_len, attention=self.ctx.attention)
         return self.args
 
     def setup(self, model: nn.Module) -> None:

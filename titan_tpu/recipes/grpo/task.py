@@ -87,9 +87,7 @@ class GRPOTask(TrainingTask):
         needed = longest + self.rl.max_new_tokens
         if config.training.seq_len < needed:
             raise ConfigError(f"training.seq_len {config.training.seq_len} is below the longest prompt + rl.max_new_tokens = {needed}")
-        block = config.model.attention_block
-        attention_block = block if block >= 0 else (128 if self.ctx.device_type == "cpu" else 0)
-        self.args = dataclasses.replace(args, max_seq_len=config.training.seq_len, attention_block=attention_block)
+        self.args = dataclasses.replace(args, max_seq_len=config.training.seq_len, attention=self.ctx.attention)
         return self.args
 
     def setup(self, model: nn.Module) -> None:
