@@ -35,13 +35,14 @@ def main(out: Path) -> None:
     results: dict[str, dict[str, float]] = {}
     for name, layout in LAYOUTS.items():
         config = load_config("llama3_debug", [*BASE, *layout, f"--job.dump_folder={out.parent / name}"])
+        # Both trainers share the one process group (closing the first would end it for the second).
         trainer = Trainer(config)
         records = trainer.train()
         window = records[-1]  # steps 2..STEPS: the first step's one-time costs are in its own record
         results[name] = {"tflops": window.tflops, "tokens_per_sec": window.items_per_sec}
         if trainer.is_writer:
             out.write_text(json.dumps(results))
-        trainer.close()
+    trainer.close()
 
 
 if __name__ == "__main__":

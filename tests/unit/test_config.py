@@ -134,11 +134,11 @@ def test_bad_values_name_key_and_allowed_values(args: list[str], expected: str) 
         (["--config", "llama3_debug", "--trainin.steps=3"], "did you mean 'training'"),
         (["--config", "llama3_debug", "stray"], "stray: unrecognised argument"),
         # Registry names: a lookup failure used to be a ValueError traceback with exit status 1.
-        (["--model.name=lama3"], "model.name: unknown model 'lama3'; valid: llama3, qwen3, qwen3_moe"),
+        (["--model.name=lama3"], "model.name: unknown model 'lama3'; valid: flux, llama3, qwen3, qwen3_moe"),
         (["--model.flavor=nope"],
          "model.flavor: unknown flavor 'nope' for model 'llama3'; valid: debug, 100M"),
         (["--training.task=languag_model"], "training.task: unknown task 'languag_model'; did you mean "
-                                            "'language_model'? valid: auto, language_model"),
+                                            "'language_model'? valid: auto, grpo, language_model, rectified_flow"),
         # Model overrides, checked against the flavor's dataclass.
         (["--model.overrides.n_layer=2"], "model.overrides.n_layer is not a field of Llama3Args; valid "
                                           "fields: dim, n_layers, n_heads"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from titan_tpu.config.sections import _require, opt
+from titan_tpu.config.sections import require, opt
 
 
 @dataclass
@@ -49,21 +49,21 @@ class RLConfig:
     )
 
     def validate(self) -> None:
-        _require(self.group_size >= 2, "rl.group_size", f"must be >= 2 (a group is its own baseline), got {self.group_size}")
-        _require(self.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {self.prompts_per_step}")
-        _require(self.updates_per_rollout >= 1, "rl.updates_per_rollout", f"must be >= 1, got {self.updates_per_rollout}")
+        require(self.group_size >= 2, "rl.group_size", f"must be >= 2 (a group is its own baseline), got {self.group_size}")
+        require(self.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {self.prompts_per_step}")
+        require(self.updates_per_rollout >= 1, "rl.updates_per_rollout", f"must be >= 1, got {self.updates_per_rollout}")
         for key in ("eps_low", "eps_high"):
             value = getattr(self, key)
-            _require(0 < value < 10, f"rl.{key}", f"must be in (0, 10), got {value}")
-        _require(self.eps_low < 1, "rl.eps_low", f"must be < 1 (the lower clip 1 - eps_low stays > 0), got {self.eps_low}")
-        _require(self.beta >= 0, "rl.beta", f"must be >= 0, got {self.beta}")
-        _require(self.advantage_eps > 0, "rl.advantage_eps", f"must be > 0, got {self.advantage_eps}")
-        _require(self.temperature >= 0, "rl.temperature", f"must be >= 0, got {self.temperature}")
-        _require(0 < self.top_p <= 1, "rl.top_p", f"must be in (0, 1], got {self.top_p}")
-        _require(self.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
-        _require(bool(self.stop_text), "rl.stop_text", "must not be empty")
-        _require(self.max_operand >= 1, "rl.max_operand", f"must be >= 1, got {self.max_operand}")
-        _require(
+            require(0 < value < 10, f"rl.{key}", f"must be in (0, 10), got {value}")
+        require(self.eps_low < 1, "rl.eps_low", f"must be < 1 (the lower clip 1 - eps_low stays > 0), got {self.eps_low}")
+        require(self.beta >= 0, "rl.beta", f"must be >= 0, got {self.beta}")
+        require(self.advantage_eps > 0, "rl.advantage_eps", f"must be > 0, got {self.advantage_eps}")
+        require(self.temperature >= 0, "rl.temperature", f"must be >= 0, got {self.temperature}")
+        require(0 < self.top_p <= 1, "rl.top_p", f"must be in (0, 1], got {self.top_p}")
+        require(self.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        require(bool(self.stop_text), "rl.stop_text", "must not be empty")
+        require(self.max_operand >= 1, "rl.max_operand", f"must be >= 1, got {self.max_operand}")
+        require(
             0 < self.held_out_fraction < 1, "rl.held_out_fraction", f"must be in (0, 1), got {self.held_out_fraction}"
         )
-        _require(self.eval_prompts >= 0, "rl.eval_prompts", f"must be >= 0, got {self.eval_prompts}")
+        require(self.eval_prompts >= 0, "rl.eval_prompts", f"must be >= 0, got {self.eval_prompts}")

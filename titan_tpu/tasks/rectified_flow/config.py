@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from titan_tpu.config.sections import _require, opt
+from titan_tpu.config.sections import require, opt
 
 
 @dataclass
@@ -54,25 +54,25 @@ class FluxConfig:
 
     def validate(self) -> None:
         if self.dataset != "generated":
-            _require(bool(self.data_path), "flux.data_path", f"is required when flux.dataset = '{self.dataset}'")
-        _require(self.generated_samples >= 1, "flux.generated_samples", "must be >= 1")
-        _require(
+            require(bool(self.data_path), "flux.data_path", f"is required when flux.dataset = '{self.dataset}'")
+        require(self.generated_samples >= 1, "flux.generated_samples", "must be >= 1")
+        require(
             self.image_size >= 8 and self.image_size % 8 == 0,
             "flux.image_size",
             f"must be a multiple of 8, at least 8, got {self.image_size}",
         )
         for key in ("autoencoder", "t5_encoder", "clip_encoder"):
-            _require(bool(getattr(self, key)), f"flux.{key}", "must not be empty")
-        _require(self.t5_max_length >= 1, "flux.t5_max_length", "must be >= 1")
-        _require(self.clip_max_length >= 2, "flux.clip_max_length", "must be >= 2")
-        _require(self.logit_std > 0, "flux.logit_std", f"must be > 0, got {self.logit_std}")
-        _require(self.time_shift > 0, "flux.time_shift", f"must be > 0, got {self.time_shift}")
-        _require(
+            require(bool(getattr(self, key)), f"flux.{key}", "must not be empty")
+        require(self.t5_max_length >= 1, "flux.t5_max_length", "must be >= 1")
+        require(self.clip_max_length >= 2, "flux.clip_max_length", "must be >= 2")
+        require(self.logit_std > 0, "flux.logit_std", f"must be > 0, got {self.logit_std}")
+        require(self.time_shift > 0, "flux.time_shift", f"must be > 0, got {self.time_shift}")
+        require(
             0 <= self.caption_dropout < 1, "flux.caption_dropout", f"must be in [0, 1), got {self.caption_dropout}"
         )
-        _require(bool(self.prompts()), "flux.sample_prompts", "must hold at least one prompt")
-        _require(self.sample_steps >= 1, "flux.sample_steps", "must be >= 1")
-        _require(self.samples_per_prompt >= 1, "flux.samples_per_prompt", "must be >= 1")
+        require(bool(self.prompts()), "flux.sample_prompts", "must hold at least one prompt")
+        require(self.sample_steps >= 1, "flux.sample_steps", "must be >= 1")
+        require(self.samples_per_prompt >= 1, "flux.samples_per_prompt", "must be >= 1")
 
     def prompts(self) -> list[str]:
         return [p.strip() for p in self.sample_prompts.split("|") if p.strip()]
