@@ -10,9 +10,13 @@
     python scripts/convert_checkpoint.py dcp-to-hf HF_OUT --config llama3_8b [--step N] [--dtype bfloat16]
     python scripts/convert_checkpoint.py dcp-to-hf HF_OUT --checkpoint DIR --model llama3 --flavor 8B
 
-Every model with a Hugging Face adapter converts the same way (--model llama3, qwen3, qwen3_moe); Qwen 3
-MoE's per-expert HF tensors (`mlp.experts.K.*_proj.weight`) become one stacked tensor per projection in
-the checkpoint and are split again on the way out.
+Every model with a Hugging Face adapter converts the same way (--model llama3, qwen3, qwen3_moe,
+flux); Qwen 3 MoE's per-expert HF tensors (`mlp.experts.K.*_proj.weight`) become one stacked tensor per
+projection in the checkpoint and are split again on the way out. FLUX.1 reads a diffusers transformer
+folder (a pipeline's `transformer/`: `diffusion_pytorch_model*.safetensors`) and writes one that
+`diffusers.FluxTransformer2DModel.from_pretrained(HF_OUT)` loads:
+
+    python scripts/convert_checkpoint.py dcp-to-hf HF_OUT --config flux_debug
 
 With --config NAME (a train config, plus any --section.key=value overrides), the checkpoint
 folder is <job.dump_folder>/<checkpoint.folder>, the model is [model] name/flavor and the export dtype

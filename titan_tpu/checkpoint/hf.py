@@ -1,5 +1,7 @@
 """Hugging Face folders in and out: `config.json` + `model.safetensors` (or shards with
-`model.safetensors.index.json`), mapped through the model family's state-dict adapter.
+`model.safetensors.index.json`), mapped through the model family's state-dict adapter. diffusers
+folders (FLUX.1's `transformer/`) name the weights `diffusion_pytorch_model.*` instead: the adapter's
+`weights_stem` says which (`HFFiles`).
 
 One of our tensors is either one Hugging Face tensor under another name, or several stacked along a
 dimension: Qwen 3 MoE keeps each layer's experts as one [E, out, in] weight, the files hold E tensors
@@ -40,8 +42,9 @@ from titan_tpu.checkpoint.storage import SafeLoadPlanner, describe_error, quiet_
 from titan_tpu.config.errors import ConfigError
 
 CONFIG_FILE = "config.json"
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+# What a diffusers pipeline's root holds instead of config.json; its models are in subfolders.
+PIPELINE_FILE = "model_index.json"
+WEIGHTS_SUFFIX = ".safetensors"
 
 
 class StateDictAdapter(Protocol):
@@ -56,6 +59,41 @@ class StateDictAdapter(Protocol):
     def to_hf_config(self, args: Any) -> dict[str, Any]: ...
 
     def check_hf_config(self, config: dict[str, Any], args: Any) -> list[str]: ...
+
+    # Optional attributes (`HFFiles.of` reads them; transformers' names when absent):
+    #   weights_stem: str                   the weights files' stem ("diffusion_pytorch_model" for diffusers)
+    #   config_dtype_keys: tuple[str, ...]  the dtype keys config.json carries on export
+
+
+@dataclass(frozen=True)
+class HFFiles:
+    """The file names of a Hugging Face weights folder. transformers writes `model.safetensors` and
+    both `dtype` (5.x reads it) and `torch_dtype` (4.x reads it) in config.json; diffusers writes
+    `diffusion_pytorch_model.safetensors`, and from_pretrained fails on a `dtype` key (it reaches the
+    model's constructor), so a diffusers adapter names the dtype keys it wants, possibly none."""
+
+    stem: str = "model"
+    dtype_keys: tuple[str, ...] = ("dtype", "torch_dtype")
+
+    @classmethod
+    def of(cls, adapter: StateDictAdapter) -> HFFiles:
+        stem = getattr(adapter, "weights_stem", cls.stem)
+        return cls(stem, tuple(getattr(adapter, "config_dtype_keys", cls.dtype_keys)))
+
+    @property
+    def single(self) -> str:
+        return f"{self.stem}{WEIGHTS_SUFFIX}"
+
+    @property
+    def index(self) -> str:
+        return f"{self.stem}{WEIGHTS_SUFFIX}.index.json"
+
+    def shard(self, number: int, count: int) -> str:
+        """Name of shard `number` (from 1) of `count`, as both libraries write them."""
+        return f"{self.stem}-{number:05d}-of-{count:05d}{WEIGHTS_SUFFIX}"
+
+
+TRANSFORMERS_FILES = HFFiles()
 
 
 @dataclass(frozen=True)
@@ -140,6 +178,11 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if (Path(folder) / PIPELINE_FILE).is_file():
+            raise ConfigError(
+                f"Hugging Face folder {folder} is a diffusers pipeline ({PIPELINE_FILE}, no {CONFIG_FILE}); "
+                f"point at the model's subfolder, e.g. {Path(folder) / 'transformer'}"
+            ) from None
         raise ConfigError(f"Hugging Face folder {folder}: no {CONFIG_FILE}") from None
     except (OSError, ValueError) as e:
         raise ConfigError(f"Hugging Face folder {folder}: {CONFIG_FILE} is not valid JSON ({e})") from None
@@ -159,24 +202,35 @@ def check_hf_config(folder: Path, adapter: StateDictAdapter, args: Any, what: st
     return config
 
 
-def hf_tensor_index(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+def hf_tensor_index(
+    folder: Path, files: HFFiles = TRANSFORMERS_FILES
+) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (file, shape) from the safetensors headers (no tensor data is read)."""
     from safetensors import safe_open
 
     folder = Path(folder)
-    index_path = folder / INDEX_FILE
+    index_path = folder / files.index
     if index_path.is_file():
         try:
             weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"Hugging Face folder {folder}: {INDEX_FILE} is unreadable ({e})") from None
-        files = sorted(set(weight_map.values()))
-    elif (folder / SINGLE_FILE).is_file():
-        weight_map, files = None, [SINGLE_FILE]
+            raise ConfigError(f"Hugging Face folder {folder}: {files.index} is unreadable ({e})") from None
+        names = sorted(set(weight_map.values()))
+    elif (folder / files.single).is_file():
+        weight_map, names = None, [files.single]
     else:
-        raise ConfigError(f"Hugging Face folder {folder}: neither {SINGLE_FILE} nor {INDEX_FILE} is there")
+        raise ConfigError(f"Hugging Face folder {folder}: neither {files.single} nor {files.index} is there")
+    # The reader (DCP's HuggingFaceStorageReader) takes every *.safetensors in the folder, so weights
+    # beside ours (diffusers' fp16 variants, another library's copy) would be mixed in unseen.
+    others = sorted(p.name for p in folder.glob(f"*{WEIGHTS_SUFFIX}") if p.name not in names)
+    if others:
+        raise ConfigError(
+            f"Hugging Face folder {folder}: {others[0]} is not among the weights "
+            f"{'listed in ' + files.index if weight_map is not None else files.single}; "
+            "the folder may hold only those (move other *.safetensors elsewhere)"
+        )
     found: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for name in files:
+    for name in names:
         try:
             with safe_open(str(folder / name), framework="pt") as f:
                 for key in f.keys():
@@ -189,7 +243,7 @@ def hf_tensor_index(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         for key, name in weight_map.items():
             if found.get(key, (None,))[0] != name:
                 raise ConfigError(
-                    f"Hugging Face folder {folder}: {INDEX_FILE} puts {key} in {name}, which lacks it"
+                    f"Hugging Face folder {folder}: {files.index} puts {key} in {name}, which lacks it"
                 )
     return found
 
@@ -211,7 +265,7 @@ def load_hf_weights(
     check_hf_config(folder, adapter, args, what)
     state_dict = get_model_state_dict(model)
     parts = {name: HFParts.of(adapter, name, value.shape) for name, value in state_dict.items()}
-    available = hf_tensor_index(folder)
+    available = hf_tensor_index(folder, HFFiles.of(adapter))
     wanted = {hf_name: p.shape for p in parts.values() for hf_name in p.names}
     problems = [f"{key} is missing" for key in wanted if key not in available]
     problems += [

@@ -1,7 +1,9 @@
 """Our weights out to a Hugging Face folder that `transformers.AutoModelForCausalLM.from_pretrained`
-loads: `config.json` from the flavor plus `model.safetensors` (or shards with the index), names and
-layout from the model family's adapter (`titan_tpu.checkpoint.hf.HFParts`: stacked tensors such as
-Qwen 3 MoE experts are written one HF tensor per slice).
+(or, for FLUX.1, diffusers' `FluxTransformer2DModel.from_pretrained`) loads: `config.json` from the
+flavor plus `model.safetensors` (or shards with the index; diffusers' file names where the adapter's
+`weights_stem` says so, `titan_tpu.checkpoint.hf.HFFiles`), names and layout from the model family's
+adapter (`titan_tpu.checkpoint.hf.HFParts`: stacked tensors such as Qwen 3 MoE experts are written one
+HF tensor per slice).
 
 From a live model: one tensor at a time is gathered (`full_tensor()` for DTensors, all ranks in the same
 order), cast to the export dtype, split into its HF tensors and written by rank 0 into shards of
@@ -27,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from titan_tpu.checkpoint import layout
-from titan_tpu.checkpoint.hf import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, HFParts, StateDictAdapter
+from titan_tpu.checkpoint.hf import CONFIG_FILE, TRANSFORMERS_FILES, HFFiles, HFParts, StateDictAdapter
 from titan_tpu.checkpoint.storage import (
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -52,8 +54,10 @@ class HFFolderWriter:
         dtype: torch.dtype,
         config: dict[str, Any],
         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+        files: HFFiles = TRANSFORMERS_FILES,
     ) -> None:
         self.out = Path(out)
+        self.files = files
         if self.out.exists() and any(self.out.iterdir()):
             raise ConfigError(f"export: {self.out} exists and is not empty; it is never overwritten")
         self.dtype = dtype
@@ -72,7 +76,7 @@ class HFFolderWriter:
             self.total_size += nbytes
         count = len(shards)
         self.file_of = {
-            name: SINGLE_FILE if count == 1 else f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+            name: files.single if count == 1 else files.shard(i + 1, count)
             for i, names in enumerate(shards)
             for name in names
         }
@@ -98,9 +102,9 @@ class HFFolderWriter:
         if len(self.remaining) > 1:
             weight_map = dict(sorted(self.file_of.items()))
             index = {"metadata": {"total_size": self.total_size}, "weight_map": weight_map}
-            (self.temp / INDEX_FILE).write_text(json.dumps(index, indent=2), encoding="utf-8")
+            (self.temp / self.files.index).write_text(json.dumps(index, indent=2), encoding="utf-8")
         dtype_name = str(self.dtype).removeprefix("torch.")
-        config = {**self.config, "dtype": dtype_name, "torch_dtype": dtype_name}
+        config = {**self.config, **{key: dtype_name for key in self.files.dtype_keys}}
         (self.temp / CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
         if self.out.exists():
             self.out.rmdir()  # empty, checked at construction
@@ -135,7 +139,7 @@ def export_model_to_hf(
     writer = None
     if writes:
         config = adapter.to_hf_config(args)
-        writer = HFFolderWriter(out, plan, _export_dtype(dtype), config, max_shard_bytes)
+        writer = HFFolderWriter(out, plan, _export_dtype(dtype), config, max_shard_bytes, HFFiles.of(adapter))
     for name, value in state_dict.items():
         full = value.full_tensor() if isinstance(value, DTensor) else value
         if writer is not None:
@@ -219,7 +223,8 @@ def export_checkpoint_to_hf(
     parts = {n: HFParts.of(adapter, n, expected_shapes[n]) for n in names}
     plan = [(hf_name, parts[n].shape) for n in names for hf_name in parts[n].names]
     config = adapter.to_hf_config(args)
-    writer = HFFolderWriter(Path(out), plan, _export_dtype(dtype), config, max_shard_bytes)
+    files = HFFiles.of(adapter)
+    writer = HFFolderWriter(Path(out), plan, _export_dtype(dtype), config, max_shard_bytes, files)
     for name, tensor in _read_in_groups(step_folder, tensors, names, max_shard_bytes):
         for hf_name, part in parts[name].split(tensor):
             writer.add(hf_name, part)
