@@ -73,8 +73,9 @@ class FluxStateDictAdapter:
 
     class_name = "FluxTransformer2DModel"
     weights_stem = "diffusion_pytorch_model"
-    # diffusers reads torch_dtype from config.json and fails on an unknown "dtype" key.
-    config_dtype_keys = ("torch_dtype",)
+    # diffusers' own save_pretrained writes no dtype key: it fails on "dtype" and warns that it
+    # ignores "torch_dtype" on every load.
+    config_dtype_keys: tuple[str, ...] = ()
 
     def _rename(self, name: str, forward: bool) -> str:
         leaf = _LEAF.match(name)
