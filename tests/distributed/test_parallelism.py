@@ -63,6 +63,15 @@ def test_parity_with_single_process(results: dict[str, Any], layout: str) -> Non
     assert single.losses[-1] < single.losses[0]  # it trained
 
 
+def test_two_micro_batches_equal_one_double_batch_under_fsdp(results: dict[str, Any]) -> None:
+    """TP 2 x FSDP 2 accumulating 2 micro-batches of 1 sequence per rank against the same layout
+    taking both sequences in one pass: a missing (or doubled) 1/accumulation scales every gradient
+    by 2 (or 1/2), which the gradient norm and the moments show at once."""
+    report = compare(results["tp2_fsdp2_accum2"]["run"], results["tp2_fsdp2"]["run"])
+    print(f"\naccumulation 2 x 1 vs 1 x 2 under TP 2 x FSDP 2: {report.summary()}")
+    assert report.ok, report.failures[:10]
+
+
 @pytest.mark.parametrize("layout", list(parallel_worker.LAYOUTS))
 def test_init_is_identical_to_single_process(results: dict[str, Any], layout: str) -> None:
     assert results[layout]["init_max_abs_diff"] == 0.0
