@@ -25,6 +25,7 @@ import torch
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.device import memory
 from titan_tpu.device.tpu_api import torch_tpu_function
+from titan_tpu.device.tpu_runtime import skip_tpu_metadata_lookup_without_chips
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ def available(device_type: DeviceType) -> bool:
 def resolve_device_type(requested: str) -> DeviceType:
     """`auto` picks the accelerator PyTorch sees (tpu or cuda), else the CPU; a forced type must be
     there."""
+    skip_tpu_metadata_lookup_without_chips()  # before the first device query starts libtpu
     if requested == "auto":
         found = accelerator_type()
         if found in ("tpu", "cuda"):
