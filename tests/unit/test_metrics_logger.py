@@ -11,11 +11,24 @@ from titan_tpu.config.sections import MetricsConfig
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 
 
-def record(step: int) -> StepRecord:
+def record(step: int, unit: str = "tokens", extras: dict[str, float] | None = None) -> StepRecord:
     return StepRecord(
-        step=step, loss=2.5, grad_norm=1.0, lr=1e-3, tokens_per_sec=100.0, tflops=0.1, mfu=None,
-        memory_gib=0.5, step_time_s=0.2,
+        step=step, loss=2.5, grad_norm=1.0, lr=1e-3, unit=unit, items_per_sec=100.0, tflops=0.1, mfu=None,
+        memory_gib=0.5, step_time_s=0.2, extras=extras or {},
     )
+
+
+def test_the_throughput_is_named_after_the_tasks_unit_and_extras_join_the_record(tmp_path: Path) -> None:
+    """A FLUX record says samples_per_sec and a GRPO record carries its reward (bug caught: every
+    task's throughput written as tokens_per_sec, or the task's own values dropped)."""
+    sink = MetricsLogger(MetricsConfig(), tmp_path, is_writer=True, run_config={})
+    sink.log(record(1, unit="samples"))
+    sink.log(record(2, extras={"reward_mean": 0.25}))
+    sink.close()
+    first, second = (json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
+    assert first["samples_per_sec"] == 100.0 and "tokens_per_sec" not in first
+    assert second["tokens_per_sec"] == 100.0 and second["reward_mean"] == 0.25
+    assert "reward_mean 0.25" in record(2, extras={"reward_mean": 0.25}).console_line()
 
 
 def test_only_the_writer_writes(tmp_path: Path) -> None:
