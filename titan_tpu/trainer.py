@@ -17,11 +17,8 @@ import contextlib
 import dataclasses
 import gc
 import logging
-import os
-import random
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -42,6 +39,7 @@ from titan_tpu.distributed.tensor_parallel import local_value, loss_context
 from titan_tpu.distributed.topology import build_rank_layout
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 from titan_tpu.optim import build_lr_scheduler, build_optimizer
+from titan_tpu.run_setup import seed_everything, split_global_batch, write_resolved_config
 from titan_tpu.tasks.base import TaskContext, TrainingTask
 from titan_tpu.tasks.registry import task_class
 
@@ -50,47 +48,6 @@ logger = logging.getLogger("titan_tpu")
 
 class TrainingStopped(RuntimeError):
     """The run cannot go on (a non-finite loss); the message names the step."""
-
-
-def seed_everything(seed: int, deterministic: bool) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if deterministic:
-        # cuBLAS needs a fixed workspace to be deterministic; harmless elsewhere.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-
-
-def write_resolved_config(dump_folder: Path, text: str) -> None:
-    """Write dump_folder/config.toml; a different one left by an earlier run in the same folder is
-    kept as config.N.toml rather than overwritten."""
-    dump_folder.mkdir(parents=True, exist_ok=True)
-    path = dump_folder / "config.toml"
-    if path.exists() and path.read_text(encoding="utf-8") != text:
-        previous = 1
-        while (dump_folder / f"config.{previous}.toml").exists():
-            previous += 1
-        path.rename(dump_folder / f"config.{previous}.toml")
-    path.write_text(text, encoding="utf-8")
-
-
-def split_global_batch(global_batch: int, local_batch: int, dp_degree: int) -> tuple[int, int]:
-    """(samples per forward pass, micro-batches per step); local -1 means no accumulation."""
-    if local_batch == -1:
-        if global_batch % dp_degree != 0:
-            raise ConfigError(
-                f"training.global_batch_size {global_batch} is not divisible by the data-parallel "
-                f"degree {dp_degree}"
-            )
-        return global_batch // dp_degree, 1
-    per_step = local_batch * dp_degree
-    if global_batch % per_step != 0:
-        raise ConfigError(
-            f"training.global_batch_size {global_batch} is not divisible by local_batch_size "
-            f"{local_batch} x data-parallel degree {dp_degree} = {per_step}"
-        )
-    return local_batch, global_batch // per_step
 
 
 @dataclasses.dataclass

@@ -13,7 +13,8 @@ import torch
 
 import models
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.trainer import Trainer, TrainingStopped, split_global_batch, write_resolved_config
+from titan_tpu.run_setup import split_global_batch, write_resolved_config
+from titan_tpu.trainer import Trainer, TrainingStopped
 
 RECORD_KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib", "step_time_s"}
 
