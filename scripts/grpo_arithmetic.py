@@ -64,8 +64,8 @@ def grpo(out: Path, initial: Path, steps: int, max_operand: int, extra: list[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("/tmp/grpo_arithmetic"))
-    parser.add_argument("--pretrain-steps", type=int, default=400)
-    parser.add_argument("--grpo-steps", type=int, default=40)
+    parser.add_argument("--pretrain-steps", type=int, default=1000)
+    parser.add_argument("--grpo-steps", type=int, default=200)
     parser.add_argument("--carry-error-rate", type=float, default=0.7)
     parser.add_argument("--max-operand", type=int, default=99)
     args, extra = parser.parse_known_args()
