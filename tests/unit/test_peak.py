@@ -98,9 +98,12 @@ def test_a_real_training_step_stays_below_the_cpu_probe() -> None:
 
     Negative control: a probe with tiny matrices (far from the BLAS plateau) is beaten by the same
     step, so the comparison can fail."""
+    probe_before = host_peak_flops(Device("cpu", 0), torch.float32)
     achieved = _mlp_step_flops_per_sec(width=512, batch=1024, steps=3)
-    probe = host_peak_flops(Device("cpu", 0), torch.float32)
-    assert probe is not None
+    # The best of a probe before and after the step, as the trainer re-probes: a probe that ran
+    # while other processes held the cores reads low (seen under a loaded machine: 214 vs 228).
+    probe = max(probe_before or 0.0, host_peak_flops(Device("cpu", 0), torch.float32) or 0.0)
+    assert probe > 0
     too_small_probe = measure_matmul_flops(torch.float32, size=32, windows=2, seconds=0.05)
     print(f"achieved {achieved / 1e9:.1f} GFLOP/s, probe {probe / 1e9:.1f}, 32x32 probe {too_small_probe / 1e9:.1f}")
     assert achieved < probe
@@ -139,8 +142,10 @@ def test_one_rank_per_host_probes_and_the_others_wait_and_share(tmp_path: Path) 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
-    lines = [line.removeprefix("RESULT ") for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    results = {r["rank"]: r for r in map(json.loads, lines)}
+    # The two ranks write to one pipe, so their lines can run together: parse every RESULT object.
+    decoder = json.JSONDecoder()
+    parsed = [decoder.raw_decode(chunk)[0] for chunk in done.stdout.split("RESULT ")[1:]]
+    results = {r["rank"]: r for r in parsed}
     assert len(results[0]["probes"]) == 1 and results[1]["probes"] == []
     assert results[0]["value"] == results[1]["value"] > 0
     assert results[1]["done"] >= results[0]["probes"][0][2]
