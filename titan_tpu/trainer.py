@@ -145,10 +145,15 @@ class Trainer:
             config.model.attention_block,
             native_bf16_matmul=native_bf16(self.device.type),
         )
+        splash_op = self.device.splash_attention_op() if name == "splash" else None
+        if name == "splash" and splash_op is None:
+            # torch_tpu's splash kernel is a Pallas kernel and needs jax, which the tpu extra leaves out.
+            logger.warning("attention: splash needs jax (pip install jax); using sdpa")
+            name = "sdpa"
         if self.is_writer:
             logger.info("attention: %s", name)
         try:
-            return attention_kernel(name, splash_op=self.device.splash_attention_op())
+            return attention_kernel(name, splash_op=splash_op)
         except ValueError as error:
             raise ConfigError(f"model.attention_block: {error}") from None
 

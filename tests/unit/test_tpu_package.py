@@ -62,6 +62,8 @@ def test_torch_tpu_refuses_its_internal_device_functions() -> None:
 
 @pytest.mark.parametrize("path", sorted(TORCH_TPU_CALLS))
 def test_every_called_function_exists_with_the_keywords_we_pass(path: str) -> None:
+    if path == "torch.tpu.ops.splash_sdpa":
+        pytest.importorskip("jax", reason="torch_tpu's splash kernel imports jax, which the tpu extra leaves out")
     parameters = inspect.signature(torch_tpu_function(path)).parameters
     missing = [name for name in TORCH_TPU_CALLS[path] if name not in parameters]
     assert not missing, f"{path}{inspect.signature(torch_tpu_function(path))} lacks {missing}"

@@ -144,8 +144,11 @@ class Device:
         return torch.get_device_module(self.type).get_device_properties(self.index).total_memory / 2**30
 
     def splash_attention_op(self) -> Callable[..., Any] | None:
-        """TorchTPU's Pallas splash attention (`torch.tpu.ops.splash_sdpa`) on TPU, else None."""
-        return torch_tpu_function("torch.tpu.ops.splash_sdpa") if self.type == "tpu" else None
+        """TorchTPU's Pallas splash attention (`torch.tpu.ops.splash_sdpa`) on TPU when jax (which
+        the kernel imports) is installed, else None."""
+        if self.type != "tpu" or importlib.util.find_spec("jax") is None:
+            return None
+        return torch_tpu_function("torch.tpu.ops.splash_sdpa")
 
     def reset_peak_memory(self) -> None:
         """Start a new window for `peak_memory_gib`."""
