@@ -32,7 +32,7 @@ def test_unknown_model_lists_names_and_suggests() -> None:
 
 
 def test_unknown_model_without_a_close_name_has_no_suggestion() -> None:
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ConfigError) as info:
         get_model_spec("zzzzzz")
     assert "did you mean" not in str(info.value)
     assert "llama3" in str(info.value)
