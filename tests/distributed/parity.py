@@ -198,3 +198,19 @@ def compare(run: RunResult, reference: RunResult, tol: Tolerance = DEFAULT) -> P
                 failures.append(f"step {step} {what}: {value!r} vs {expected!r} (relative {diff:.2e} > {limit:.0e})")
     states = compare_states(run.state, reference.state, tol)
     return ParityReport({**worst, **states.max_diff}, failures + states.failures, states.per_tensor)
+
+
+def assert_parity(run: RunResult, reference: RunResult, label: str, tol: Tolerance = DEFAULT) -> None:
+    """What every parity test asserts: compare(), its summary printed under `label`, and the first
+    breaches as the failure message."""
+    report = compare(run, reference, tol)
+    print(f"\n{label}: max relative differences over steps {run.steps[0]}-{run.steps[-1]}: {report.summary()}")
+    assert report.ok, (label, report.failures[:10])
+
+
+def assert_matches_single_process(run: RunResult, single: RunResult, steps: int, label: str) -> None:
+    """A multi-process layout against the one-process run of the same config: the same `steps`
+    steps from the start, within tolerance, and a reference that did train."""
+    assert run.steps == single.steps == list(range(1, steps + 1)), (run.steps, single.steps)
+    assert_parity(run, single, label)
+    assert single.losses[-1] < single.losses[0], single.losses

@@ -35,7 +35,7 @@ sys.path.insert(0, str(WORKER.parent))
 
 from checkpoint_layouts_worker import ASYNC_STEPS, CHAINS, LINKS, STEPS, resume, trainer_for  # noqa: E402
 from launch import torchrun  # noqa: E402
-from parity import EXACT, RunResult, capture_states, compare, compare_states, train_and_capture  # noqa: E402
+from parity import EXACT, RunResult, assert_parity, capture_states, compare_states, train_and_capture  # noqa: E402
 from test_hf_roundtrip import ARGS as LLAMA_ARGS  # noqa: E402
 from test_hf_roundtrip import random_hf_model  # noqa: E402
 
@@ -126,10 +126,8 @@ def test_reshard_chain_keeps_state_and_matches_uninterrupted(runs: dict[str, Any
         end = run.steps[-1]
         assert run.steps == list(range(step + 1, step + 4)), run.steps
         reference = single.at(end, captured[end]) if end in captured else single
-        report = compare(run, reference)
-        print(f"{tag} {saved_by} -> {name}: loaded state bitwise equal; steps {run.steps} against the "
-              f"uninterrupted run: {report.summary()}")
-        assert report.ok, (name, report.failures[:10])
+        label = f"{tag} {saved_by} -> {name} (loaded state bitwise equal) against the uninterrupted run"
+        assert_parity(run, reference, label)
         saved_state, saved_by = run.state, name
 
 
@@ -143,9 +141,8 @@ def test_async_saves_by_four_processes_hold_their_step(runs: dict[str, Any]) -> 
         report = compare_states(saved["loaded"][step], saved["captured"][step], EXACT)
         assert report.ok, (step, report.failures[:10])
     run = RunResult(**saved["run"])
-    report = compare(run, runs["llama_single"].at(ASYNC_STEPS[-1], runs["llama_captured"][ASYNC_STEPS[-1]]))
-    print(f"async FSDP 4: saved steps {list(ASYNC_STEPS)} load bitwise; against one process: {report.summary()}")
-    assert report.ok, report.failures[:10]
+    reference = runs["llama_single"].at(ASYNC_STEPS[-1], runs["llama_captured"][ASYNC_STEPS[-1]])
+    assert_parity(run, reference, f"async FSDP 4 (saved steps {list(ASYNC_STEPS)} load bitwise) against one process")
 
 
 def check_logits(runs: dict[str, Any], name: str, tag: str, model_cls: type) -> None:

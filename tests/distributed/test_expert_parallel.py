@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 
 import expert_parallel_worker  # noqa: E402
 from launch import torchrun  # noqa: E402
-from parity import RunResult, compare  # noqa: E402
+from parity import RunResult, assert_matches_single_process, compare  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +69,7 @@ def test_sharded_moe_layer_matches_one_device(results: dict[str, Any], case: str
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(expert_parallel_worker.LAYOUTS))
 def test_parity_with_single_process(results: dict[str, Any], layout: str) -> None:
-    single, run = results["single"], results[layout]["run"]
-    assert run.steps == single.steps == list(range(1, expert_parallel_worker.STEPS + 1))
-    report = compare(run, single)
-    print(f"\n{layout}: max relative differences over {len(run.steps)} steps: {report.summary()}")
-    assert report.ok, report.failures[:10]
-    assert single.losses[-1] < single.losses[0]  # it trained
+    assert_matches_single_process(results[layout]["run"], results["single"], expert_parallel_worker.STEPS, layout)
 
 
 @pytest.mark.slow

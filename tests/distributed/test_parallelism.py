@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE))
 
 import parallel_worker  # noqa: E402
 from launch import torchrun  # noqa: E402
-from parity import RunResult, compare  # noqa: E402
+from parity import RunResult, assert_matches_single_process, assert_parity  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -55,21 +55,15 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.parametrize("layout", list(parallel_worker.LAYOUTS))
 def test_parity_with_single_process(results: dict[str, Any], layout: str) -> None:
-    single, run = results["single"], results[layout]["run"]
-    assert run.steps == single.steps == list(range(1, parallel_worker.STEPS + 1))
-    report = compare(run, single)
-    print(f"\n{layout}: max relative differences over {len(run.steps)} steps: {report.summary()}")
-    assert report.ok, report.failures[:10]
-    assert single.losses[-1] < single.losses[0]  # it trained
+    assert_matches_single_process(results[layout]["run"], results["single"], parallel_worker.STEPS, layout)
 
 
 def test_two_micro_batches_equal_one_double_batch_under_fsdp(results: dict[str, Any]) -> None:
     """TP 2 x FSDP 2 accumulating 2 micro-batches of 1 sequence per rank against the same layout
     taking both sequences in one pass: a missing (or doubled) 1/accumulation scales every gradient
     by 2 (or 1/2), which the gradient norm and the moments show at once."""
-    report = compare(results["tp2_fsdp2_accum2"]["run"], results["tp2_fsdp2"]["run"])
-    print(f"\naccumulation 2 x 1 vs 1 x 2 under TP 2 x FSDP 2: {report.summary()}")
-    assert report.ok, report.failures[:10]
+    label = "accumulation 2 x 1 vs 1 x 2 under TP 2 x FSDP 2"
+    assert_parity(results["tp2_fsdp2_accum2"]["run"], results["tp2_fsdp2"]["run"], label)
 
 
 @pytest.mark.parametrize("layout", list(parallel_worker.LAYOUTS))
