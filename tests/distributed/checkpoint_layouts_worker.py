@@ -69,7 +69,8 @@ FSDP4 = ["--parallelism.dp_shard=4"]
 TP2_FSDP2 = ["--parallelism.tp=2", "--parallelism.dp_shard=2"]
 EP2_FSDP2 = ["--parallelism.ep=2", "--parallelism.dp_shard=4"]
 TP2_EP2 = ["--parallelism.tp=2", "--parallelism.dp_shard=2", "--parallelism.ep=2"]
-# (config, source run, [(segment, layout), (segment, layout)]): the 4-process links of each chain.
+# (config, [(segment, layout), (segment, layout)]): the 4-process links of each chain, in order;
+# the first loads the one-process run's step-2 checkpoint from WORK/<chain>_single.
 CHAINS = {
     "llama": (LLAMA, [("fsdp4", FSDP4), ("tp2_fsdp2", TP2_FSDP2)]),
     "moe": (MOE, [("ep2_fsdp2", EP2_FSDP2), ("tp2_ep2", TP2_EP2)]),

@@ -33,8 +33,9 @@ def test_fsdp_reads_only_its_shards_and_round_trips(tmp_path: Path) -> None:
     reads = json.loads((tmp_path / "out" / "result.json").read_text())["reads"]
     full = {name: list(p.shape) for name, p in hf.state_dict().items()}
     for rank_reads in reads:
-        by_name = dict((name, shape) for name, shape in rank_reads)
-        assert set(by_name) == set(full)  # every tensor, and only once
+        by_name = dict(rank_reads)
+        assert set(by_name) == set(full)  # every tensor
+        assert len(rank_reads) == len(by_name), sorted(rank_reads)  # and each only once
         wq = "model.layers.0.self_attn.q_proj.weight"
         assert by_name[wq] == [full[wq][0] // 2, full[wq][1]], by_name[wq]  # half the rows: its shard
         assert sum(torch.Size(s).numel() for s in by_name.values()) < 0.6 * sum(
