@@ -4,11 +4,11 @@
     .venv/bin/python scripts/bench_attention.py --model --seq 2048 --batch 2   # a whole small Llama
 
 Per case it prints the median wall time and process CPU time (all threads; steadier than wall time on
-a shared machine) of a forward + backward, the bytes autograd keeps for backward
-(exact, from saved-tensor hooks) and the process's peak resident memory above what it held before the
-first step (Linux ru_maxrss). `--model` times a Llama-style decoder (dim = heads * head_dim, SwiGLU,
-byte vocabulary) instead of the bare kernel and reports tokens/s. Name the CPU flags beside any number
-you quote: bf16 is emulated on CPUs without AVX512-BF16/AMX.
+a shared machine) of a forward + backward, the bytes autograd keeps for backward (exact, from
+saved-tensor hooks) and the process's peak resident memory above what it held before the first step.
+`--model` times a Llama-style decoder (dim = heads * head_dim, SwiGLU, byte vocabulary) instead of
+the bare kernel and reports tokens/s. Name the CPU flags beside any number you quote: bf16 is
+emulated on CPUs without AVX512-BF16/AMX.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -28,12 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from models.common.attention_kernels import attention_kernel  # noqa: E402
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from titan_tpu.device.dtype import DTYPES  # noqa: E402
+from titan_tpu.device.memory import peak_rss_gib  # noqa: E402
 
 
 def _saved_bytes(step: "StepFn") -> int:
@@ -62,12 +57,10 @@ class StepFn:
             model_args = Llama3Args(
                 dim=args.heads * args.head_dim, n_layers=args.layers, n_heads=args.heads,
                 n_kv_heads=args.kv_heads, vocab_size=512, multiple_of=256, ffn_dim_multiplier=None,
-                rope_scaling=None, max_seq_len=args.seq,
+                rope_scaling=None, max_seq_len=args.seq, attention=kernel,
             )
             model = Llama3Model(model_args)
             model.init_weights()
-            for block in model.layers.values():
-                block.attention.kernel = kernel  # type: ignore[union-attr]
             self.model = model.to(dtype)
             self.inputs = torch.randint(0, 512, (args.batch, args.seq))
         else:
@@ -90,7 +83,7 @@ class StepFn:
 def run_case(args: argparse.Namespace) -> dict[str, float | str | int]:
     step = StepFn(args)
     saved = _saved_bytes(step)
-    baseline = _peak_rss_bytes()
+    baseline = peak_rss_gib()
     wall, cpu = [], []
     for _ in range(args.warmup + args.reps):
         wall_start, cpu_start = time.perf_counter(), time.process_time()
@@ -103,7 +96,7 @@ def run_case(args: argparse.Namespace) -> dict[str, float | str | int]:
         "wall_ms": round(median_wall * 1e3, 1), "cpu_ms": round(median_cpu * 1e3, 1),
         "tokens_per_s": round(step.tokens / median_wall),
         "saved_MiB": round(saved / 2**20, 1),
-        "peak_rss_above_start_MiB": round((_peak_rss_bytes() - baseline) / 2**20, 1),
+        "peak_rss_above_start_MiB": round((peak_rss_gib() - baseline) * 2**10, 1),
     }
 
 
