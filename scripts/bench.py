@@ -48,8 +48,7 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
         elapsed = time.perf_counter() - start
         # Re-measure the peak now, under the same threads and memory state as the timed steps.
         peak = host_peak_flops(trainer.device, trainer.compute_dtype)
-        items_per_sec = items / trainer.model_parallel_degree / elapsed
-        flops_per_sec = items_per_sec * trainer.flops_per_item
+        items_per_sec, flops_per_sec = trainer.rates(items, elapsed)
         unit = trainer.task.unit
         record = {
             "config": config_name,

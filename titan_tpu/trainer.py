@@ -17,10 +17,10 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import math
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -266,28 +266,30 @@ class Trainer:
         loss, items = self.forward_backward()
         return loss, self.optimizer_step(), items
 
-    def _stop_if_not_finite(self, losses: list[torch.Tensor], first_step: int) -> None:
-        """One device-to-host read of the losses of steps `first_step`, `first_step + 1`, ...; raises
-        with the first step whose loss (on any data-parallel rank) is not finite."""
-        finite = torch.isfinite(torch.stack(losses)).float()
-        finite = sum_over(finite, self.parallel.meshes.get("dp") if self.dp_world > 1 else None)
-        bad = (finite < self.dp_world).nonzero()
-        if len(bad) > 0:
-            step = first_step + int(bad[0])
-            local = float(losses[int(bad[0])])
-            raise TrainingStopped(
-                f"step {step}: loss is {local if not np.isfinite(local) else 'not finite on another rank'}; "
-                f"stopped before the optimizer step of step {self.step + 1}, no checkpoint of this "
-                "state was written (checkpoints of earlier steps are untouched)"
-            )
+    def _read_losses(self, losses: list[torch.Tensor], first_step: int) -> list[float]:
+        """The losses of steps `first_step`, `first_step + 1`, ..., averaged over data-parallel ranks:
+        one reduction and one device-to-host read. A sum over ranks is finite only when every rank's
+        loss is, so the same read stops the run at the first non-finite step."""
+        means = (sum_over(torch.stack(losses).float(), self.parallel.dp_reduce_mesh) / self.dp_world).tolist()
+        for offset, value in enumerate(means):
+            if not math.isfinite(value):
+                raise TrainingStopped(
+                    f"step {first_step + offset}: loss is {value} (mean over data-parallel ranks); stopped "
+                    f"before the optimizer step of step {self.step + 1}, no checkpoint of this state was "
+                    "written (checkpoints of earlier steps are untouched)"
+                )
+        return means
+
+    def _is_eval_step(self, step: int) -> bool:
+        eval_freq = self.config.metrics.eval_freq
+        return eval_freq > 0 and (step % eval_freq == 0 or step == self.config.training.steps)
 
     def _is_record_step(self, step: int) -> bool:
-        eval_freq = self.config.metrics.eval_freq
         return (
             step == 1
             or step % self.config.metrics.log_freq == 0
             or step == self.config.training.steps
-            or (eval_freq > 0 and step % eval_freq == 0)
+            or self._is_eval_step(step)
         )
 
     def train(self) -> list[StepRecord]:
@@ -315,11 +317,11 @@ class Trainer:
                 if record_now or saving:
                     # Before the optimizer step: a non-finite loss of this step never reaches the
                     # weights, and one of an earlier step of the window never reaches a checkpoint.
-                    self._stop_if_not_finite(window.losses, first_step=step - window.steps + 1)
+                    mean_loss = self._read_losses(window.losses, first_step=step - window.steps + 1)[-1]
                 grad_norm = self.optimizer_step()
                 self.step = step
                 if record_now:
-                    record = self._record(loss, grad_norm, lr, window)
+                    record = self._record(mean_loss, grad_norm, lr, window)
                     self.metrics.log(record)
                     records.append(record)
                     self.device.reset_peak_memory()
@@ -330,21 +332,22 @@ class Trainer:
             self.metrics.close()
         return records
 
-    def _record(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, window: _Window) -> StepRecord:
-        """The step's record; waits for the device, reads the loss (mean over data parallelism) and
-        grad norm, and runs the task's evaluation when it is due."""
+    def rates(self, items: int, seconds: float) -> tuple[float, float]:
+        """(items/s, model FLOP/s) per process for `items` trained by this rank in `seconds`: the
+        processes of one model-parallel group train on the same items, so each claims its share."""
+        items_per_sec = items / self.model_parallel_degree / seconds
+        return items_per_sec, items_per_sec * self.flops_per_item
+
+    def _record(self, mean_loss: float, grad_norm: torch.Tensor, lr: float, window: _Window) -> StepRecord:
+        """The step's record; waits for the device, reads the grad norm, and runs the task's
+        evaluation when it is due."""
         self.device.synchronize()
         elapsed = time.perf_counter() - window.start
         extras: dict[str, float] = dict(self.task.step_metrics())
-        eval_freq = self.config.metrics.eval_freq
-        last = self.step == self.config.training.steps
-        if eval_freq > 0 and (last or self.step % eval_freq == 0):
+        if self._is_eval_step(self.step):
             # Outside the timed window: evaluation is not training throughput.
             extras.update(self.task.evaluate(self.model, self.step))
-        dp_mesh = self.parallel.meshes.get("dp") if self.dp_world > 1 else None
-        mean_loss = float(sum_over(loss.float(), dp_mesh)) / self.dp_world
-        items_per_sec = window.items / self.model_parallel_degree / elapsed
-        flops_per_sec = items_per_sec * self.flops_per_item
+        items_per_sec, flops_per_sec = self.rates(window.items, elapsed)
         if self.peak_flops and self.device.type == "cpu" and flops_per_sec > self.peak_flops:
             # The start-up probe ran while the host was busier than now (other processes share a
             # CPU): measure again, now. A run still above the new peak has wrong FLOP accounting,

@@ -124,13 +124,13 @@ def test_device_values_are_read_only_on_logging_and_checkpoint_steps(
         )
     )
     checked: list[int] = []
-    real_check = trainer._stop_if_not_finite
+    real_read = trainer._read_losses
 
-    def counting_check(losses: list[torch.Tensor], first_step: int) -> None:
+    def counting_read(losses: list[torch.Tensor], first_step: int) -> list[float]:
         checked.append(first_step + len(losses) - 1)
-        real_check(losses, first_step)
+        return real_read(losses, first_step)
 
-    monkeypatch.setattr(trainer, "_stop_if_not_finite", counting_check)
+    monkeypatch.setattr(trainer, "_read_losses", counting_read)
     records = trainer.train()
     trainer.close()
     assert checked == [1, 4, 6, 8, 9]

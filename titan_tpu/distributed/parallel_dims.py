@@ -178,6 +178,12 @@ class ParallelContext:
         return self.mesh("dp")
 
     @property
+    def dp_reduce_mesh(self) -> DeviceMesh | None:
+        """The mesh to reduce per-rank values (loss, counts) over data parallelism; None when there is
+        one data-parallel rank and nothing to reduce."""
+        return self.dp_mesh if self.dims.dp > 1 else None
+
+    @property
     def fsdp_mesh(self) -> DeviceMesh:
         return self.mesh("fsdp")
 
