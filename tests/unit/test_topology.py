@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.device import torch_tpu_function
 from titan_tpu.distributed import topology
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "topologies"
@@ -233,6 +234,7 @@ def test_a_tpu_run_needs_no_jax(replay, monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_missing_torch_tpu_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch.tpu.distributed", None)  # the import fails
+    torch_tpu_function.cache_clear()  # an earlier test may have found the real function
     with pytest.raises(ConfigError, match=r"needs the torch_tpu package.*pip install -e '\.\[tpu\]'"):
         topology.build_rank_layout("tpu", NAMES, (1, 2, 4), rank=1)
 

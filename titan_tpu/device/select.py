@@ -24,7 +24,7 @@ import torch
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.device import memory
-from titan_tpu.device.tpu_api import torch_tpu_function
+from titan_tpu.device.tpu_api import TPU_INSTALL_HINT, torch_tpu_function
 from titan_tpu.device.tpu_runtime import skip_tpu_metadata_lookup_without_chips
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def _why_missing(device_type: str) -> str:
         return "torch.accelerator sees no GPU (is this a CPU build of PyTorch?)"
     version = torch_tpu_version()
     if version is None:
-        return "the torch_tpu package is not installed (pip install -e '.[tpu]')"
+        return f"the torch_tpu package is not installed ({TPU_INSTALL_HINT})"
     if os.environ.get(_AUTOLOAD_VARIABLE) == "0":
         return f"{_AUTOLOAD_VARIABLE}=0 kept torch_tpu {version} from loading with torch; unset it"
     return f"torch_tpu {version} sees no TPU chip on this host (torch.accelerator reports none)"

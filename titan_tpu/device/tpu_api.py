@@ -15,6 +15,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+TPU_INSTALL_HINT = "pip install -e '.[tpu]'"
+
 TORCH_TPU_CALLS: dict[str, tuple[str, ...]] = {
     # Device name (generation) and per-device HBM; `Device.name` / `memory_capacity_gib`.
     "torch.tpu.get_device_name": ("device",),

@@ -18,17 +18,16 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
-import torch
 
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.device.tpu_api import TPU_INSTALL_HINT, torch_tpu_function
 
 logger = logging.getLogger(__name__)
 
 SLICE_COUNT_VARIABLE = "MEGASCALE_NUM_SLICES"
-TPU_INSTALL_HINT = "pip install -e '.[tpu]'"
 
 
 def tpu_slice_count(environ: Mapping[str, str] | None = None) -> int:
@@ -62,23 +61,18 @@ def dcn_mesh_shape(names: Sequence[str], sizes: Sequence[int], slices: int) -> t
     return (slices,) + (1,) * (len(sizes) - 1)
 
 
-def _topology_aware_mesh() -> Callable[..., torch.Tensor]:
-    try:
-        import torch.tpu.distributed as tpu_distributed
-    except ImportError as error:
-        raise ConfigError(
-            f"laying the mesh onto TPU chips needs the torch_tpu package ({error}); {TPU_INSTALL_HINT}"
-        ) from None
-    return tpu_distributed.topology_aware_mesh
-
-
 def tpu_rank_layout(names: Sequence[str], sizes: Sequence[int], slices: int) -> np.ndarray:
     """Global ranks in the logical mesh `sizes` (outermost first), placed by torch_tpu on the ICI
     torus of each slice, with dp_replicate spread over the `slices`. A collective: every rank
     calls it, and every rank gets the same array."""
     sizes = tuple(int(s) for s in sizes)
     dcn = dcn_mesh_shape(names, sizes, slices)
-    topology_aware_mesh = _topology_aware_mesh()
+    try:
+        topology_aware_mesh = torch_tpu_function("torch.tpu.distributed.topology_aware_mesh")
+    except ImportError as error:
+        raise ConfigError(
+            f"laying the mesh onto TPU chips needs the torch_tpu package ({error}); {TPU_INSTALL_HINT}"
+        ) from None
     try:
         # Splitting a physical axis between two logical ones is what makes, e.g., tp 2 x dp_shard 8
         # possible on a 4x4 slice; the library still keeps each logical axis on neighbouring chips.
