@@ -46,6 +46,12 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     )
 
 
+def _grouped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` with each kv head repeated for its group of query heads."""
+    n_rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), **options)
+
+
 @dataclass(frozen=True)
 class SdpaAttention:
     """`F.scaled_dot_product_attention` with is_causal: the fused kernels of CUDA and recent CPUs."""
@@ -53,8 +59,7 @@ class SdpaAttention:
     name: str = field(default="sdpa", init=False)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        n_rep = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
+        return _grouped_sdpa(q, k, v, is_causal=True)
 
 
 @dataclass(frozen=True)
@@ -176,5 +181,4 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     """Attention of q [B, H, S, D] over k, v [B, H_kv, L, D] under a boolean mask broadcastable to
     [B, H, S, L] (True = may attend): padded batches and cached decoding, where the causal kernels'
     square, unpadded mask does not fit."""
-    n_rep = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask)
+    return _grouped_sdpa(q, k, v, attn_mask=mask)
