@@ -50,7 +50,7 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    device_type = (decay or no_decay)[0].device.type if decay or no_decay else "cpu"
+    device_type = next((param.device.type for param in decay + no_decay), "cpu")
     return torch.optim.AdamW(groups, **adamw_options(cfg, device_type))
 
 
