@@ -13,6 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.common.norms import RMSNorm
+from models.common.rope import rope_inv_freq
+
+# FLUX.1 normalises with eps 1e-6 everywhere (the QK RMSNorms and the affine-free LayerNorms).
+NORM_EPS = 1e-6
+
+
+def init_linear(layer: nn.Linear) -> None:
+    """N(0, 0.02^2) weights and zero bias: the init of every Linear that is not zero-initialised."""
+    nn.init.normal_(layer.weight, std=0.02)
+    nn.init.zeros_(layer.bias)
+
 
 def timestep_features(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """t [B] (already scaled to 0..1000) -> [B, dim] as [cos, sin] of geometric frequencies, in float32."""
@@ -30,10 +42,9 @@ class MLPEmbedder(nn.Module):
         self.in_layer = nn.Linear(in_dim, dim)
         self.out_layer = nn.Linear(dim, dim)
 
-    def init_weights(self, std: float = 0.02) -> None:
-        for layer in (self.in_layer, self.out_layer):
-            nn.init.normal_(layer.weight, std=std)
-            nn.init.zeros_(layer.bias)
+    def init_weights(self) -> None:
+        init_linear(self.in_layer)
+        init_linear(self.out_layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out_layer(F.silu(self.in_layer(x)))
@@ -59,9 +70,9 @@ class Modulation(nn.Module):
         return self.lin(F.silu(vec))[:, None, :].chunk(self.chunks, dim=-1)
 
 
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """LayerNorm without learned affine, then the per-sample affine from the conditioning."""
-    return F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale) + shift
+    return F.layer_norm(x, (x.shape[-1],), eps=NORM_EPS) * (1 + scale) + shift
 
 
 def rope_tables(ids: torch.Tensor, axes_dim: tuple[int, ...], theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +84,7 @@ def rope_tables(ids: torch.Tensor, axes_dim: tuple[int, ...], theta: float) -> t
     """
     angles = []
     for axis, width in enumerate(axes_dim):
-        inv_freq = theta ** (-torch.arange(0, width, 2, dtype=torch.float32, device=ids.device) / width)
+        inv_freq = rope_inv_freq(width, theta, scaling=None, device=ids.device)
         angles.append(ids[:, axis].float()[:, None] * inv_freq[None, :])
     joined = torch.cat(angles, dim=-1)
     return joined.cos(), joined.sin()
@@ -87,23 +98,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.flatten(-2).type_as(x)
 
 
-class QKNorm(nn.Module):
-    """RMSNorm over the head width with a learned scale, applied to queries and keys (computed in float32)."""
-
-    def __init__(self, head_dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(head_dim))
-
-    def init_weights(self) -> None:
-        nn.init.ones_(self.weight)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
-
-
 class HeadProjections(nn.Module):
     """q, k, v projections of one stream with per-head QK RMSNorm; returns [B, H, L, head_dim] each."""
 
@@ -113,15 +107,15 @@ class HeadProjections(nn.Module):
         self.wq = nn.Linear(dim, dim)
         self.wk = nn.Linear(dim, dim)
         self.wv = nn.Linear(dim, dim)
-        self.q_norm = QKNorm(head_dim)
-        self.k_norm = QKNorm(head_dim)
+        # RMSNorm over the head width, statistics in float32.
+        self.q_norm = RMSNorm(head_dim, NORM_EPS)
+        self.k_norm = RMSNorm(head_dim, NORM_EPS)
 
-    def init_weights(self, std: float = 0.02) -> None:
+    def init_weights(self) -> None:
         for layer in (self.wq, self.wk, self.wv):
-            nn.init.normal_(layer.weight, std=std)
-            nn.init.zeros_(layer.bias)
-        self.q_norm.init_weights()
-        self.k_norm.init_weights()
+            init_linear(layer)
+        self.q_norm.reset_parameters()
+        self.k_norm.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # The head count comes from the weights, so a tensor-parallel shard runs the same code.
@@ -148,10 +142,9 @@ class GeluMLP(nn.Module):
         self.w1 = nn.Linear(dim, hidden_dim)
         self.w2 = nn.Linear(hidden_dim, dim)
 
-    def init_weights(self, std: float = 0.02) -> None:
-        for layer in (self.w1, self.w2):
-            nn.init.normal_(layer.weight, std=std)
-            nn.init.zeros_(layer.bias)
+    def init_weights(self) -> None:
+        init_linear(self.w1)
+        init_linear(self.w2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.gelu(self.w1(x), approximate="tanh"))

@@ -22,6 +22,7 @@ from models.flux.layers import (
     HeadProjections,
     MLPEmbedder,
     Modulation,
+    init_linear,
     joint_attention,
     modulate,
     rope_tables,
@@ -47,13 +48,15 @@ class DoubleStreamBlock(nn.Module):
         self.txt_mlp = GeluMLP(args.dim, args.mlp_hidden_dim)
 
     def init_weights(self) -> None:
-        for stream in ("img", "txt"):
-            getattr(self, f"{stream}_mod").init_weights()
-            getattr(self, f"{stream}_attn").init_weights()
-            getattr(self, f"{stream}_mlp").init_weights()
-            out: nn.Linear = getattr(self, f"{stream}_attn_out")
-            nn.init.normal_(out.weight, std=0.02)
-            nn.init.zeros_(out.bias)
+        streams = (
+            (self.img_mod, self.img_attn, self.img_mlp, self.img_attn_out),
+            (self.txt_mod, self.txt_attn, self.txt_mlp, self.txt_attn_out),
+        )
+        for mod, attn, mlp, attn_out in streams:
+            mod.init_weights()
+            attn.init_weights()
+            mlp.init_weights()
+            init_linear(attn_out)
 
     def forward(
         self, img: torch.Tensor, txt: torch.Tensor, vec: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -92,9 +95,8 @@ class SingleStreamBlock(nn.Module):
     def init_weights(self) -> None:
         self.modulation.init_weights()
         self.attn.init_weights()
-        for layer in (self.mlp_in, self.linear_out):
-            nn.init.normal_(layer.weight, std=0.02)
-            nn.init.zeros_(layer.bias)
+        init_linear(self.mlp_in)
+        init_linear(self.linear_out)
 
     def forward(self, x: torch.Tensor, vec: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shift, scale, gate = self.modulation(vec)
@@ -144,9 +146,8 @@ class FluxModel(nn.Module):
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """(Re)initialise every parameter. `buffer_device` is accepted for the trainer's protocol;
         this model has no buffers."""
-        for layer in (self.img_in, self.txt_in):
-            nn.init.normal_(layer.weight, std=0.02)
-            nn.init.zeros_(layer.bias)
+        init_linear(self.img_in)
+        init_linear(self.txt_in)
         for embedder in (self.time_in, self.guidance_in, self.vector_in):
             if embedder is not None:
                 embedder.init_weights()
