@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -153,10 +154,22 @@ def test_splash_keywords_bind_to_the_installed_op() -> None:
     inspect.signature(splash_module.splash_sdpa).bind(q, k, v, **keywords)
 
 
+@dataclass(frozen=True)
+class ReferenceKernel:
+    """The float64 reference math as a kernel, so every named kernel (SDPA too) is compared with it."""
+
+    name: str = "reference"
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return reference_attention(q, k, v)
+
+
 @pytest.mark.parametrize("kernel_name", ["sdpa", "blocked:32", "splash"])
 def test_attention_layer_output_does_not_depend_on_the_kernel(kernel_name: str) -> None:
     torch.manual_seed(0)
-    reference = Attention(dim=64, n_heads=4, n_kv_heads=2, head_dim=16, qk_norm=True, norm_eps=1e-6)
+    reference = Attention(
+        dim=64, n_heads=4, n_kv_heads=2, head_dim=16, qk_norm=True, norm_eps=1e-6, kernel=ReferenceKernel()
+    )
     kernel = attention_kernel(kernel_name, splash_op=splash_stand_in([]))
     layer = Attention(dim=64, n_heads=4, n_kv_heads=2, head_dim=16, qk_norm=True, norm_eps=1e-6, kernel=kernel)
     layer.load_state_dict(reference.state_dict())
