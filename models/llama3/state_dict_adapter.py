@@ -33,6 +33,9 @@ class Llama3StateDictAdapter:
 
     architecture = "LlamaForCausalLM"
     model_type = "llama"
+    # transformers' folder: model.safetensors; 5.x reads `dtype`, 4.x `torch_dtype` from config.json.
+    weights_stem = "model"
+    config_dtype_keys = ("dtype", "torch_dtype")
 
     def hf_name(self, name: str) -> str:
         if name in _TOP_LEVEL:

@@ -66,6 +66,10 @@ class Qwen3StateDictAdapter:
     """Maps names, tensors and configs between our Qwen 3 and transformers'. Unknown names fail
     loudly in both directions: a silently dropped tensor would load as garbage."""
 
+    # transformers' folder: model.safetensors; 5.x reads `dtype`, 4.x `torch_dtype` from config.json.
+    weights_stem = "model"
+    config_dtype_keys = ("dtype", "torch_dtype")
+
     # -- names ------------------------------------------------------------------------------------
     def hf_name(self, name: str) -> str:
         if name in _TOP_LEVEL:

@@ -48,7 +48,11 @@ WEIGHTS_SUFFIX = ".safetensors"
 
 
 class StateDictAdapter(Protocol):
-    """What a model family provides (ModelSpec.state_dict_adapter) to go to and from transformers."""
+    """What a model family provides (ModelSpec.state_dict_adapter) to go to and from transformers
+    (or diffusers): the names and configs, and the folder's file stem and config dtype keys."""
+
+    weights_stem: str  # "model" (transformers), "diffusion_pytorch_model" (diffusers)
+    config_dtype_keys: tuple[str, ...]  # the dtype keys an exported config.json carries
 
     def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
         """The Hugging Face tensors our tensor `name` (global `shape`) is made of: `([hf_name], None)`
@@ -59,10 +63,6 @@ class StateDictAdapter(Protocol):
     def to_hf_config(self, args: Any) -> dict[str, Any]: ...
 
     def check_hf_config(self, config: dict[str, Any], args: Any) -> list[str]: ...
-
-    # Optional attributes (`HFFiles.of` reads them; transformers' names when absent):
-    #   weights_stem: str                   the weights files' stem ("diffusion_pytorch_model" for diffusers)
-    #   config_dtype_keys: tuple[str, ...]  the dtype keys config.json carries on export
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,7 @@ class HFFiles:
 
     @classmethod
     def of(cls, adapter: StateDictAdapter) -> HFFiles:
-        stem = getattr(adapter, "weights_stem", cls.stem)
-        return cls(stem, tuple(getattr(adapter, "config_dtype_keys", cls.dtype_keys)))
+        return cls(adapter.weights_stem, tuple(adapter.config_dtype_keys))
 
     @property
     def single(self) -> str:
