@@ -98,14 +98,12 @@ def generate(
     pad_id: int,
     device: torch.device,
     uniforms: torch.Tensor | None = None,
-    all_finished: Callable[[bool], bool] = lambda done: done,
 ) -> Completions:
-    """Complete every prompt with the KV cache.
+    """Complete every prompt with the KV cache, stopping early once every row has stopped.
 
     `uniforms` [B, max_new_tokens]: the per-row random numbers (see `row_uniforms`); unused at
-    temperature 0. `all_finished(local_done)` decides whether to stop early: processes that run
-    collectives in their forward (FSDP without `gathered_for_generation`, tensor parallelism) must
-    stop together, so they pass a function that combines every rank's answer.
+    temperature 0. The early stop is this process's own decision, so its forward must run no
+    collectives: under FSDP, call it inside `gathered_for_generation`.
     """
     tokens, real = left_pad(prompts, pad_id, device)
     batch, width = tokens.shape
@@ -114,18 +112,14 @@ def generate(
     stop_ids = torch.tensor(params.stop_ids, dtype=torch.long, device=device)
     out = torch.full((batch, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.bool, device=device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     for t in range(params.max_new_tokens):
         step_uniforms = uniforms[:, t] if uniforms is not None else None
         next_tokens = pick_tokens(logits, params, step_uniforms)
-        live = ~finished
-        out[:, t] = torch.where(live, next_tokens, torch.full_like(next_tokens, pad_id))
-        mask[:, t] = live
-        hit_stop = live & torch.isin(next_tokens, stop_ids)
-        stopped |= hit_stop
-        finished |= hit_stop
-        if t + 1 == params.max_new_tokens or all_finished(bool(finished.all())):
+        out[:, t] = next_tokens.masked_fill(stopped, pad_id)
+        mask[:, t] = ~stopped
+        stopped |= torch.isin(next_tokens, stop_ids)
+        if t + 1 == params.max_new_tokens or bool(stopped.all()):
             out, mask = out[:, : t + 1], mask[:, : t + 1]
             break
         logits = model(out[:, t : t + 1], cache=cache, start_pos=width + t)[:, -1].float()
