@@ -44,8 +44,7 @@ def rank_rows(n_rows: int, global_batch: int, dp_rank: int, dp_world: int) -> li
 def token_logps(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Log-probability of every next token: [b, L] -> [b, L-1], in float32."""
     logits = model(tokens)[:, :-1].float()
-    targets = tokens[:, 1:].clamp(min=0)
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return logits.gather(-1, tokens[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def pack_sequences(
