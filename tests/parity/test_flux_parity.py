@@ -14,6 +14,7 @@ from diffusers import FluxTransformer2DModel
 
 from models.flux import FLUX_FLAVORS, FluxArgs, FluxModel, flux_param_count
 from models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
+from tests.flux_reference import diffusers_model, inputs, random_diffusers_model, randomize, run_diffusers, run_ours
 
 # Small but with every axis exercised: 3-axis rope with unequal axes, several heads, both block kinds.
 ARGS = FluxArgs(
@@ -29,78 +30,28 @@ ARGS = FluxArgs(
 HEIGHT, WIDTH, TEXT_LEN, BATCH = 4, 6, 7, 2
 
 
-def diffusers_model(args: FluxArgs) -> FluxTransformer2DModel:
-    return FluxTransformer2DModel(**{k: v for k, v in ADAPTER.to_hf_config(args).items() if not k.startswith("_")})
-
-
-def randomize(model: torch.nn.Module) -> None:
-    """Weights of O(1) effect everywhere (the default init leaves norms at 1); every mapping error shows."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and param.ndim == 1:
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            else:
-                param.copy_(torch.randn_like(param) / param.shape[-1] ** 0.5)
-
-
-def ours_from(reference: FluxTransformer2DModel, args: FluxArgs) -> FluxModel:
+def matched_pair(guidance: bool) -> tuple[FluxTransformer2DModel, FluxModel, dict[str, torch.Tensor | None]]:
+    """A randomised diffusers model, ours with its weights through the adapter, and inputs."""
+    args = dataclasses.replace(ARGS, guidance_embed=guidance)
+    reference = random_diffusers_model(args)
     with torch.device("meta"):
         ours = FluxModel(args)
     ours.to_empty(device="cpu")
     ours.load_state_dict(ADAPTER.from_hf(reference.state_dict()), strict=True)
-    return ours.eval()
-
-
-def inputs(args: FluxArgs, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    rows, cols = torch.meshgrid(torch.arange(HEIGHT), torch.arange(WIDTH), indexing="ij")
-    img_ids = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(-1, 3).float()
-    # Text ids with a non-zero first axis, so a wrong axis order in the rope shows.
-    txt_ids = torch.stack([torch.arange(TEXT_LEN), torch.zeros(TEXT_LEN), torch.zeros(TEXT_LEN)], dim=-1).float()
-    return {
-        "img": torch.randn(BATCH, HEIGHT * WIDTH, args.in_channels, generator=g),
-        "img_ids": img_ids,
-        "txt": torch.randn(BATCH, TEXT_LEN, args.context_dim, generator=g),
-        "txt_ids": txt_ids,
-        "timesteps": torch.rand(BATCH, generator=g),
-        "pooled": torch.randn(BATCH, args.pooled_dim, generator=g),
-        "guidance": torch.tensor([1.0, 4.5])[:BATCH] if args.guidance_embed else None,
-    }
-
-
-def run_diffusers(model: FluxTransformer2DModel, x: dict[str, torch.Tensor]) -> torch.Tensor:
-    return model(
-        hidden_states=x["img"],
-        encoder_hidden_states=x["txt"],
-        pooled_projections=x["pooled"],
-        timestep=x["timesteps"],
-        img_ids=x["img_ids"],
-        txt_ids=x["txt_ids"],
-        guidance=x["guidance"],
-        return_dict=False,
-    )[0]
-
-
-def run_ours(model: FluxModel, x: dict[str, torch.Tensor]) -> torch.Tensor:
-    return model(x["img"], x["img_ids"], x["txt"], x["txt_ids"], x["timesteps"], x["pooled"], x["guidance"])
+    return reference, ours.eval(), inputs(args, HEIGHT, WIDTH, TEXT_LEN, BATCH)
 
 
 @pytest.mark.parametrize("guidance", [False, True], ids=["no-guidance", "guidance"])
 def test_output_matches_diffusers(guidance: bool) -> None:
     """Catches any wrong name mapping, modulation chunk order, rope layout or axis order, text/image
     order in the joint sequence, timestep scaling, or GELU flavour."""
-    torch.manual_seed(0)
-    args = dataclasses.replace(ARGS, guidance_embed=guidance)
-    reference = diffusers_model(args).eval()
-    randomize(reference)
-    ours = ours_from(reference, args)
-    x = inputs(args)
+    reference, ours, x = matched_pair(guidance)
+    expected = run_diffusers(reference, x)
     with torch.no_grad():
-        expected = run_diffusers(reference, x)
         actual = run_ours(ours, x)
     diff = (actual - expected).abs().max().item()
     print(f"guidance={guidance} max|out|={expected.abs().max().item():.3f} max|diff|={diff:.2e}")
-    assert actual.shape == expected.shape == (BATCH, HEIGHT * WIDTH, args.in_channels)
+    assert actual.shape == expected.shape == (BATCH, HEIGHT * WIDTH, ARGS.in_channels)
     assert diff <= 1e-4
 
     # Negative control: q and k of one single-stream block swapped must be caught at this tolerance.
@@ -115,12 +66,7 @@ def test_output_matches_diffusers(guidance: bool) -> None:
 
 def test_guidance_changes_output() -> None:
     """The guidance input must matter for flux-dev-shaped models (catches an embedder left unused)."""
-    torch.manual_seed(0)
-    args = dataclasses.replace(ARGS, guidance_embed=True)
-    reference = diffusers_model(args).eval()
-    randomize(reference)
-    ours = ours_from(reference, args)
-    x = inputs(args)
+    _, ours, x = matched_pair(guidance=True)
     with torch.no_grad():
         base = run_ours(ours, x)
         x["guidance"] = x["guidance"] + 2.0
@@ -161,7 +107,7 @@ def test_export_reloads_in_diffusers(tmp_path: Path) -> None:
     assert (out / f"{ADAPTER.weights_stem}.safetensors").is_file()
     assert "dtype" not in json.loads((out / "config.json").read_text())
     reloaded = FluxTransformer2DModel.from_pretrained(out).eval()
-    x = inputs(args, seed=3)
+    x = inputs(args, HEIGHT, WIDTH, TEXT_LEN, BATCH, seed=3)
     with torch.no_grad():
         diff = (run_diffusers(reloaded, x) - run_ours(ours, x)).abs().max().item()
     print(f"export -> diffusers reload: max|diff|={diff:.2e}")

@@ -20,6 +20,8 @@ from titan_tpu.checkpoint.hf import load_hf_weights
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.trainer import Trainer
+from tests import flux_reference
+from tests.flux_reference import random_diffusers_model, run_diffusers, run_ours
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("convert_checkpoint", ROOT / "scripts" / "convert_checkpoint.py")
@@ -32,52 +34,8 @@ HEIGHT, WIDTH, TEXT_LEN, BATCH = 4, 4, 5, 2
 TOLERANCE = 1e-5
 
 
-def random_diffusers_model(args: FluxArgs = ARGS, seed: int = 0) -> FluxTransformer2DModel:
-    """Weights of O(1) effect everywhere (the default init leaves norms at 1 and some layers at 0),
-    so a tensor loaded under the wrong name, or not at all, changes the output."""
-    config = {k: v for k, v in ADAPTER.to_hf_config(args).items() if not k.startswith("_")}
-    torch.manual_seed(seed)
-    model = FluxTransformer2DModel(**config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and param.ndim == 1:
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            else:
-                param.copy_(torch.randn_like(param) / param.shape[-1] ** 0.5)
-    return model
-
-
-def inputs(args: FluxArgs = ARGS, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    rows, cols = torch.meshgrid(torch.arange(HEIGHT), torch.arange(WIDTH), indexing="ij")
-    img_ids = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(-1, 3).float()
-    txt_ids = torch.stack([torch.arange(TEXT_LEN), torch.zeros(TEXT_LEN), torch.zeros(TEXT_LEN)], dim=-1).float()
-    return {
-        "img": torch.randn(BATCH, HEIGHT * WIDTH, args.in_channels, generator=g),
-        "img_ids": img_ids,
-        "txt": torch.randn(BATCH, TEXT_LEN, args.context_dim, generator=g),
-        "txt_ids": txt_ids,
-        "timesteps": torch.rand(BATCH, generator=g),
-        "pooled": torch.randn(BATCH, args.pooled_dim, generator=g),
-    }
-
-
-@torch.no_grad()
-def run_diffusers(model: FluxTransformer2DModel, x: dict[str, torch.Tensor]) -> torch.Tensor:
-    return model(
-        hidden_states=x["img"],
-        encoder_hidden_states=x["txt"],
-        pooled_projections=x["pooled"],
-        timestep=x["timesteps"],
-        img_ids=x["img_ids"],
-        txt_ids=x["txt_ids"],
-        return_dict=False,
-    )[0]
-
-
-@torch.no_grad()
-def run_ours(model: torch.nn.Module, x: dict[str, torch.Tensor]) -> torch.Tensor:
-    return model(x["img"], x["img_ids"], x["txt"], x["txt_ids"], x["timesteps"], x["pooled"], None)
+def inputs(seed: int = 0) -> dict[str, torch.Tensor | None]:
+    return flux_reference.inputs(ARGS, HEIGHT, WIDTH, TEXT_LEN, BATCH, seed)
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -106,7 +64,7 @@ def test_diffusers_folder_trains_and_exports_back(tmp_path: Path, capsys: pytest
     to the wrong diffusers name (outputs differ), an export diffusers cannot read (a `dtype` key in
     config.json fails its constructor; transformers' file names are not found), and an export of
     anything but the trained weights."""
-    reference = random_diffusers_model()
+    reference = random_diffusers_model(ARGS)
     reference.save_pretrained(tmp_path / "hf")
     assert (tmp_path / "hf" / "diffusion_pytorch_model.safetensors").is_file()
     x = inputs()
@@ -178,7 +136,7 @@ def cpu_model(seed: int) -> FluxModel:
 def test_sharded_folders_both_ways(tmp_path: Path) -> None:
     """diffusers' sharded layout (`diffusion_pytorch_model.safetensors.index.json` + shards) is read,
     and written so that diffusers reads it. Catches shard or index names only transformers uses."""
-    reference = random_diffusers_model(seed=1)
+    reference = random_diffusers_model(ARGS, seed=1)
     reference.save_pretrained(tmp_path / "hf", max_shard_size="100KB")
     assert (tmp_path / "hf" / "diffusion_pytorch_model.safetensors.index.json").is_file()
     ours = cpu_model(seed=2)
@@ -205,7 +163,7 @@ def test_folders_that_cannot_be_read_as_one_model(tmp_path: Path) -> None:
         load_hf_weights(cpu_model(seed=0), pipeline, ADAPTER, ARGS)
 
     folder = tmp_path / "hf"
-    random_diffusers_model().save_pretrained(folder)
+    random_diffusers_model(ARGS).save_pretrained(folder)
     (folder / "diffusion_pytorch_model.fp16.safetensors").write_bytes(b"never read")
     with pytest.raises(ConfigError, match="diffusion_pytorch_model.fp16.safetensors is not among the weights"):
         load_hf_weights(cpu_model(seed=0), folder, ADAPTER, ARGS)
@@ -214,7 +172,7 @@ def test_folders_that_cannot_be_read_as_one_model(tmp_path: Path) -> None:
 def test_convert_script_both_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """hf-to-dcp then dcp-to-hf with --model flux gives back every tensor bit for bit under its
     diffusers name (catches a direction of the script that still assumes transformers' files)."""
-    random_diffusers_model(seed=3).save_pretrained(tmp_path / "hf")
+    random_diffusers_model(ARGS, seed=3).save_pretrained(tmp_path / "hf")
     flags = ["--checkpoint", str(tmp_path / "ckpt"), "--model", "flux", "--flavor", "debug"]
     assert convert.main(["hf-to-dcp", str(tmp_path / "hf"), *flags]) == 0, capsys.readouterr().err
     assert convert.main(["dcp-to-hf", str(tmp_path / "out"), *flags]) == 0, capsys.readouterr().err

@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import models
 from models.flux import FLUX_FLAVORS, FluxModel, flux_param_count, flux_training_flops_per_sample
 from models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
+from tests.flux_reference import inputs, run_ours
 from titan_tpu.distributed.parallelize import blocks
 
 
@@ -24,21 +25,12 @@ def build(flavor: str = "debug", **changes: object) -> FluxModel:
     return model
 
 
-def sample(model: FluxModel, batch: int, height: int, width: int, text: int, grad: bool = False):
-    args = model.args
-    rows, cols = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
-    img_ids = torch.stack([torch.zeros_like(rows), rows, cols], -1).reshape(-1, 3).float()
-    txt_ids = torch.zeros(text, 3)
-    tensors = (
-        torch.randn(batch, height * width, args.in_channels, requires_grad=grad),
-        img_ids,
-        torch.randn(batch, text, args.context_dim, requires_grad=grad),
-        txt_ids,
-        torch.rand(batch),
-        torch.randn(batch, args.pooled_dim, requires_grad=grad),
-        torch.full((batch,), 3.5) if args.guidance_embed else None,
-    )
-    return tensors
+def sample(model: FluxModel, batch: int, height: int, width: int, text: int, grad: bool = False) -> dict:
+    x = inputs(model.args, height, width, text, batch)
+    if grad:
+        for key in ("img", "txt", "pooled"):
+            x[key].requires_grad_()
+    return x
 
 
 def test_registered_with_valid_flavors() -> None:
@@ -63,7 +55,7 @@ def test_init_is_finite_and_starts_at_zero_velocity() -> None:
     model = build()
     for name, param in model.named_parameters():
         assert torch.isfinite(param).all(), name
-    out = model(*sample(model, 2, 4, 4, 5))
+    out = run_ours(model, sample(model, 2, 4, 4, 5))
     assert out.shape == (2, 16, model.args.in_channels)
     assert out.abs().max().item() == 0.0
     assert model.img_in.weight.std().item() == pytest.approx(0.02, rel=0.2)
@@ -71,10 +63,10 @@ def test_init_is_finite_and_starts_at_zero_velocity() -> None:
 
 def test_guidance_is_required_when_embedded() -> None:
     model = build(guidance_embed=True)
-    inputs = list(sample(model, 1, 2, 2, 3))
-    inputs[-1] = None
+    x = sample(model, 1, 2, 2, 3)
+    x["guidance"] = None
     with pytest.raises(ValueError, match="guidance"):
-        model(*inputs)
+        run_ours(model, x)
 
 
 @pytest.mark.parametrize("flavor", sorted(FLUX_FLAVORS))
@@ -99,7 +91,7 @@ def test_flops_match_flop_counter(guidance: bool) -> None:
     for height, width, text in ((4, 4, 6), (6, 8, 11)):
         # The math kernel runs attention as matmuls the counter sees (the fused CPU kernel it skips).
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-            model(*sample(model, batch, height, width, text, grad=True)).sum().backward()
+            run_ours(model, sample(model, batch, height, width, text, grad=True)).sum().backward()
         measured = counter.get_total_flops() / batch
         expected = flux_training_flops_per_sample(args, height * width, text) - skipped
         assert measured == pytest.approx(expected, rel=1e-9), (height, width, text)
