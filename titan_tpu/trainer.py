@@ -25,11 +25,12 @@ import torch
 from torch import nn
 
 import models
-from models.common.attention_kernels import AttentionKernel, attention_kernel, choose_attention
+from models.common.attention_kernels import AttentionKernel, attention_kernel, splash_block
 from titan_tpu.checkpoint import CheckpointManager
 from titan_tpu.checkpoint.hf import check_hf_config, load_hf_weights
 from titan_tpu.config import ConfigError, TrainConfig, to_toml
 from titan_tpu.device import Device, dtype_name, host_peak_flops, native_bf16, resolve_compute_dtype, select_device
+from titan_tpu.device.attention_choice import choose_attention
 from titan_tpu.device.peak import cpu_peak_flops
 from titan_tpu.distributed import process_group
 from titan_tpu.distributed.grad_utils import clip_grad_norm_, sum_over
@@ -141,8 +142,8 @@ class Trainer:
         name = choose_attention(
             self.device.type,
             self.compute_dtype,
-            config.training.seq_len,
             config.model.attention_block,
+            splash_tiles=splash_block(config.training.seq_len) is not None,
             native_bf16_matmul=native_bf16(self.device.type),
         )
         splash_op = self.device.splash_attention_op() if name == "splash" else None

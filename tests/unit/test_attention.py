@@ -20,8 +20,9 @@ from models.common.attention_kernels import (
     SdpaAttention,
     SplashAttention,
     attention_kernel,
-    choose_attention,
+    splash_block,
 )
+from titan_tpu.device.attention_choice import choose_attention
 
 
 def reference_attention(
@@ -191,15 +192,19 @@ def test_kernel_names() -> None:
 
 
 def test_choose_attention() -> None:
+    def choose(device: str, dtype: torch.dtype, requested: int, seq_len: int = 2048, native: bool = False) -> str:
+        tiles = splash_block(seq_len) is not None
+        return choose_attention(device, dtype, requested, splash_tiles=tiles, native_bf16_matmul=native)
+
     # Explicit requests win everywhere; "auto" follows the measured rule in choose_attention's doc.
-    assert choose_attention("cpu", torch.bfloat16, 2048, requested=0) == "sdpa"
-    assert choose_attention("tpu", torch.bfloat16, 2048, requested=64) == "blocked:64"
-    assert choose_attention("tpu", torch.bfloat16, 2048, requested=-1) == "splash"
-    assert choose_attention("tpu", torch.bfloat16, 1000, requested=-1) == "sdpa"
-    assert choose_attention("cuda", torch.bfloat16, 2048, requested=-1) == "sdpa"
-    assert choose_attention("cpu", torch.float32, 2048, requested=-1) == "sdpa"
-    assert choose_attention("cpu", torch.bfloat16, 2048, requested=-1) == "sdpa"
-    assert choose_attention("cpu", torch.bfloat16, 256, requested=-1, native_bf16_matmul=True) == "blocked:128"
-    assert choose_attention("cpu", torch.float32, 256, requested=-1, native_bf16_matmul=True) == "sdpa"
+    assert choose("cpu", torch.bfloat16, requested=0) == "sdpa"
+    assert choose("tpu", torch.bfloat16, requested=64) == "blocked:64"
+    assert choose("tpu", torch.bfloat16, requested=-1) == "splash"
+    assert choose("tpu", torch.bfloat16, requested=-1, seq_len=1000) == "sdpa"
+    assert choose("cuda", torch.bfloat16, requested=-1) == "sdpa"
+    assert choose("cpu", torch.float32, requested=-1) == "sdpa"
+    assert choose("cpu", torch.bfloat16, requested=-1) == "sdpa"
+    assert choose("cpu", torch.bfloat16, requested=-1, seq_len=256, native=True) == "blocked:128"
+    assert choose("cpu", torch.float32, requested=-1, seq_len=256, native=True) == "sdpa"
     with pytest.raises(ValueError, match="-1 \\(auto\\)"):
-        choose_attention("cpu", torch.float32, 256, requested=-2)
+        choose("cpu", torch.float32, requested=-2, seq_len=256)
