@@ -31,7 +31,7 @@ from titan_tpu.checkpoint.hf import check_hf_config, load_hf_weights
 from titan_tpu.config import ConfigError, TrainConfig, to_toml
 from titan_tpu.device import Device, dtype_name, host_peak_flops, native_bf16, resolve_compute_dtype, select_device
 from titan_tpu.device.attention_choice import choose_attention
-from titan_tpu.device.peak import cpu_peak_flops
+from titan_tpu.device.peak import peak_covering
 from titan_tpu.distributed import process_group
 from titan_tpu.distributed.grad_utils import clip_grad_norm_, sum_over
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
@@ -349,11 +349,7 @@ class Trainer:
             # Outside the timed window: evaluation is not training throughput.
             extras.update(self.task.evaluate(self.model, self.step))
         items_per_sec, flops_per_sec = self.rates(window.items, elapsed)
-        if self.peak_flops and self.device.type == "cpu" and flops_per_sec > self.peak_flops:
-            # The start-up probe ran while the host was busier than now (other processes share a
-            # CPU): measure again, now. A run still above the new peak has wrong FLOP accounting,
-            # and its MFU above 100% is left visible rather than clipped.
-            self.peak_flops = max(self.peak_flops, cpu_peak_flops(self.compute_dtype))
+        self.peak_flops = peak_covering(self.peak_flops, flops_per_sec, self.device.type, self.compute_dtype)
         return StepRecord(
             step=self.step,
             loss=mean_loss,

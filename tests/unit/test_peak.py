@@ -149,3 +149,15 @@ def test_one_rank_per_host_probes_and_the_others_wait_and_share(tmp_path: Path) 
     assert len(results[0]["probes"]) == 1 and results[1]["probes"] == []
     assert results[0]["value"] == results[1]["value"] > 0
     assert results[1]["done"] >= results[0]["probes"][0][2]
+
+
+def test_peak_is_measured_again_only_when_a_cpu_window_beats_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug caught: re-probing every window (a second of matmuls on each logging step), or on an
+    accelerator whose peak comes from the table."""
+    probes: list[torch.dtype] = []
+    monkeypatch.setattr(peak, "cpu_peak_flops", lambda dtype: probes.append(dtype) or 5e9)
+    assert peak.peak_covering(4e9, 3e9, "cpu", torch.float32) == 4e9 and probes == []
+    assert peak.peak_covering(989e12, 2e15, "cuda", torch.bfloat16) == 989e12 and probes == []
+    assert peak.peak_covering(None, 3e9, "cpu", torch.float32) is None and probes == []
+    assert peak.peak_covering(2e9, 3e9, "cpu", torch.float32) == 5e9 and probes == [torch.float32]
+    assert peak.peak_covering(2e9, 9e9, "cpu", torch.float32) == 5e9  # still beaten: left visible

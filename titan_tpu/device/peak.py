@@ -94,6 +94,16 @@ def cpu_peak_flops(dtype: torch.dtype) -> float:
     return max(measure_matmul_flops(probe_dtype) for probe_dtype in dtypes)
 
 
+def peak_covering(peak: float | None, achieved: float, device_type: str, dtype: torch.dtype) -> float | None:
+    """The peak to divide `achieved` FLOP/s by. A CPU probe that ran while other processes held the
+    cores reads low, so a window that beats it triggers a new probe (this process's threads) and the
+    better of the two is kept. A run still above the new peak has wrong FLOP accounting, and its MFU
+    above 100% is left visible rather than clipped."""
+    if peak is None or device_type != "cpu" or achieved <= peak:
+        return peak
+    return max(peak, cpu_peak_flops(dtype))
+
+
 def host_peak_flops(device: Device, dtype: torch.dtype) -> float | None:
     """Peak FLOP/s of one device for a run that computes in `dtype`; None when unknown.
 
