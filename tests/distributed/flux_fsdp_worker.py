@@ -1,19 +1,25 @@
-"""Worker for the FLUX FSDP loss-parity test: `torchrun --nproc-per-node N flux_fsdp_worker.py OUT`.
+"""Worker for the FLUX FSDP parity test: `torchrun --nproc-per-node N flux_fsdp_worker.py OUT`.
 
 Trains the flux_debug config for a few fp32 steps with a real Trainer (FSDP over N processes when
-N > 1) and writes the per-step losses and gradient norms (rank 0) to OUT as JSON.
+N > 1) and saves (rank 0) the per-step losses and gradient norms and the full final state
+(parity.RunResult) with whether FSDP was on, as {"run": ..., "fsdp": ...} in OUT (torch.save).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+for path in (ROOT, HERE):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from parity import train_and_capture  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.trainer import Trainer  # noqa: E402
 
@@ -33,14 +39,9 @@ OVERRIDES = [
 def main(out: Path) -> None:
     trainer = Trainer(load_config("flux_debug", [*OVERRIDES, f"--job.dump_folder={out.parent / out.stem}"]))
     try:
-        records = trainer.train()
+        run = train_and_capture(trainer)  # every rank: gathering the state is a collective
         if trainer.is_writer:
-            result = {
-                "losses": [r.loss for r in records],
-                "grad_norms": [r.grad_norm for r in records],
-                "fsdp": trainer.parallel.dims.fsdp_enabled,
-            }
-            out.write_text(json.dumps(result), encoding="utf-8")
+            torch.save({"run": dataclasses.asdict(run), "fsdp": trainer.parallel.dims.fsdp_enabled}, out)
     finally:
         trainer.close()
 
