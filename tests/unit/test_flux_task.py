@@ -78,7 +78,8 @@ def test_generated_captions_describe_the_image() -> None:
 
 def test_stream_sharding_and_resume() -> None:
     """Two ranks together see exactly one rank's sequence; a loader restored from its state continues
-    at the next sample (catches a replay or skip on resume)."""
+    at the next sample (catches a replay or skip on resume); iterating leaves the run's global RNG
+    alone."""
     source = GeneratedShapes(10, 16)
 
     def positions(rank: int, world: int, n: int) -> list[int]:
@@ -91,8 +92,10 @@ def test_stream_sharding_and_resume() -> None:
 
     config = FluxConfig(generated_samples=10, image_size=16)
     loader = build_image_dataloader(config, 3, 0, 1, seed=5)
+    global_rng = torch.get_rng_state()
     batches = iter(loader)
     next(batches)
+    assert torch.equal(torch.get_rng_state(), global_rng)  # the loader draws from its own generator
     state = loader.state_dict()
     expected = next(batches)["index"].tolist()
     resumed = build_image_dataloader(config, 3, 0, 1, seed=5)

@@ -198,5 +198,8 @@ def build_image_dataloader(
 ) -> StatefulDataLoader:
     stream = ImageCaptionStream(build_source(config), config.image_size, dp_rank, dp_world, seed)
     # Workers would each hold a copy of the stream's position; decoding small images is cheap enough
-    # to do inline.
-    return StatefulDataLoader(stream, batch_size=local_batch_size, num_workers=0)
+    # to do inline. Its own generator, as the language-model loader has: without one, every iter()
+    # draws from the global RNG the run seeded.
+    return StatefulDataLoader(
+        stream, batch_size=local_batch_size, num_workers=0, generator=torch.Generator().manual_seed(seed)
+    )
