@@ -70,7 +70,6 @@ class GRPOTask(TrainingTask):
         self.queue: deque[MicroBatch] = deque()
         self.reference: nn.Module | None = None
         self.args: Any = None
-        self._stats: dict[str, float] = {}
         self._last_exit: float | None = None
         self._reset_stats()
 
@@ -128,7 +127,7 @@ class GRPOTask(TrainingTask):
     def _reshard_after(self, model: nn.Module) -> Any:
         """The reshard-after-forward setting each FSDP group of `model` was built with."""
         policy = FSDPPolicy.from_config(self.ctx.config.parallelism, self.ctx.compute_dtype, self.ctx.device_type, True)
-        last_block = blocks(model)[-1] if blocks(model) else None
+        last_block = (blocks(model) or [None])[-1]
 
         def setting(group: FSDPModule) -> bool:
             return policy.reshard_after_forward(is_last_block=group is last_block or group is model)
@@ -139,10 +138,14 @@ class GRPOTask(TrainingTask):
         """Sum of a [k, N] tensor over data-parallel ranks (each rank fills only its own rows)."""
         return sum_over(values.to(self.ctx.device), self.dp_mesh).cpu() if self.dp_mesh is not None else values
 
-    def next_batch(self, model: nn.Module) -> MicroBatch:
-        now = time.perf_counter()
+    def _clock_training(self) -> None:
+        """Count the time since the last batch left as training (its forward, backward and step)."""
         if self._last_exit is not None:
-            self._stats["train_time"] += now - self._last_exit
+            self._stats["train_time"] += time.perf_counter() - self._last_exit
+        self._last_exit = None
+
+    def next_batch(self, model: nn.Module) -> MicroBatch:
+        self._clock_training()
         if not self.queue:
             self._rollout(model)
         batch = self.queue.popleft()
@@ -200,8 +203,6 @@ class GRPOTask(TrainingTask):
         stats["exact_sum"] += float(table[1].sum())
         stats["format_sum"] += float(table[2].sum())
         stats["length_sum"] += float(lengths.sum())
-        stats["rows"] += self.rows
-        stats["rollout_tokens"] += float(lengths.sum())
         stats["rollout_time"] += generate_time
 
     # ------------------------------------------------------------------------------ loss
@@ -214,38 +215,43 @@ class GRPOTask(TrainingTask):
             aggregation=rl.loss_aggregation, max_completion_tokens=rl.max_new_tokens, beta=rl.beta,  # type: ignore[arg-type]
             ref_logps=batch.ref_logps, token_normaliser=batch.token_normaliser,
         )
-        self._stats["kl_sum"] += float(terms.kl)
-        self._stats["clip_sum"] += float(terms.clip_fraction)
+        # Summed on the device: reading them here would make the host wait for every micro-batch.
+        self._loss_sums += torch.stack([terms.kl, terms.clip_fraction])
         self._stats["micro_batches"] += 1
         return TaskLoss(terms.loss, items=batch.real_tokens)
 
     # ------------------------------------------------------------------------------ metrics
 
     def _reset_stats(self) -> None:
-        keys = ("rollouts", "reward_sum", "reward_std_sum", "exact_sum", "format_sum", "length_sum", "rows",
-                "rollout_tokens", "rollout_time", "kl_sum", "clip_sum", "micro_batches", "train_tokens", "train_time")
-        self._stats = dict.fromkeys(keys, 0.0)
+        keys = ("rollouts", "reward_sum", "reward_std_sum", "exact_sum", "format_sum", "length_sum", "rollout_time",
+                "micro_batches", "train_tokens", "train_time")
+        self._stats: dict[str, float] = dict.fromkeys(keys, 0.0)
+        self._loss_sums = torch.zeros(2, device=self.ctx.device)  # k3 KL and clip fraction of each micro-batch
 
     def step_metrics(self) -> dict[str, float]:
         """Means since the last record: rollout numbers are global already; the per-rank loss numbers
         and rates are combined over data-parallel ranks here (every rank calls this on record steps)."""
+        # The trainer has waited for the device; what follows until the next batch (evaluation,
+        # checkpoint) is not training time.
+        self._clock_training()
         s = self._stats
-        local = torch.tensor([s["kl_sum"], s["clip_sum"], s["micro_batches"], s["train_tokens"], s["train_time"]],
-                             dtype=torch.float64)
+        counts = torch.tensor([s["micro_batches"], s["train_tokens"], s["train_time"]], dtype=torch.float64)
+        local = torch.cat([self._loss_sums.cpu().double(), counts])
         kl, clip, micro, train_tokens, train_time = self._global(local[None])[0].tolist()
         metrics: dict[str, float] = {}
         if micro > 0:
             metrics.update(kl=kl / micro, clip_fraction=clip / micro)
         if train_time > 0:
             metrics["train_tokens_per_sec"] = train_tokens / (train_time / self.ctx.dp_world)
-        if s["rows"] > 0:
+        if s["rollouts"] > 0:
+            rows = s["rollouts"] * self.rows
             metrics.update(
-                reward_mean=s["reward_sum"] / s["rows"],
+                reward_mean=s["reward_sum"] / rows,
                 reward_std=s["reward_std_sum"] / s["rollouts"],
-                train_accuracy=s["exact_sum"] / s["rows"],
-                format_rate=s["format_sum"] / s["rows"],
-                completion_length=s["length_sum"] / s["rows"],
-                rollout_tokens_per_sec=s["rollout_tokens"] / s["rollout_time"],
+                train_accuracy=s["exact_sum"] / rows,
+                format_rate=s["format_sum"] / rows,
+                completion_length=s["length_sum"] / rows,
+                rollout_tokens_per_sec=s["length_sum"] / s["rollout_time"],
             )
         self._reset_stats()
         return metrics
