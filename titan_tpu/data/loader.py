@@ -214,13 +214,16 @@ def build_dataloader(
         shuffle_buffer=cfg.shuffle_buffer,
         fingerprint=_source_fingerprint(cfg),
     )
+    return stateful_loader(dataset, local_batch_size, seed)
+
+
+def stateful_loader(dataset: IterableDataset, local_batch_size: int, seed: int) -> StatefulDataLoader:
+    """The checkpointable loader every task's pipeline ends in. In the loading process (workers would
+    each hold a copy of the dataset's position), and with its own generator: creating an iterator
+    must not draw from the global RNG that seeds training."""
     with warnings.catch_warnings():
         # torchdata 0.11 calls a torch API that newer torch releases deprecate; not our user's concern.
         warnings.filterwarnings("ignore", message=".*set_vital.*")
-        # Its own generator: creating an iterator must not draw from the global RNG that seeds training.
         return StatefulDataLoader(
-            dataset,
-            batch_size=local_batch_size,
-            num_workers=0,
-            generator=torch.Generator().manual_seed(seed),
+            dataset, batch_size=local_batch_size, num_workers=0, generator=torch.Generator().manual_seed(seed)
         )

@@ -24,6 +24,7 @@ from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.data.loader import stateful_loader
 from titan_tpu.tasks.rectified_flow.config import FluxConfig
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -197,9 +198,5 @@ def build_image_dataloader(
     config: FluxConfig, local_batch_size: int, dp_rank: int, dp_world: int, seed: int
 ) -> StatefulDataLoader:
     stream = ImageCaptionStream(build_source(config), config.image_size, dp_rank, dp_world, seed)
-    # Workers would each hold a copy of the stream's position; decoding small images is cheap enough
-    # to do inline. Its own generator, as the language-model loader has: without one, every iter()
-    # draws from the global RNG the run seeded.
-    return StatefulDataLoader(
-        stream, batch_size=local_batch_size, num_workers=0, generator=torch.Generator().manual_seed(seed)
-    )
+    # Decoding small images is cheap enough to do in the loading process.
+    return stateful_loader(stream, local_batch_size, seed)
