@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "tests" / "parity"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 from launch import torchrun  # noqa: E402
-from test_hf_roundtrip import ARGS, random_hf_model  # noqa: E402
+from test_hf_roundtrip import ARGS, assert_logits_match, random_hf_model  # noqa: E402
 
 
 @pytest.mark.slow
@@ -46,9 +46,4 @@ def test_fsdp_reads_only_its_shards_and_round_trips(tmp_path: Path) -> None:
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "export").eval()
     with torch.no_grad():
         reloaded = exported(input_ids=tokens).logits
-    scale = expected.abs().max().item()
-    loaded_diff = (logits - expected).abs().max().item()
-    exported_diff = (reloaded - expected).abs().max().item()
-    print(f"FSDP 2: ours vs HF {loaded_diff:.2e}, exported vs HF {exported_diff:.2e} (max |logit| {scale:.2f})")
-    assert loaded_diff <= 1e-5 * max(1.0, scale)
-    assert exported_diff <= 1e-5 * max(1.0, scale)
+    assert_logits_match("FSDP 2", logits, reloaded, expected)

@@ -37,7 +37,7 @@ from checkpoint_layouts_worker import ASYNC_STEPS, CHAINS, LINKS, STEPS, resume,
 from launch import torchrun  # noqa: E402
 from parity import EXACT, RunResult, assert_parity, capture_states, compare_states, train_and_capture  # noqa: E402
 from test_hf_roundtrip import ARGS as LLAMA_ARGS  # noqa: E402
-from test_hf_roundtrip import random_hf_model  # noqa: E402
+from test_hf_roundtrip import assert_logits_match, random_hf_model  # noqa: E402
 
 MOE_ARGS = QWEN3_MOE_FLAVORS["debug_moe"]
 HF_SHAPES = {"llama": LLAMA_ARGS, "moe": MOE_ARGS}
@@ -153,12 +153,7 @@ def check_logits(runs: dict[str, Any], name: str, tag: str, model_cls: type) -> 
     assert type(reloaded) is model_cls
     with torch.no_grad():
         exported = reloaded(input_ids=runs[f"tokens_{tag}"]).logits
-    scale = expected.abs().max().item()
-    loaded_diff = (logits - expected).abs().max().item()
-    exported_diff = (exported - expected).abs().max().item()
-    print(f"{name}: ours vs HF {loaded_diff:.2e}, exported vs HF {exported_diff:.2e} (max |logit| {scale:.2f})")
-    assert loaded_diff <= 1e-5 * max(1.0, scale)
-    assert exported_diff <= 1e-5 * max(1.0, scale)
+    assert_logits_match(name, logits, exported, expected)
 
 
 def reads_by_name(rank: dict[str, Any]) -> dict[str, tuple[list[int], list[int]]]:

@@ -79,6 +79,16 @@ def trainer_with(folder: Path, dump: Path, *extra: str, config_name: str = "llam
     return Trainer(config)
 
 
+def assert_logits_match(label: str, ours: torch.Tensor, exported: torch.Tensor, expected: torch.Tensor) -> None:
+    """Our logits (weights read from the folder) and the re-imported export's both equal the
+    reference's within 1e-5 of the largest logit."""
+    scale = expected.abs().max().item()
+    loaded_diff, exported_diff = max_diff(ours, expected), max_diff(exported, expected)
+    print(f"{label}: max |logit| {scale:.2f}; ours vs HF {loaded_diff:.2e}; exported vs HF {exported_diff:.2e}")
+    assert loaded_diff <= 1e-5 * max(1.0, scale)
+    assert exported_diff <= 1e-5 * max(1.0, scale)
+
+
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
@@ -90,7 +100,6 @@ def test_round_trip_logits(hf_folder, tmp_path: Path) -> None:  # type: ignore[n
         trainer.model.eval()
         with torch.no_grad():
             ours = trainer.model(tokens)
-        loaded_diff = max_diff(ours, expected)
         out = export_model_to_hf(trainer.model, tmp_path / "export", ADAPTER, ARGS, "float32")
     finally:
         trainer.close()
@@ -99,11 +108,7 @@ def test_round_trip_logits(hf_folder, tmp_path: Path) -> None:  # type: ignore[n
     assert reloaded.dtype == torch.float32
     with torch.no_grad():
         exported = reloaded(input_ids=tokens).logits
-    exported_diff = max_diff(exported, expected)
-    scale = expected.abs().max().item()
-    print(f"max |logit| {scale:.2f}; ours vs HF {loaded_diff:.2e}; exported vs HF {exported_diff:.2e}")
-    assert loaded_diff <= 1e-5 * max(1.0, expected.abs().max().item())
-    assert exported_diff <= 1e-5 * max(1.0, expected.abs().max().item())
+    assert_logits_match("llama3", ours, exported, expected)
 
 
 def test_bfloat16_export_loads(hf_folder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -151,7 +156,6 @@ def test_qwen3_round_trip_logits(family: str, tmp_path: Path) -> None:
         with torch.no_grad():
             output = trainer.model(tokens)
         ours = getattr(output, "logits", output)  # the MoE model also returns its router statistics
-        loaded_diff = max_diff(ours, expected)
         out = export_model_to_hf(trainer.model, tmp_path / "export", QWEN3_STATE_DICT_ADAPTER, args, "float32")
     finally:
         trainer.close()
@@ -160,11 +164,7 @@ def test_qwen3_round_trip_logits(family: str, tmp_path: Path) -> None:
     assert type(reloaded) is model_cls and reloaded.dtype == torch.float32
     with torch.no_grad():
         exported = reloaded(input_ids=tokens).logits
-    exported_diff = max_diff(exported, expected)
-    scale = expected.abs().max().item()
-    print(f"{family}: max |logit| {scale:.2f}; ours vs HF {loaded_diff:.2e}; exported vs HF {exported_diff:.2e}")
-    assert loaded_diff <= 1e-5 * max(1.0, scale)
-    assert exported_diff <= 1e-5 * max(1.0, scale)
+    assert_logits_match(family, ours, exported, expected)
 
 
 def test_qwen3_moe_expert_count_mismatch_is_a_config_error(tmp_path: Path) -> None:
