@@ -13,7 +13,6 @@ step logs, and always before a checkpoint of the poisoned state could be written
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import logging
@@ -121,7 +120,6 @@ class Trainer:
             config=config,
             spec=self.spec,
             device=self.device.torch_device,
-            device_type=self.device.type,
             compute_dtype=self.compute_dtype,
             parallel=self.parallel,
             dp_rank=self.dp_rank,
@@ -228,12 +226,6 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ loop
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        # Under FSDP the mixed-precision policy casts parameters to the compute dtype already.
-        if self.compute_dtype == torch.float32 or self.parallel.dims.fsdp_enabled:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
-
     def forward_backward(self) -> tuple[torch.Tensor, int]:
         """Loss and gradients of one optimizer step over `grad_accum_steps` micro-batches: the mean
         micro-batch loss (a device tensor, this rank's) and the items this rank trained on."""
@@ -243,7 +235,7 @@ class Trainer:
             batch = self.task.next_batch(self.model)
             # With loss parallel the logits are vocab-sharded: loss and backward run in its context.
             with loss_context(self.parallel.loss_parallel_enabled):
-                with self._autocast():
+                with self.task.ctx.autocast():
                     result = self.task.loss(self.model, batch)
                 # Every micro-batch weighs the same, so the mean of the means is the step's mean.
                 loss = result.loss / self.grad_accum_steps

@@ -179,7 +179,7 @@ def _task(tmp_path: Path, *overrides: str) -> tuple[RectifiedFlowTask, torch.nn.
     config = load_config("flux_debug", [f"--job.dump_folder={tmp_path}", *overrides])
     spec = models.get_model_spec("flux")
     ctx = TaskContext(
-        config=config, spec=spec, device=torch.device("cpu"), device_type="cpu", compute_dtype=torch.float32,
+        config=config, spec=spec, device=torch.device("cpu"), compute_dtype=torch.float32,
         parallel=None, dp_rank=0, dp_world=1, local_batch_size=4, grad_accum_steps=1, dump_folder=tmp_path,
         is_writer=True,
     )  # type: ignore[arg-type]  # fmt: skip

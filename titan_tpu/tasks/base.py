@@ -24,6 +24,7 @@ GRPO are others. Tasks are found by name in `registry.py`.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,6 @@ class TaskContext:
     config: TrainConfig
     spec: ModelSpec
     device: torch.device
-    device_type: str
     compute_dtype: torch.dtype
     parallel: ParallelContext
     dp_rank: int
@@ -59,6 +59,15 @@ class TaskContext:
     # The causal attention kernel the trainer chose for this device, dtype and sequence length
     # (models/common/attention_kernels.py); tasks of decoder models put it into the model arguments.
     attention: AttentionKernel = SdpaAttention()
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The precision of every forward pass of the run (training, and a task's own, such as
+        GRPO's rollout log-probabilities, which must match it for the first ratio to be exactly 1):
+        autocast to the compute dtype, except in float32 and under FSDP, whose mixed-precision policy
+        already casts the parameters."""
+        if self.compute_dtype == torch.float32 or self.parallel.dims.fsdp_enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
 
 @dataclass

@@ -12,9 +12,22 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from titan_tpu.config import ConfigError
 from titan_tpu.data.loader import build_dataloader
-from titan_tpu.data.tokenizer import build_tokenizer
+from titan_tpu.data.tokenizer import Tokenizer, build_tokenizer
 from titan_tpu.distributed.compile import compile_loss, resolve_backend
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
+
+
+def decoder_args(ctx: TaskContext, tokenizer: Tokenizer, args: Any) -> Any:
+    """A decoder flavor's arguments for this run: rotary tables sized for training.seq_len (published
+    flavors allow 128K) and the attention kernel chosen for the device; the tokenizer must fit the
+    vocabulary. Every task that trains a decoder (pretraining, GRPO) builds its model this way."""
+    model = ctx.config.model
+    if tokenizer.vocab_size > args.vocab_size:
+        raise ConfigError(
+            f"data.tokenizer has {tokenizer.vocab_size} tokens but model {model.name} "
+            f"{model.flavor} has vocab_size {args.vocab_size}; pick a tokenizer or flavor that fits"
+        )
+    return dataclasses.replace(args, max_seq_len=ctx.config.training.seq_len, attention=ctx.attention)
 
 
 class LanguageModelTask(TrainingTask):
@@ -32,21 +45,13 @@ class LanguageModelTask(TrainingTask):
         self.loss_fn = ctx.spec.loss_fn
         # Vocab-sharded logits (loss parallel) need the DTensor loss, which compile does not trace.
         if config.compile.enable and not ctx.parallel.loss_parallel_enabled:
-            self.loss_fn = compile_loss(self.loss_fn, resolve_backend(config.compile.backend, ctx.device_type))
+            self.loss_fn = compile_loss(self.loss_fn, resolve_backend(config.compile.backend, ctx.device.type))
         self.args: Any = None
         self.dataloader: StatefulDataLoader | None = None
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
 
     def model_args(self, args: Any) -> Any:
-        """Rotary tables sized for this run's sequence length (published flavors allow 128K), and the
-        attention kernel chosen for its device."""
-        model = self.ctx.config.model
-        if self.tokenizer.vocab_size > args.vocab_size:
-            raise ConfigError(
-                f"data.tokenizer has {self.tokenizer.vocab_size} tokens but model {model.name} "
-                f"{model.flavor} has vocab_size {args.vocab_size}; pick a tokenizer or flavor that fits"
-            )
-        self.args = dataclasses.replace(args, max_seq_len=self.seq_len, attention=self.ctx.attention)
+        self.args = decoder_args(self.ctx, self.tokenizer, args)
         return self.args
 
     def setup(self, model: nn.Module) -> None:

@@ -9,7 +9,6 @@ a checkpoint therefore has to fall between rollout batches (checked at start-up)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from titan_tpu.recipes.grpo.objective import group_advantages, grpo_loss
 from titan_tpu.recipes.grpo.rollout import MicroBatch, build_micro_batches, rank_rows, token_logps
 from titan_tpu.recipes.grpo.sampler import SamplingParams, generate, gathered_for_generation, row_uniforms
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
+from titan_tpu.tasks.language_model import decoder_args
 
 # The prompt of a problem starts on a new line, as every problem does in the pretraining text.
 PROMPT_PREFIX = "\n"
@@ -65,7 +65,7 @@ class GRPOTask(TrainingTask):
                 f"checkpoint.interval {interval} must be a multiple of the {self.steps_per_rollout} optimizer "
                 "steps each rollout batch serves, so a checkpoint never splits one"
             )
-        self.dp_mesh = ctx.parallel.meshes.get("dp") if ctx.dp_world > 1 else None
+        self.dp_mesh = ctx.parallel.dp_reduce_mesh
         self.stream = PromptStream(self.problems.train, seed=config.training.seed)
         self.queue: deque[MicroBatch] = deque()
         self.reference: nn.Module | None = None
@@ -77,16 +77,11 @@ class GRPOTask(TrainingTask):
 
     def model_args(self, args: Any) -> Any:
         config = self.ctx.config
-        if self.tokenizer.vocab_size > args.vocab_size:
-            raise ConfigError(
-                f"data.tokenizer has {self.tokenizer.vocab_size} tokens but model {config.model.name} "
-                f"{config.model.flavor} has vocab_size {args.vocab_size}"
-            )
         longest = len(self._prompt_ids(Problem(self.rl.max_operand, self.rl.max_operand)))
         needed = longest + self.rl.max_new_tokens
         if config.training.seq_len < needed:
             raise ConfigError(f"training.seq_len {config.training.seq_len} is below the longest prompt + rl.max_new_tokens = {needed}")
-        self.args = dataclasses.replace(args, max_seq_len=config.training.seq_len, attention=self.ctx.attention)
+        self.args = decoder_args(self.ctx, self.tokenizer, args)
         return self.args
 
     def setup(self, model: nn.Module) -> None:
@@ -99,7 +94,7 @@ class GRPOTask(TrainingTask):
         with torch.device("meta"):
             reference = ctx.spec.model_cls(self.args)
         reference = parallelize_model(
-            reference, ctx.spec.parallelize, ctx.parallel, config, ctx.device, ctx.device_type, ctx.compute_dtype
+            reference, ctx.spec.parallelize, ctx.parallel, config, ctx.device, ctx.device.type, ctx.compute_dtype
         )
         if config.checkpoint.initial_load_path:
             what = f"reference model {config.model.name} flavor {config.model.flavor}"
@@ -118,15 +113,9 @@ class GRPOTask(TrainingTask):
     def _prompt_ids(self, problem: Problem) -> list[int]:
         return self.tokenizer.encode(PROMPT_PREFIX + problem.prompt)
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        # The same precision as the trainer's forward, so the first ratio of a rollout is exactly 1.
-        if self.ctx.compute_dtype == torch.float32 or self.ctx.parallel.dims.fsdp_enabled:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.ctx.device_type, dtype=self.ctx.compute_dtype)
-
     def _reshard_after(self, model: nn.Module) -> Any:
         """The reshard-after-forward setting each FSDP group of `model` was built with."""
-        policy = FSDPPolicy.from_config(self.ctx.config.parallelism, self.ctx.compute_dtype, self.ctx.device_type, True)
+        policy = FSDPPolicy.from_config(self.ctx.config.parallelism, self.ctx.compute_dtype, self.ctx.device.type, True)
         last_block = (blocks(model) or [None])[-1]
 
         def setting(group: FSDPModule) -> bool:
@@ -182,12 +171,12 @@ class GRPOTask(TrainingTask):
         generate_time = time.perf_counter() - start
 
         def policy_logps(tokens: torch.Tensor) -> torch.Tensor:
-            with self._autocast():
+            with self.ctx.autocast():
                 return token_logps(model, tokens)
 
         def reference_logps(tokens: torch.Tensor) -> torch.Tensor:
             assert self.reference is not None
-            with self._autocast():
+            with self.ctx.autocast():
                 return token_logps(self.reference, tokens)
 
         batches = build_micro_batches(
