@@ -275,6 +275,7 @@ class MetricsConfig:
     eval_freq: int = opt(
         0, "Evaluate (held-out metrics, samples) every this many steps and at the last step; 0 = never."
     )
+    plot_loss: bool = opt(True, "At the end of the run, draw the loss curve into dump_folder/loss.png.")
 
     def validate(self) -> None:
         require(self.log_freq >= 1, "metrics.log_freq", f"must be >= 1, got {self.log_freq}")
