@@ -1,0 +1,113 @@
+"""The published MFU records are well-formed: each names a config this repository ships, a slice by
+its chip count, an MFU in (0, 100] that, where derived, equals the printed TFLOP/s over the chip's
+peak, an https source, and no configuration twice. Every check also runs on a record broken on
+purpose, so a check that cannot fail is caught too."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from titan_tpu.device.peak import table_peak_flops
+from titan_tpu.plan.published import PEAK_BF16_TFLOPS_PER_CHIP, PUBLISHED, PublishedResult
+
+ROOT = Path(__file__).resolve().parents[2]
+CHIPS = re.compile(r"(v4|v5e|v5p|v6e|v7x)-([1-9][0-9]*)")
+# Google names these generations' slices by TensorCores, two per chip.
+NAMED_BY_TENSORCORES = ("v4", "v5p")
+
+
+def problems(record: PublishedResult) -> list[str]:
+    """What is wrong with one record, in words; empty when it is well-formed."""
+    found = []
+    if not (ROOT / "train_configs" / f"{record.model}.toml").is_file():
+        found.append(f"model {record.model!r} has no train_configs/{record.model}.toml")
+    chips = CHIPS.fullmatch(record.chips)
+    if chips is None:
+        found.append(f"chips {record.chips!r} is not <v4|v5e|v5p|v6e|v7x>-<count>")
+    else:
+        generation, count = chips.group(1), int(chips.group(2))
+        # A v5p-1024 stored as chips would double every per-chip figure the planner compares.
+        named = re.fullmatch(rf"{generation}-([0-9]+)", record.published_name)
+        if named and generation in NAMED_BY_TENSORCORES and int(named.group(1)) != 2 * count:
+            chip_count = int(named.group(1)) // 2
+            found.append(f"{record.published_name} counts TensorCores: {chip_count} chips, not {count}")
+        if not record.mfu_published:
+            if record.tflops_per_chip is None:
+                found.append("a derived MFU needs the printed TFLOP/s per chip")
+            elif generation not in PEAK_BF16_TFLOPS_PER_CHIP:
+                found.append(f"no peak for {generation} to derive an MFU from")
+            else:
+                derived = 100 * record.tflops_per_chip / PEAK_BF16_TFLOPS_PER_CHIP[generation]
+                if abs(derived - record.mfu_percent) > 0.006:  # records keep two decimals
+                    found.append(f"MFU {record.mfu_percent} is not {derived:.2f} = TFLOP/s over the peak")
+    if not 0 < record.mfu_percent <= 100:
+        found.append(f"MFU {record.mfu_percent} is outside (0, 100]")
+    if record.seq_len <= 0:
+        found.append(f"seq_len {record.seq_len} is not positive")
+    if record.global_batch_tokens is not None and (
+        record.global_batch_tokens <= 0 or record.global_batch_tokens % record.seq_len
+    ):
+        found.append(f"{record.global_batch_tokens} tokens is not a whole number of {record.seq_len}-token rows")
+    if record.precision != "bf16":
+        found.append(f"precision {record.precision!r}: the planner estimates bf16 only")
+    if not record.source.startswith("https://"):
+        found.append(f"source {record.source!r} is not an https URL")
+    if not record.parallelism or not record.published_name:
+        found.append("parallelism and published_name must say something")
+    return found
+
+
+def duplicates(records: tuple[PublishedResult, ...]) -> list[tuple[object, ...]]:
+    """Configurations recorded more than once (model, slice, sequence, batch, layout)."""
+    keys = [(r.model, r.chips, r.seq_len, r.global_batch_tokens, r.parallelism) for r in records]
+    return [key for index, key in enumerate(keys) if key in keys[:index]]
+
+
+@pytest.mark.parametrize("record", PUBLISHED, ids=lambda r: f"{r.model}@{r.chips}/{r.seq_len}")
+def test_record_is_well_formed(record: PublishedResult) -> None:
+    assert problems(record) == []
+
+
+def test_no_configuration_is_recorded_twice() -> None:
+    assert duplicates(PUBLISHED) == []
+
+
+def test_peaks_agree_with_the_device_table() -> None:
+    """The derived MFUs and the training metrics divide by the same peaks (the device table is per
+    device: a v7 chip is two devices)."""
+    assert PEAK_BF16_TFLOPS_PER_CHIP["v5p"] * 1e12 == table_peak_flops("TPU v5p")
+    assert PEAK_BF16_TFLOPS_PER_CHIP["v6e"] * 1e12 == table_peak_flops("TPU v6e")
+    assert PEAK_BF16_TFLOPS_PER_CHIP["v7x"] * 1e12 == 2 * table_peak_flops("TPU v7")  # type: ignore[operator]
+
+
+# Negative controls: one deliberate fault per check, on a copy of a good derived record.
+GOOD = next(r for r in PUBLISHED if r.chips == "v5p-512")
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        ({"model": "llama3_9b"}, "no train_configs"),
+        ({"chips": "v6-256"}, "is not <v4"),
+        ({"chips": "v5p-1024"}, "counts TensorCores"),
+        ({"mfu_percent": 0.0}, "outside (0, 100]"),
+        ({"mfu_percent": 68.0}, "TFLOP/s over the peak"),
+        ({"tflops_per_chip": None}, "needs the printed TFLOP/s"),
+        ({"global_batch_tokens": 8_388_609}, "whole number"),
+        ({"precision": "fp8"}, "bf16 only"),
+        ({"source": "http://example.com"}, "https"),
+        ({"parallelism": ""}, "must say something"),
+    ],
+)
+def test_each_check_rejects_a_broken_record(change: dict[str, object], complaint: str) -> None:
+    assert problems(GOOD) == []
+    broken = dataclasses.replace(GOOD, **change)  # type: ignore[arg-type]
+    assert any(complaint in problem for problem in problems(broken)), problems(broken)
+
+
+def test_duplicate_check_catches_a_repeated_record() -> None:
+    assert duplicates((GOOD, dataclasses.replace(GOOD, mfu_percent=60.0))) != []
