@@ -1,0 +1,1 @@
+"""Launching training runs: GKE TPU slices, JobSet manifests and the per-host launcher."""
