@@ -1,0 +1,297 @@
+"""The launcher without starting anything: GKE variables -> torchrun's arguments, its one-line errors,
+the DNS wait, and TorchTPU's launch variables on a TPU host (its check and function patched)."""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from titan_tpu.config.errors import ConfigError
+from titan_tpu.launch import __main__ as cli
+from titan_tpu.launch import devices, dns
+from titan_tpu.launch.command import LaunchOptions, torchrun_argv
+from titan_tpu.launch.environment import ACCELERATOR_TYPE, CHIPS_PER_HOST_BOUNDS, PLACEMENT_VARIABLES, read_placement
+
+SCRIPT = ("train.py", "--config", "llama3_debug", "--training.steps=3")
+
+
+def options(**changes: Any) -> LaunchOptions:
+    values: dict[str, Any] = dict(
+        nproc_per_node=None, max_restarts=0, rdzv_port=None, dns_timeout_s=5.0, script=SCRIPT[0], script_args=SCRIPT[1:]
+    )
+    return LaunchOptions(**{**values, **changes})
+
+
+@pytest.fixture(autouse=True)
+def no_placement(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Start from a machine without GKE variables, even when the tests run in a GKE pod."""
+    for name in (*PLACEMENT_VARIABLES, ACCELERATOR_TYPE, CHIPS_PER_HOST_BOUNDS):
+        monkeypatch.delenv(name, raising=False)
+    yield
+
+
+def test_outside_gke_is_one_local_host() -> None:
+    placement = read_placement({})
+    assert not placement.from_gke and placement.num_hosts == 1 and placement.node_rank == 0
+    assert torchrun_argv(placement, options(max_restarts=2), nproc_per_node=2) == [
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=localhost:0",  # any free port, as torchrun --standalone
+        "--rdzv-id=localhost",
+        "--rdzv-conf=is_host=true",
+        "--local-addr=localhost",
+        "--max-restarts=2",
+        *SCRIPT,
+    ]
+
+
+def test_single_slice_host() -> None:
+    env = {
+        "TPU_WORKER_HOSTNAMES": "job-0.job, job-1.job,job-2.job,job-3.job",
+        "TPU_WORKER_ID": "2",
+        "JOB_COMPLETION_INDEX": "2",
+        "TPU_ACCELERATOR_TYPE": "v6e-16",
+        "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
+    }
+    placement = read_placement(env)
+    assert (placement.node_rank, placement.num_hosts, placement.chips_per_host) == (2, 4, 4)
+    assert placement.describe() == (
+        "GKE v6e-16 slice 0 of 1 (4 hosts x 4 chips), worker 2 (job-2.job): host 2 of 4"
+    )
+    assert torchrun_argv(placement, options(max_restarts=3), nproc_per_node=4) == [
+        "--nnodes=4",
+        "--nproc-per-node=4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=job-0.job:29400",
+        "--rdzv-id=job-0.job",
+        "--rdzv-conf=is_host=false",
+        "--local-addr=job-2.job",
+        "--max-restarts=3",
+        *SCRIPT,
+    ]
+
+
+def test_completion_index_alone_gives_the_worker_id() -> None:
+    placement = read_placement({"TPU_WORKER_HOSTNAMES": "a,b", "JOB_COMPLETION_INDEX": "1"})
+    assert placement.worker_id == 1 and placement.hostname == "b"
+
+
+@pytest.mark.parametrize(
+    ("slice_id", "worker_id", "node_rank", "is_host"),
+    [(0, 0, 0, "true"), (0, 3, 3, "false"), (1, 0, 4, "false"), (2, 3, 11, "false")],
+)
+def test_multislice_numbers_slices_then_hosts(slice_id: int, worker_id: int, node_rank: int, is_host: str) -> None:
+    env = {
+        "TPU_WORKER_HOSTNAMES": ",".join(f"js-slice-{slice_id}-{w}.js" for w in range(4)),
+        "TPU_WORKER_ID": str(worker_id),
+        "MEGASCALE_NUM_SLICES": "3",
+        "MEGASCALE_SLICE_ID": str(slice_id),
+        "MEGASCALE_COORDINATOR_ADDRESS": "js-slice-0-0.js:8080",
+    }
+    placement = read_placement(env)
+    assert (placement.node_rank, placement.num_hosts, placement.hosts_per_slice) == (node_rank, 12, 4)
+    argv = torchrun_argv(placement, options(rdzv_port=1234), nproc_per_node=4)
+    # Every slice meets at slice 0's first host, named the same way on all of them (the port of the
+    # coordinator address is MegaScale's, not the rendezvous').
+    assert argv[:7] == [
+        "--nnodes=12",
+        "--nproc-per-node=4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=js-slice-0-0.js:1234",
+        "--rdzv-id=js-slice-0-0.js",
+        f"--rdzv-conf=is_host={is_host}",
+        f"--local-addr=js-slice-{slice_id}-{worker_id}.js",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TPU_WORKER_HOSTNAMES": "a,b", "TPU_WORKER_ID": "2"}, "TPU_WORKER_ID=2 is out of range: .* 0 to 1"),
+        ({"TPU_WORKER_HOSTNAMES": "a,b", "JOB_COMPLETION_INDEX": "5"}, "JOB_COMPLETION_INDEX=5 is out of range"),
+        ({"TPU_WORKER_HOSTNAMES": "a,b", "TPU_WORKER_ID": "one"}, "TPU_WORKER_ID='one' is not an integer"),
+        ({"TPU_WORKER_HOSTNAMES": "a,b", "TPU_WORKER_ID": "-1"}, "TPU_WORKER_ID=-1 is out of range"),
+        ({"TPU_WORKER_HOSTNAMES": "", "TPU_WORKER_ID": "0"}, "TPU_WORKER_HOSTNAMES='' has an empty host name at position 0"),
+        ({"TPU_WORKER_HOSTNAMES": "a,,b", "TPU_WORKER_ID": "0"}, "empty host name at position 1"),
+        ({"TPU_WORKER_ID": "0"}, "TPU_WORKER_HOSTNAMES is not set but TPU_WORKER_ID is"),
+        ({"TPU_WORKER_HOSTNAMES": "a,b"}, "neither TPU_WORKER_ID nor JOB_COMPLETION_INDEX is set"),
+        (
+            {"TPU_WORKER_HOSTNAMES": "a,b", "TPU_WORKER_ID": "1", "JOB_COMPLETION_INDEX": "0"},
+            "TPU_WORKER_ID=1 but JOB_COMPLETION_INDEX=0: .* remove the override",
+        ),
+        (
+            {"TPU_WORKER_HOSTNAMES": "a", "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "2"},
+            "MEGASCALE_SLICE_ID=2 is out of range: MEGASCALE_NUM_SLICES=2 allows 0 to 1",
+        ),
+        ({"TPU_WORKER_HOSTNAMES": "a", "MEGASCALE_NUM_SLICES": "0"}, "MEGASCALE_NUM_SLICES=0 is out of range"),
+        (
+            {"TPU_WORKER_HOSTNAMES": "a", "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1"},
+            "MEGASCALE_NUM_SLICES=2 but MEGASCALE_COORDINATOR_ADDRESS is not set",
+        ),
+        ({"TPU_WORKER_HOSTNAMES": "a", "TPU_CHIPS_PER_HOST_BOUNDS": "2,x,1"}, "TPU_CHIPS_PER_HOST_BOUNDS='2,x,1'"),
+    ],
+)
+def test_malformed_variables_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        read_placement(env)
+
+
+def test_bad_variable_is_one_error_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "a,b")
+    monkeypatch.setenv("TPU_WORKER_ID", "7")
+    assert cli.launch(list(SCRIPT)) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: TPU_WORKER_ID=7 is out of range"), lines
+
+
+def test_free_port_is_for_one_host_only() -> None:
+    placement = read_placement({"TPU_WORKER_HOSTNAMES": "a,b", "TPU_WORKER_ID": "0"})
+    with pytest.raises(ConfigError, match="--rdzv-port 0 .* one host only; this job has 2 hosts"):
+        torchrun_argv(placement, options(rdzv_port=0), nproc_per_node=1)
+
+
+def test_script_and_its_arguments_pass_verbatim() -> None:
+    parsed = cli.parse_args(["--max-restarts", "2", "--nproc-per-node", "auto", "train.py", "--config", "x",
+                             "--max-restarts=5", "--rdzv-port", "1"])  # fmt: skip
+    assert (parsed.max_restarts, parsed.nproc_per_node, parsed.rdzv_port) == (2, None, None)
+    assert (parsed.script, parsed.script_args) == ("train.py", ("--config", "x", "--max-restarts=5", "--rdzv-port", "1"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nproc-per-node", "0", "train.py"], "argument --nproc-per-node.*expected an integer >= 1, got 0"),
+        (["--nproc-per-node", "many", "train.py"], "argument --nproc-per-node.*expected an integer, got 'many'"),
+        (["--rdzv-port", "70000", "train.py"], "argument --rdzv-port.*from 0 to 65535, got 70000"),
+        (["--dns-timeout", "-1", "train.py"], "argument --dns-timeout.*expected seconds >= 0"),
+    ],
+)
+def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_args(argv)
+    assert exit_.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+class FakeClock:
+    """time.monotonic and time.sleep for the DNS wait: sleeping moves the clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def resolver(failures: int | None, calls: list[str]):  # type: ignore[no-untyped-def]
+    """getaddrinfo that fails `failures` times (None: always) and then resolves."""
+
+    def getaddrinfo(host: str, port: Any) -> list[Any]:
+        calls.append(host)
+        if failures is None or len(calls) <= failures:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.1", 0))]
+
+    return getaddrinfo
+
+
+def test_dns_wait_retries_with_backoff_until_the_name_resolves(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(dns, "time", clock)
+    monkeypatch.setattr(dns.socket, "getaddrinfo", resolver(2, calls))
+    dns.wait_for_host("job-0.job", timeout_s=300)
+    assert calls == ["job-0.job"] * 3 and clock.sleeps == [1.0, 2.0]
+
+
+def test_dns_wait_gives_up_at_the_bound_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(dns, "time", clock)
+    monkeypatch.setattr(dns.socket, "getaddrinfo", resolver(None, calls))
+    with pytest.raises(dns.HostNotResolved) as error:
+        dns.wait_for_host("job-0.job", timeout_s=100)
+    # Backoff 1, 2, 4, ..., 30 (the cap), and the last sleep ends exactly at the bound.
+    assert clock.sleeps == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 9.0] and clock.now == 100
+    assert len(calls) == len(clock.sleeps) + 1
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("the rendezvous host 'job-0.job' did not resolve within 100 s (9 tries, last: ")
+
+
+@pytest.fixture
+def tpu_host(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, int]]:
+    """A host where TorchTPU sees 4 TPU devices; returns the calls to set_tpu_launch_env."""
+    calls: list[dict[str, int]] = []
+
+    def function(path: str):  # type: ignore[no-untyped-def]
+        assert path == "torch.tpu.distributed.set_tpu_launch_env"
+        return lambda **kwargs: calls.append(kwargs)
+
+    monkeypatch.setattr(devices, "visible_accelerator", lambda: "tpu")
+    monkeypatch.setattr(devices, "processes_per_host", lambda accelerator: 4 if accelerator == "tpu" else 1)
+    monkeypatch.setattr(devices, "torch_tpu_function", function)
+    return calls
+
+
+def set_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_tpu_host_sets_torch_tpu_launch_env(monkeypatch: pytest.MonkeyPatch, tpu_host: list[dict[str, int]]) -> None:
+    set_env(monkeypatch, {"TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1", "TPU_WORKER_ID": "1"})
+    argv = cli.prepare(options())
+    assert tpu_host == [{"nnodes": 2, "nproc_per_node": 4}]
+    assert argv[:2] == ["--nnodes=2", "--nproc-per-node=4"]  # auto: one process per TPU device
+
+
+def test_tpu_multislice_gives_torch_tpu_the_slice(monkeypatch: pytest.MonkeyPatch, tpu_host: list[dict[str, int]]) -> None:
+    """TorchTPU checks nnodes against TPU_WORKER_HOSTNAMES, which lists this slice's hosts."""
+    set_env(monkeypatch, {
+        "TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1", "TPU_WORKER_ID": "0", "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1", "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1",
+    })  # fmt: skip
+    argv = cli.prepare(options(nproc_per_node=2))
+    assert tpu_host == [{"nnodes": 2, "nproc_per_node": 2}]
+    assert argv[:2] == ["--nnodes=4", "--nproc-per-node=2"]
+
+
+def test_torch_tpu_refusal_is_one_error_line(
+    monkeypatch: pytest.MonkeyPatch, tpu_host: list[dict[str, int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def refuse(**kwargs: int) -> None:
+        raise ValueError("set_tpu_launch_env(): expected nnodes to match the number of hosts")
+
+    monkeypatch.setattr(devices, "torch_tpu_function", lambda path: refuse)
+    assert cli.launch(list(SCRIPT)) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "error: torch.tpu.distributed.set_tpu_launch_env: set_tpu_launch_env(): expected nnodes to match the "
+        "number of hosts"
+    ]
+
+
+def test_cpu_host_runs_one_process_and_leaves_torch_tpu_alone(tpu_host: list[dict[str, int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same path without GKE variables or a TPU: one local host, one process."""
+    monkeypatch.setattr(devices, "visible_accelerator", lambda: None)
+    argv = cli.prepare(options())
+    assert argv[:4] == ["--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]
+    assert tpu_host == []
+
+
+def test_this_cpu_host_sees_no_accelerator() -> None:
+    """The real check on this machine (no TPU chip, no GPU): torchrun gets one process."""
+    if (accelerator := devices.visible_accelerator()) is not None:
+        pytest.skip(f"this host has a {accelerator}")
+    assert devices.processes_per_host(None) == 1
