@@ -1,0 +1,121 @@
+"""The planner's arithmetic: chip names, parameter counts from the models themselves, sharding,
+fitting in HBM, and the roofline on a case worked out by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from models.flux import flux_param_count
+from models.llama3 import llama3_param_count
+from models.qwen3 import qwen3_param_count
+from titan_tpu.config import ConfigError, load_config
+from titan_tpu.device.peak import table_peak_flops
+from titan_tpu.distributed.parallel_dims import ParallelDims
+from titan_tpu.plan.__main__ import main
+from titan_tpu.plan.census import ROOT, Census, ParamShare, census
+from titan_tpu.plan.chips import GIB, parse_chips
+from titan_tpu.plan.memory import Precision
+from titan_tpu.plan.planner import make_plan
+from titan_tpu.plan.report import fit_line
+from titan_tpu.plan.roofline import COLLECTIVE_EFFICIENCY, StepShape, estimate_step, fsdp_seconds
+
+
+def test_chip_counts_devices_and_reuses_the_peak_table() -> None:
+    v7x = parse_chips("v7x-64")
+    assert (v7x.chips, v7x.devices, v7x.slices) == (64, 128, 1)
+    assert v7x.hbm_bytes_per_device == 96 * GIB
+    assert v7x.peak_flops_per_device == table_peak_flops("TPU v7x") == 2307e12 / 2
+    v5p = parse_chips("v5p-64")
+    assert (v5p.devices, v5p.peak_flops_per_device) == (64, 459e12)
+    assert parse_chips("v6e-512").slices == 2  # two 256-chip pods joined over DCN
+    assert parse_chips("h100-16").slices == 2  # two 8-GPU NVLink domains
+    with pytest.raises(ConfigError, match="do not split into whole slices of 256"):
+        parse_chips("v6e-300")
+
+
+@pytest.mark.parametrize("name", ["x100-8", "v6e", "v6e-0", "tpu-8"])
+def test_bad_chip_names_list_the_valid_ones(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", "llama3_debug", "--chips", name]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --chips {name}:") and "\n" not in err
+    if name != "v6e-0":
+        assert "valid: v4-N, v5e-N, v5p-N, v6e-N, v7x-N, a100-N, h100-N, h200-N, b200-N (N = chips)" in err
+
+
+@pytest.mark.parametrize(
+    ("config", "count"),
+    [
+        ("llama3_8b", lambda a: llama3_param_count(a)),
+        ("llama3_405b", lambda a: llama3_param_count(a)),
+        ("qwen3_32b", lambda a: qwen3_param_count(a)),
+        ("qwen3_moe_235b_a22b", lambda a: qwen3_param_count(a)),
+        ("flux_dev", lambda a: flux_param_count(a)),
+    ],
+)
+def test_parameter_counts_are_the_flavors(config: str, count) -> None:
+    model = census(load_config(config, []), ParallelDims(1, 1, 1, 1, 1))
+    assert model.total == count(model.args)
+    assert model.local == model.total  # one device holds everything
+
+
+def test_sharding_divides_what_the_plans_split() -> None:
+    config = load_config("llama3_8b", [])
+    whole = census(config, ParallelDims(1, 1, 1, 1, 1))
+    assert census(config, ParallelDims(1, 8, 1, 1, 8)).local == whole.total // 8  # every dim divides
+    tp = census(config, ParallelDims(1, 1, 8, 1, 8))
+    norms = sum(p.numel for p in whole.params if p.name.endswith("norm.weight"))
+    assert tp.local == (whole.total - norms) // 8 + norms  # norms are replicated over tp
+    moe = load_config("qwen3_moe_235b_a22b", [])
+    experts = [p for p in census(moe, ParallelDims(1, 64, 1, 16, 64)).params if ".experts." in p.name]
+    assert all(p.local_numel * 64 == p.numel for p in experts)  # ep 16 x FSDP over the other 4
+
+
+def test_405b_on_v5e_8_does_not_fit_and_says_by_how_much() -> None:
+    plan = make_plan(load_config("llama3_405b", ["--parallelism.tp=1"]), parse_chips("v5e-8"))
+    assert not plan.fit.fits
+    over = (plan.fit.need - plan.fit.usable) / GIB
+    assert over > 700  # 405e9 x 16 bytes of state over 8 chips alone is 757 GiB per chip
+    assert fit_line(plan).startswith("does not fit:") and f"{over:.2f} GiB over" in fit_line(plan)
+
+
+def test_8b_on_v6e_8_with_fsdp_8_fits() -> None:
+    overrides = ["--parallelism.dp_shard=8", "--training.seq_len=4096", "--activation_checkpoint.mode=full"]
+    plan = make_plan(load_config("llama3_8b", overrides), parse_chips("v6e-8"))
+    assert plan.fit.fits and plan.fit.margin > 0
+    assert plan.detail.memory.state == pytest.approx(16 * 8.03e9 / 8, rel=0.01)
+
+
+def test_roofline_on_a_hand_checked_case() -> None:
+    # One FSDP unit (the root: gathered once, not again for backward) of 1e9 elements over 4
+    # devices of a v6e-4: each device receives 3/4 of it in bf16 (2 bytes) and reduce-scatters 3/4
+    # in float32 (4 bytes): 0.75e9 x 6 = 4.5e9 bytes at 800 GB/s / 2 directions x 1/2 of the links
+    # x COLLECTIVE_EFFICIENCY.
+    cluster = parse_chips("v6e-4")
+    params = (ParamShare("w", 10**9, 10**9 // 4, 10**9, ROOT, 4),)
+    model = Census(args=None, params=params, n_blocks=1)
+    shape = StepShape(
+        devices=4, dp_shard=4, dp_replicate=1, tp=1, ep=1, micro_batch=1, grad_accum=1, tokens_per_sample=1,
+        dim=1, vocab=0, loss_parallel=False, moe_top_k=0, n_blocks=1, recomputed_blocks=0.0, reshard="default",
+    )  # fmt: skip
+    precision = Precision(compute_bytes=2, reduce_bytes=4)
+    bandwidth = 800e9 / 2 * 0.5 * COLLECTIVE_EFFICIENCY
+    assert fsdp_seconds(model, shape, precision, cluster) == pytest.approx(4.5e9 / bandwidth)
+    # 1e15 useful FLOPs per device at 918 TFLOP/s x 0.5: 2.1786 s of compute, more than the FSDP
+    # time, so the step is compute-bound and MFU is the efficiency itself.
+    step = estimate_step(model, shape, precision, cluster, 1e15, 0.0, 4, compute_efficiency=0.5)
+    assert step.compute_s == pytest.approx(1e15 / (918e12 * 0.5))
+    assert step.step_s == step.compute_s and step.mfu == pytest.approx(0.5)
+    # Full recomputation of the blocks' forward (a third of 6N) costs its FLOPs but is not useful work.
+    full = dataclasses.replace(shape, recomputed_blocks=1.0)
+    recomputed = estimate_step(model, full, precision, cluster, 1e15, 1e15 / 3, 4, compute_efficiency=0.5)
+    assert recomputed.mfu == pytest.approx(0.5 * 3 / 4)
+
+
+def test_the_command_prints_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", "llama3_70b", "--chips", "v6e-256", "--parallelism.dp_shard=32"]) == 0
+    out = capsys.readouterr().out
+    assert "dp_replicate 1 x dp_shard 32 x tp 8" in out and "fits:" in out and "MFU" in out
+    assert main(["--config", "llama3_70b", "--chips", "v6e-256", "--parallelism.dp_shard=3"]) == 2
+    assert "dp_shard 3 x tp 8 = 24, but 256 processes" in capsys.readouterr().err

@@ -1,0 +1,64 @@
+"""`python -m titan_tpu.plan --config NAME --chips NAME-COUNT [--efficiency F] [--section.key=value ...]`
+
+Prints whether the run fits in each device's HBM, by how much, and its estimated step time and MFU.
+The overrides are train.py's, loaded by the same `load_config`. Bad input: one line, exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from titan_tpu.config import ConfigError, load_config
+from titan_tpu.plan.chips import parse_chips, valid_chip_names
+from titan_tpu.plan.roofline import COMPUTE_EFFICIENCY
+
+USAGE = (
+    "usage: python -m titan_tpu.plan --config NAME --chips NAME-COUNT [--efficiency F] [--section.key=VALUE ...]\n"
+    f"  --chips       one of {valid_chip_names()}; e.g. v6e-256, v5p-128, h100-8\n"
+    f"  --efficiency  fraction of peak FLOP/s the matmuls sustain (default {COMPUTE_EFFICIENCY})"
+)
+
+
+def _take(argv: list[str], flag: str) -> str | None:
+    """Remove `--flag VALUE` or `--flag=VALUE` from argv and return VALUE."""
+    for i, arg in enumerate(argv):
+        if arg == flag:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"{flag}: missing value")
+            value = argv[i + 1]
+            del argv[i : i + 2]
+            return value
+        if arg.startswith(flag + "="):
+            del argv[i]
+            return arg.split("=", 1)[1]
+    return None
+
+
+def main(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(USAGE)
+        return 0
+    argv = list(argv)
+    try:
+        config_name = _take(argv, "--config")
+        chips = _take(argv, "--chips")
+        efficiency_text = _take(argv, "--efficiency")
+        if config_name is None or chips is None:
+            raise ConfigError("--config and --chips are required (see --help)")
+        cluster = parse_chips(chips)
+        efficiency = COMPUTE_EFFICIENCY if efficiency_text is None else float(efficiency_text)
+        if not 0 < efficiency <= 1:
+            raise ConfigError(f"--efficiency: must be in (0, 1], got {efficiency_text}")
+        config = load_config(config_name, argv)
+        from titan_tpu.plan.planner import make_plan
+        from titan_tpu.plan.report import render
+
+        print(render(make_plan(config, cluster, efficiency)))
+    except ValueError as e:  # ConfigError, and a --efficiency that is not a number
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,145 @@
+"""Activation memory of one device: what autograd keeps between forward and backward, and the peak
+backward adds on top of it.
+
+Counted per token from what the model code saves (bytes; a = bytes of the compute dtype, t = tp,
+t_sp = t with sequence parallelism else 1, t_loss = t with loss parallelism else 1):
+
+- Decoder block, no recomputation: each of the two RMSNorms keeps its float32 input and its normed
+  output ((4 + a) d / t_sp: they run on the sequence shard) and hands its projections a full-sequence
+  input (a d, all-gathered under sequence parallelism); attention keeps q, the grouped-query k and v
+  repeated to every head, and its output (4 H D a / t: the fused kernels keep no S x S matrix); the
+  SwiGLU keeps w1 x, silu(w1 x), w3 x and their product (4 F a / t). Qwen 3's per-head q/k norms add
+  their float32 input and output ((4 + a)(H + H_kv) D / t).
+- Mixture-of-experts feed-forward (Qwen 3 MoE, replicated over tp, full sequence): router logits and
+  float32 probabilities ((a + 4) E), each token's k routed copies going in and out of the experts
+  (3 k d a) and the experts' SwiGLU on them (4 k F_moe a); capacity padding is not counted.
+- FLUX block (double or single stream, over the joint image + text sequence): two float32 LayerNorm
+  inputs and modulated outputs (2 (4 + a) d), q, k, v, the attention output and projection input
+  (5 d a) and the MLP's input, GELU and output (3 F a). Not measured; an estimate of the same kind.
+- Head: the final norm as above, the logits and float32 log-probabilities ((a + 4) V / t_loss).
+
+Activation checkpointing: a checkpointed block keeps only its input (a d / t_sp); `selective` N
+checkpoints every Nth block; `selective` op keeps the matmul and attention outputs
+((Q + 2 KV) + H D) a / t + 2 a d + 2 F a / t) and the input. Peak = what is kept after forward plus
+the larger of: the loss's backward (the gradients of log-probs and logits, 8 V / t_loss, float32), or
+one recomputed block (when any block is checkpointed) plus the gradient of its widest
+intermediate (F a / t).
+
+Checked against a live-tensor count of a real forward + backward on the CPU
+(tests/unit/test_plan_activations.py, within 25% for `none` and `full`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from models.flux.args import FluxArgs
+from models.qwen3.args import Qwen3Args, Qwen3MoeArgs
+from titan_tpu.config.sections import ActivationCheckpointConfig
+
+FLOAT32 = 4
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What one device's forward pass sees."""
+
+    micro_batch: int  # sequences (samples) per forward pass on one device
+    tokens_per_sample: int  # sequence length; image + text tokens for FLUX
+    act_bytes: int  # bytes per element of the compute dtype
+    tp: int = 1
+    sequence_parallel: bool = True
+    loss_parallel: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.tokens_per_sample
+
+    @property
+    def t_sp(self) -> int:
+        return self.tp if self.sequence_parallel else 1
+
+    @property
+    def t_loss(self) -> int:
+        return self.tp if self.loss_parallel else 1
+
+
+@dataclass(frozen=True)
+class ActivationEstimate:
+    kept: int  # bytes held from the end of forward into backward
+    peak: int  # kept plus backward's largest transient
+
+    @property
+    def transient(self) -> int:
+        return self.peak - self.kept
+
+
+@dataclass(frozen=True)
+class _BlockBytes:
+    """Per token, bytes."""
+
+    full: float  # everything a non-checkpointed block keeps
+    selective_op: float  # kept under op-level selective checkpointing
+    checkpointed: float  # a checkpointed block's input
+    widest: float  # the widest intermediate (its gradient is backward's working set)
+
+
+def _norm(dim: int, g: Geometry) -> float:
+    return (FLOAT32 + g.act_bytes) * dim / g.t_sp + g.act_bytes * dim
+
+
+def _decoder_block(args: Any, g: Geometry) -> _BlockBytes:
+    a, t, d = g.act_bytes, g.tp, args.dim
+    q_width = args.n_heads * args.attn_head_dim
+    kv_width = args.n_kv_heads * args.attn_head_dim
+    attention = 4 * q_width * a / t
+    if isinstance(args, Qwen3Args):  # per-head q/k norms
+        attention += (FLOAT32 + a) * (q_width + kv_width) / t
+    projections = (q_width + 2 * kv_width + q_width) * a / t + 2 * a * d
+    if isinstance(args, Qwen3MoeArgs):
+        k, experts = args.top_k, args.num_experts
+        ffn = (a + FLOAT32) * experts + 3 * k * d * a + 4 * k * args.moe_hidden_dim * a
+        widest = k * args.moe_hidden_dim * a
+        matmuls = (experts + 2 * k * args.moe_hidden_dim + k * d) * a
+    else:
+        ffn = 4 * args.ffn_hidden_dim * a / t
+        widest = args.ffn_hidden_dim * a / t
+        matmuls = 2 * args.ffn_hidden_dim * a / t
+    full = 2 * _norm(d, g) + attention + ffn
+    checkpointed = a * d / g.t_sp
+    return _BlockBytes(full, projections + matmuls + checkpointed, checkpointed, widest)
+
+
+def _flux_block(args: FluxArgs, g: Geometry) -> _BlockBytes:
+    a, d, hidden = g.act_bytes, args.dim, args.mlp_hidden_dim
+    full = 2 * (FLOAT32 + a) * d + 5 * d * a + 3 * hidden * a
+    matmuls = 5 * d * a + hidden * a + d * a
+    return _BlockBytes(full, matmuls, d * a, hidden * a)
+
+
+def _checkpointed_blocks(n_blocks: int, ac: ActivationCheckpointConfig) -> int:
+    if ac.mode == "none" or (ac.mode == "selective" and ac.selective_option == "op"):
+        return 0
+    every = int(ac.selective_option) if ac.mode == "selective" else 1
+    return math.ceil(n_blocks / every)  # blocks 0, N, 2N, ...
+
+
+def estimate_activations(args: Any, n_blocks: int, g: Geometry, ac: ActivationCheckpointConfig) -> ActivationEstimate:
+    """Activation bytes of one device for one micro-batch under the checkpointing mode `ac`."""
+    if isinstance(args, FluxArgs):
+        block = _flux_block(args, g)
+        head_kept, head_transient = 0.0, 0.0  # the velocity head is d -> in_channels: negligible
+    else:
+        block = _decoder_block(args, g)
+        vocab = args.vocab_size / g.t_loss
+        head_kept = _norm(args.dim, g) + (g.act_bytes + FLOAT32) * vocab
+        head_transient = 2 * FLOAT32 * vocab
+    checkpointed = _checkpointed_blocks(n_blocks, ac)
+    op_level = ac.mode == "selective" and ac.selective_option == "op"
+    kept_block = block.selective_op if op_level else block.full
+    kept = (n_blocks - checkpointed) * kept_block + checkpointed * block.checkpointed + head_kept
+    recompute = block.full if checkpointed or op_level else 0.0
+    transient = max(head_transient, recompute + block.widest)
+    return ActivationEstimate(int(kept * g.tokens), int((kept + transient) * g.tokens))

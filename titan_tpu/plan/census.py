@@ -1,0 +1,141 @@
+"""Every parameter of the run's model, with the share of it one device stores under the run's layout.
+
+The model is built on `meta` through the registry, exactly as the trainer builds it (no memory is
+touched), and each parameter is classified by where it sits in the module tree:
+
+- tensor parallel (tp > 1): the weights `models/llama3/parallelize.py` plans as colwise or rowwise
+  (q/k/v/o, the dense SwiGLU w1/w2/w3, the embedding and the output head) are split over tp; norms,
+  the MoE router and the experts are replicated over tp (Qwen 3 MoE's plan covers attention only);
+- expert parallel (ep > 1): every MoE layer's experts are split over ep on the expert dimension, then
+  FSDP-sharded over dp_shard / ep on the expert dimension, or on the hidden dimension when there are
+  fewer local experts than shards (as `titan_tpu.distributed.expert_parallel.apply_expert_fsdp`);
+- FSDP (dp > 1): every other parameter is sharded over dp_shard on its first dimension, rounded up as
+  FSDP2 pads uneven shards; dp_replicate replicates.
+
+The FSDP units are the blocks the trainer shards one by one (`titan_tpu.distributed.parallelize.blocks`)
+and the root, which holds the rest (embeddings, final norm, head).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+import models
+from titan_tpu.config import ConfigError, TrainConfig
+from titan_tpu.distributed.expert_parallel import moe_layers, validate_expert_parallel
+from titan_tpu.distributed.parallel_dims import ParallelDims
+from titan_tpu.distributed.parallelize import blocks
+
+# Module paths (relative to a block, or the root) that the decoder TP plan splits, and the weight
+# dimension it splits: colwise layers their output rows (dim 0), rowwise layers their input columns
+# (dim 1), the embedding its vocabulary rows (dim 0).
+TP_SPLIT_DIM: dict[str, int] = {
+    "attention.wq": 0,
+    "attention.wk": 0,
+    "attention.wv": 0,
+    "attention.wo": 1,
+    "feed_forward.w1": 0,
+    "feed_forward.w3": 0,
+    "feed_forward.w2": 1,
+    "tok_embeddings": 0,
+    "output": 0,
+}
+ROOT = "root"
+
+
+@dataclass(frozen=True)
+class ParamShare:
+    name: str
+    numel: int  # whole parameter
+    local_numel: int  # on the most loaded device
+    tp_numel: int  # after tensor/expert parallelism, before FSDP: what an FSDP all-gather rebuilds
+    unit: str  # FSDP unit: a block's name, the block's experts ("<block>.experts") or "root"
+    fsdp_degree: int  # devices the FSDP unit is sharded over
+
+
+@dataclass(frozen=True)
+class Census:
+    args: Any  # the model arguments the run builds
+    params: tuple[ParamShare, ...]
+    n_blocks: int
+
+    @property
+    def total(self) -> int:
+        return sum(p.numel for p in self.params)
+
+    @property
+    def local(self) -> int:
+        return sum(p.local_numel for p in self.params)
+
+    def units(self) -> dict[str, list[ParamShare]]:
+        grouped: dict[str, list[ParamShare]] = {}
+        for param in self.params:
+            grouped.setdefault(param.unit, []).append(param)
+        return grouped
+
+
+def run_model_args(config: TrainConfig) -> Any:
+    """The flavor's arguments with the config's overrides and, for decoders, the run's sequence length
+    (the language-model task sizes the rotary tables from training.seq_len)."""
+    spec = models.get_model_spec(config.model.name)
+    args = spec.build_args(config.model.flavor, config.model.overrides)
+    if any(f.name == "max_seq_len" for f in dataclasses.fields(args)):
+        args = dataclasses.replace(args, max_seq_len=config.training.seq_len)
+    return args
+
+
+def build_on_meta(config: TrainConfig) -> tuple[nn.Module, Any]:
+    spec = models.get_model_spec(config.model.name)
+    args = run_model_args(config)
+    with torch.device("meta"):
+        return spec.model_cls(args), args
+
+
+def _split(shape: list[int], dim: int, degree: int, what: str) -> list[int]:
+    if shape[dim] % degree:
+        raise ConfigError(f"parallelism: {what} of size {shape[dim]} does not split over {degree} devices")
+    return [size // degree if i == dim else size for i, size in enumerate(shape)]
+
+
+def _fsdp_local(shape: list[int], dim: int, degree: int) -> int:
+    rows = math.ceil(shape[dim] / degree)
+    return rows * math.prod(shape) // shape[dim] if shape[dim] else 0
+
+
+def census(config: TrainConfig, dims: ParallelDims) -> Census:
+    """The model's parameters and one device's share of each under `dims`."""
+    model, args = build_on_meta(config)
+    if dims.tp_enabled and models.get_model_spec(config.model.name).parallelize is None:
+        raise ConfigError(f"model '{config.model.name}' has no tensor-parallel plan; set parallelism.tp = 1")
+    block_ids = {id(block) for block in blocks(model)}
+    block_names = [name for name, module in model.named_modules() if id(module) in block_ids]
+    expert_params: set[int] = set()
+    moes = moe_layers(model)
+    if moes and dims.ep_enabled:
+        validate_expert_parallel(dims, moes[0].experts.num_experts)
+        expert_params = {id(p) for moe in moes for p in moe.experts.parameters()}
+    fsdp = dims.dp_shard if dims.fsdp_enabled else 1
+    shares: list[ParamShare] = []
+    for name, param in model.named_parameters():
+        unit = next((b for b in block_names if name.startswith(b + ".")), ROOT)
+        relative = name[len(unit) + 1 :] if unit != ROOT else name
+        module_path = relative.rsplit(".", 1)[0]
+        shape = list(param.shape)
+        if id(param) in expert_params:
+            local_experts = shape[0] // dims.ep
+            shape = _split(shape, 0, dims.ep, f"{name} (experts)")
+            degree = dims.dp_shard // dims.ep if dims.fsdp_enabled else 1
+            fsdp_dim = 0 if local_experts % degree == 0 else 1
+            shares.append(ParamShare(name, param.numel(), _fsdp_local(shape, fsdp_dim, degree), math.prod(shape),
+                                     f"{unit}.experts", degree))  # fmt: skip
+            continue
+        if dims.tp_enabled and module_path in TP_SPLIT_DIM:
+            shape = _split(shape, TP_SPLIT_DIM[module_path], dims.tp, name)
+        shares.append(ParamShare(name, param.numel(), _fsdp_local(shape, 0, fsdp), math.prod(shape), unit, fsdp))
+    return Census(args, tuple(shares), len(block_names))

@@ -1,0 +1,106 @@
+"""Bytes one device holds during a training step, by kind.
+
+What the trainer stores (titan_tpu/distributed/fsdp.py, titan_tpu/optim.py):
+
+- parameters: float32, always. FSDP's mixed precision gathers them in the compute dtype for each
+  block's forward and backward, so the stored sharded float32 copy *is* the master copy; there is no
+  second one.
+- gradients: float32, the parameters' shape (FSDP reduces in `fsdp_reduce_dtype` and hands back the
+  sharded gradient in the parameters' dtype).
+- optimizer: AdamW's two float32 moments per parameter element, plus one float32 step count per
+  parameter tensor.
+- activations: `activations.py`, for one micro-batch.
+- buffers: what is gathered for compute. Under FSDP: the root's parameters (embeddings, final norm,
+  head stay gathered through forward and backward, like the last block), the last block's (kept for
+  backward), two blocks in flight (the one computing and the prefetched next one), all in the compute
+  dtype, and one block's unsharded gradients in the reduce dtype awaiting their reduce-scatter.
+  A single device under bf16 autocast keeps a bf16 copy of every weight for the forward (autocast
+  caches its casts of parameters); in float32 nothing is copied.
+
+The device fits when the sum stays under its HBM less `HBM_RESERVE` (runtime, compiler scratch and
+allocator fragmentation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from titan_tpu.plan.activations import ActivationEstimate
+from titan_tpu.plan.census import ROOT, Census
+
+FLOAT32 = 4
+ADAM_MOMENTS = 2
+STEP_COUNT_BYTES = 4
+# Share of HBM left for the runtime, compiler scratch space and allocator fragmentation.
+HBM_RESERVE = 0.10
+
+
+@dataclass(frozen=True)
+class Precision:
+    compute_bytes: int  # 2 for bfloat16, 4 for float32
+    reduce_bytes: int  # FSDP gradient reduction dtype
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    parameters: int
+    gradients: int
+    optimizer: int
+    activations: int  # peak over forward + backward
+    buffers: int
+
+    @property
+    def state(self) -> int:
+        """Parameters + gradients + optimizer: what persists across steps."""
+        return self.parameters + self.gradients + self.optimizer
+
+    @property
+    def total(self) -> int:
+        return self.state + self.activations + self.buffers
+
+
+def state_bytes(census: Census) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer) bytes on the most loaded device."""
+    local = census.local
+    optimizer = ADAM_MOMENTS * FLOAT32 * local + STEP_COUNT_BYTES * len(census.params)
+    return FLOAT32 * local, FLOAT32 * local, optimizer
+
+
+def buffer_bytes(census: Census, precision: Precision, sharded: bool) -> int:
+    if not sharded:
+        return census.local * precision.compute_bytes if precision.compute_bytes < FLOAT32 else 0
+    gathered: dict[str, int] = {}  # FSDP unit -> elements it gathers; a block's experts come with it
+    for param in census.params:
+        block = param.unit.removesuffix(".experts")
+        gathered[block] = gathered.get(block, 0) + param.tp_numel
+    root = gathered.pop(ROOT, 0)
+    blocks = list(gathered.values())
+    widest = max(blocks, default=0)
+    last = blocks[-1] if blocks else 0
+    return (root + last + 2 * widest) * precision.compute_bytes + widest * precision.reduce_bytes
+
+
+def estimate_memory(
+    census: Census, activations: ActivationEstimate, precision: Precision, sharded: bool
+) -> MemoryEstimate:
+    parameters, gradients, optimizer = state_bytes(census)
+    return MemoryEstimate(parameters, gradients, optimizer, activations.peak, buffer_bytes(census, precision, sharded))
+
+
+@dataclass(frozen=True)
+class Fit:
+    usable: int  # HBM bytes after the reserve
+    need: int
+
+    @property
+    def fits(self) -> bool:
+        return self.need <= self.usable
+
+    @property
+    def margin(self) -> int:
+        """Headroom (positive) or shortfall (negative), bytes."""
+        return self.usable - self.need
+
+
+def check_fit(memory: MemoryEstimate, hbm_bytes: float) -> Fit:
+    return Fit(int(hbm_bytes * (1 - HBM_RESERVE)), memory.total)

@@ -1,0 +1,126 @@
+"""A config and a cluster in, the plan out: layout, memory per device and whether it fits, step time.
+
+The layout is the trainer's own: `ParallelDims.from_config` resolves `dp_shard = -1` and checks the
+degrees against the cluster's device count with the trainer's messages, and `split_global_batch`
+splits the global batch into micro-batches the same way. The compute dtype is the one the run would
+get on an accelerator: `training.dtype = "auto"` is bfloat16 on every chip the planner knows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from titan_tpu.config import TrainConfig
+from titan_tpu.distributed.parallel_dims import ParallelDims
+from titan_tpu.plan.activations import ActivationEstimate, Geometry, estimate_activations
+from titan_tpu.plan.census import Census, census
+from titan_tpu.plan.chips import Cluster
+from titan_tpu.plan.memory import FLOAT32, Fit, MemoryEstimate, Precision, check_fit, estimate_memory
+from titan_tpu.plan.roofline import COMPUTE_EFFICIENCY, StepEstimate, StepShape, estimate_step
+from titan_tpu.plan.workload import Workload, workload
+from titan_tpu.run_setup import split_global_batch
+
+BFLOAT16 = 2
+
+
+@dataclass(frozen=True)
+class Layout:
+    dims: ParallelDims
+    micro_batch: int
+    grad_accum: int
+    precision: Precision
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    layout: Layout
+    census: Census
+    workload: Workload
+    activations: ActivationEstimate
+    memory: MemoryEstimate
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: TrainConfig
+    cluster: Cluster
+    detail: MemoryPlan
+    fit: Fit
+    step: StepEstimate
+    compute_efficiency: float
+
+
+def precision_of(config: TrainConfig) -> Precision:
+    if config.training.dtype == "float32":
+        return Precision(FLOAT32, FLOAT32)
+    reduce = FLOAT32 if config.parallelism.fsdp_reduce_dtype == "float32" else BFLOAT16
+    return Precision(BFLOAT16, reduce)
+
+
+def layout_of(config: TrainConfig, devices: int) -> Layout:
+    dims = ParallelDims.from_config(config.parallelism, devices)
+    micro_batch, grad_accum = split_global_batch(
+        config.training.global_batch_size, config.training.local_batch_size, dims.dp
+    )
+    return Layout(dims, micro_batch, grad_accum, precision_of(config))
+
+
+def plan_memory(config: TrainConfig, devices: int) -> MemoryPlan:
+    """Memory of the most loaded of `devices` processes, without a cluster (no HBM, no roofline)."""
+    layout = layout_of(config, devices)
+    dims = layout.dims
+    model = census(config, dims)
+    work = workload(config, model.args)
+    parallelism = config.parallelism
+    geometry = Geometry(
+        micro_batch=layout.micro_batch,
+        tokens_per_sample=work.tokens_per_sample,
+        act_bytes=layout.precision.compute_bytes,
+        tp=dims.tp,
+        sequence_parallel=parallelism.sequence_parallel,
+        loss_parallel=parallelism.loss_parallel,
+    )
+    activations = estimate_activations(model.args, model.n_blocks, geometry, config.activation_checkpoint)
+    memory = estimate_memory(model, activations, layout.precision, sharded=dims.fsdp_enabled)
+    return MemoryPlan(layout, model, work, activations, memory)
+
+
+def recomputed_blocks(config: TrainConfig, n_blocks: int) -> float:
+    ac = config.activation_checkpoint
+    if ac.mode == "full":
+        return float(n_blocks)
+    if ac.mode == "selective" and ac.selective_option != "op":
+        every = int(ac.selective_option)
+        return float(-(-n_blocks // every))
+    return 0.0  # none; op-level recomputes elementwise work only
+
+
+def make_plan(config: TrainConfig, cluster: Cluster, compute_efficiency: float = COMPUTE_EFFICIENCY) -> Plan:
+    detail = plan_memory(config, cluster.devices)
+    layout, model, work = detail.layout, detail.census, detail.workload
+    dims, args = layout.dims, model.args
+    moe_top_k = args.top_k if hasattr(args, "top_k") else 0
+    shape = StepShape(
+        devices=dims.world_size,
+        dp_shard=dims.dp_shard,
+        dp_replicate=dims.dp_replicate,
+        tp=dims.tp,
+        ep=dims.ep,
+        micro_batch=layout.micro_batch,
+        grad_accum=layout.grad_accum,
+        tokens_per_sample=work.tokens_per_sample,
+        dim=args.dim,
+        vocab=args.vocab_size if work.unit == "tokens" else 0,
+        loss_parallel=config.parallelism.loss_parallel,
+        moe_top_k=moe_top_k,
+        n_blocks=model.n_blocks,
+        recomputed_blocks=recomputed_blocks(config, model.n_blocks),
+        reshard=config.parallelism.fsdp_reshard_after_forward,
+    )
+    items = config.training.global_batch_size * work.items_per_sample
+    step = estimate_step(
+        model, shape, layout.precision, cluster, work.flops_per_item, work.block_forward_flops_per_item,
+        items, compute_efficiency,
+    )  # fmt: skip
+    fit = check_fit(detail.memory, cluster.hbm_bytes_per_device)
+    return Plan(config, cluster, detail, fit, step, compute_efficiency)

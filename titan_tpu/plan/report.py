@@ -1,0 +1,60 @@
+"""A plan as text: the layout, memory per device against HBM, step time and MFU."""
+
+from __future__ import annotations
+
+from titan_tpu.plan.chips import GIB
+from titan_tpu.plan.memory import HBM_RESERVE
+from titan_tpu.plan.planner import Plan
+from titan_tpu.plan.roofline import COLLECTIVE_EFFICIENCY
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def fit_line(plan: Plan) -> str:
+    fit = plan.fit
+    if fit.fits:
+        return f"fits: {gib(fit.need)} of {gib(fit.usable)} usable, {gib(fit.margin)} headroom"
+    return f"does not fit: needs {gib(fit.need)} of {gib(fit.usable)} usable, {gib(-fit.margin)} over"
+
+
+def render(plan: Plan) -> str:
+    config, cluster, detail, step = plan.config, plan.cluster, plan.detail, plan.step
+    layout, memory = detail.layout, detail.memory
+    dims, chip = layout.dims, cluster.chip
+    dtype = "bfloat16" if layout.precision.compute_bytes == 2 else "float32"
+    unit = detail.workload.unit
+    items_per_s = config.training.global_batch_size * detail.workload.items_per_sample / dims.world_size / step.step_s
+    lines = [
+        f"model      {config.model.name} {config.model.flavor}: {detail.census.total / 1e9:.2f}B parameters, "
+        f"{detail.census.n_blocks} blocks",
+        f"cluster    {cluster.name}: {cluster.chips} chips, {cluster.devices} devices, {cluster.slices} slice(s) "
+        f"of {cluster.devices_per_slice} devices; {gib(cluster.hbm_bytes_per_device)} HBM and "
+        f"{cluster.peak_flops_per_device / 1e12:.0f} TFLOP/s bf16 per device",
+        f"layout     {dims.describe()}; micro-batch {layout.micro_batch} x {detail.workload.tokens_per_sample} tokens, "
+        f"{layout.grad_accum} micro-batch(es) per step; {dtype}; activation checkpointing "
+        f"{config.activation_checkpoint.mode}",
+        "",
+        "memory per device",
+        f"  parameters    {gib(memory.parameters)}   (float32, sharded)",
+        f"  gradients     {gib(memory.gradients)}   (float32, sharded)",
+        f"  optimizer     {gib(memory.optimizer)}   (AdamW: two float32 moments)",
+        f"  activations   {gib(memory.activations)}   (peak of one micro-batch; {gib(detail.activations.kept)} "
+        "kept into backward)",
+        f"  buffers       {gib(memory.buffers)}   (gathered parameters and unsharded gradients in flight)",
+        f"  total         {gib(memory.total)}",
+        f"  {fit_line(plan)} (HBM less {HBM_RESERVE:.0%} reserve)",
+        "",
+        f"step time (roofline; compute at {plan.compute_efficiency:.0%} of peak, collectives at "
+        f"{COLLECTIVE_EFFICIENCY:.0%} of {chip.fast_link} / {chip.slow_link} bandwidth)",
+        f"  compute       {step.compute_s:.3f} s",
+        f"  FSDP          {step.fsdp_s:.3f} s   (overlapped with compute)",
+        f"  HSDP          {step.hsdp_s:.3f} s   (overlapped with compute)",
+        f"  TP            {step.tp_s:.3f} s   (exposed)",
+        f"  EP            {step.ep_s:.3f} s   (exposed)",
+        f"  step          {step.step_s:.3f} s = max(compute, FSDP, HSDP) + TP + EP",
+        f"  throughput    {items_per_s:,.0f} {unit}/s per device",
+        f"  MFU           {100 * step.mfu:.1f}%",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,168 @@
+"""Step time and MFU of a run on a cluster, from FLOPs and bytes moved (a roofline, not a simulation).
+
+Compute: the step's model FLOPs per device (the family's FLOPs-per-item function times the items of
+the global batch, divided over the devices, as the trainer's MFU counts them) plus what activation
+checkpointing recomputes (the blocks' forward again for each checkpointed block), at
+`COMPUTE_EFFICIENCY` of the device's dense bf16 peak.
+
+Communication, per micro-batch, ring collectives: a device receives (n - 1) / n of the gathered
+bytes in an all-gather or reduce-scatter over n devices, twice that in an all-reduce.
+
+- FSDP over dp_shard: every unit (block, experts, root) is all-gathered in the compute dtype for
+  forward and again for backward unless it stays gathered (the last block and the root under the
+  default policy; none with "never"; all with "always"), and its gradients are reduce-scattered
+  in the reduce dtype. Experts are gathered over dp_shard / ep.
+- HSDP: the sharded gradients are all-reduced over dp_replicate (across slices, over DCN).
+- Tensor parallelism: each dense block all-gathers its input and reduce-scatters its output around
+  attention and feed-forward (4 collectives of micro_batch x seq x dim activations forward, 4
+  backward; an MoE block 3 + 3, its feed-forward is not tensor-parallel), again for a recomputed
+  block's forward; the head gathers its input and, without loss parallelism, the logits.
+- Expert parallelism: each MoE block sends every token's top-k copies out and back (all-to-all, the
+  (ep - 1) / ep that leave the device), forward, backward and recompute.
+
+A collective whose group fits inside a slice (TPU) or NVLink domain (GPU) runs at the fast links'
+bandwidth (`chips.py`), otherwise at DCN / InfiniBand's, each at `COLLECTIVE_EFFICIENCY`. Groups are
+laid out innermost first: tp, then ep, then dp_shard, then dp_replicate.
+
+Overlap: FSDP and HSDP collectives run on other links while the device computes and are prefetched,
+so they cost only what exceeds compute; tensor- and expert-parallel collectives sit on the critical
+path (the next op needs their result) and add to it:
+
+    step = max(compute, FSDP, HSDP) + TP + EP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from titan_tpu.plan.census import ROOT, Census
+from titan_tpu.plan.chips import Cluster
+from titan_tpu.plan.memory import Precision
+
+# Fraction of peak FLOP/s a transformer step's matmuls sustain when nothing waits on communication.
+# An assumption, not a measurement: published large-model MFUs on TPUs and GPUs reach 50-70% *with*
+# communication and recomputation included; `--efficiency` changes it.
+COMPUTE_EFFICIENCY = 0.75
+# Fraction of link bandwidth ring collectives reach (NCCL's and XLA's large-message bus bandwidth).
+COLLECTIVE_EFFICIENCY = 0.8
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """How the run splits its work, per device."""
+
+    devices: int
+    dp_shard: int
+    dp_replicate: int
+    tp: int
+    ep: int
+    micro_batch: int  # samples per forward pass
+    grad_accum: int
+    tokens_per_sample: int
+    dim: int
+    vocab: int  # 0 for models without an LM head
+    loss_parallel: bool
+    moe_top_k: int  # 0 for dense models
+    n_blocks: int
+    recomputed_blocks: float  # blocks whose forward runs twice (fractional for op-level: 0)
+    reshard: str  # FSDP policy: default, always, never
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    compute_s: float
+    fsdp_s: float
+    hsdp_s: float
+    tp_s: float
+    ep_s: float
+    useful_flops_per_device: float
+    peak_flops: float
+
+    @property
+    def step_s(self) -> float:
+        return max(self.compute_s, self.fsdp_s, self.hsdp_s) + self.tp_s + self.ep_s
+
+    @property
+    def mfu(self) -> float:
+        return self.useful_flops_per_device / (self.step_s * self.peak_flops)
+
+
+def _ring(n: int) -> float:
+    return (n - 1) / n if n > 1 else 0.0
+
+
+def _bandwidth(cluster: Cluster, span: int) -> float:
+    """Bytes/s a device receives in a collective over a group laid out across `span` devices."""
+    fast = span <= cluster.devices_per_slice
+    per_device = cluster.fast_bytes_per_s_per_device() if fast else cluster.slow_bytes_per_s_per_device()
+    return per_device * COLLECTIVE_EFFICIENCY
+
+
+def _regathered(unit: str, is_last_block: bool, reshard: str) -> bool:
+    if reshard == "default":
+        return unit != ROOT and not is_last_block
+    return reshard == "always"
+
+
+def fsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster: Cluster) -> float:
+    """All-gathers and reduce-scatters of one step over dp_shard."""
+    units = census.units()
+    blocks = [name for name in units if name != ROOT and not name.endswith(".experts")]
+    moved = 0.0
+    for name, params in units.items():
+        degree = params[0].fsdp_degree
+        gathered = sum(p.tp_numel for p in params)
+        block = name.removesuffix(".experts")
+        gathers = 2 if _regathered(name, bool(blocks) and block == blocks[-1], shape.reshard) else 1
+        moved += _ring(degree) * gathered * (gathers * precision.compute_bytes + precision.reduce_bytes)
+    return shape.grad_accum * moved / _bandwidth(cluster, shape.dp_shard * shape.tp)
+
+
+def hsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster: Cluster) -> float:
+    moved = 2 * _ring(shape.dp_replicate) * census.local * precision.reduce_bytes
+    return shape.grad_accum * moved / _bandwidth(cluster, shape.devices)
+
+
+def tp_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> float:
+    if shape.tp == 1:
+        return 0.0
+    activation = shape.micro_batch * shape.tokens_per_sample * shape.dim * precision.compute_bytes
+    per_block = 3 if shape.moe_top_k else 4  # collectives per forward pass of a block
+    collectives = per_block * (2 * shape.n_blocks + shape.recomputed_blocks) + 2
+    moved = collectives * activation
+    if not shape.loss_parallel:
+        moved += activation / shape.dim * shape.vocab
+    return shape.grad_accum * _ring(shape.tp) * moved / _bandwidth(cluster, shape.tp)
+
+
+def ep_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> float:
+    if shape.ep == 1 or not shape.moe_top_k:
+        return 0.0
+    routed = shape.micro_batch * shape.tokens_per_sample * shape.moe_top_k * shape.dim * precision.compute_bytes
+    # Dispatch and combine, forward and backward, and forward again for a recomputed block.
+    all_to_alls = 2 * (2 * shape.n_blocks + shape.recomputed_blocks)
+    return shape.grad_accum * _ring(shape.ep) * routed * all_to_alls / _bandwidth(cluster, shape.ep * shape.tp)
+
+
+def estimate_step(
+    census: Census,
+    shape: StepShape,
+    precision: Precision,
+    cluster: Cluster,
+    flops_per_item: float,
+    block_forward_flops_per_item: float,
+    items_per_step: int,
+    compute_efficiency: float = COMPUTE_EFFICIENCY,
+) -> StepEstimate:
+    peak = cluster.peak_flops_per_device
+    useful = flops_per_item * items_per_step / shape.devices
+    recompute = block_forward_flops_per_item * items_per_step / shape.devices * shape.recomputed_blocks / shape.n_blocks
+    return StepEstimate(
+        compute_s=(useful + recompute) / (peak * compute_efficiency),
+        fsdp_s=fsdp_seconds(census, shape, precision, cluster),
+        hsdp_s=hsdp_seconds(census, shape, precision, cluster),
+        tp_s=tp_seconds(shape, precision, cluster),
+        ep_s=ep_seconds(shape, precision, cluster),
+        useful_flops_per_device=useful,
+        peak_flops=peak,
+    )
