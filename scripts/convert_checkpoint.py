@@ -44,6 +44,7 @@ from titan_tpu.checkpoint.hf_export import export_checkpoint_to_hf  # noqa: E402
 from titan_tpu.device.dtype import DTYPES  # noqa: E402
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.config.sections import CheckpointConfig  # noqa: E402
+from titan_tpu.metrics.progress import Progress  # noqa: E402
 
 
 def _spec_and_args(model: str, flavor: str):  # type: ignore[no-untyped-def]
@@ -66,7 +67,8 @@ def hf_to_dcp(hf_folder: Path, checkpoint_folder: Path, model: str, flavor: str)
     with torch.device("meta"):
         module = spec.model_cls(args)
     module.to_empty(device="cpu")  # every weight is overwritten by the load; no init needed
-    load_hf_weights(module, hf_folder, spec.state_dict_adapter, args, what=what)
+    reading = Progress.starter("loading Hugging Face weights", "files")
+    load_hf_weights(module, hf_folder, spec.state_dict_adapter, args, what=what, progress=reading)
     cfg = CheckpointConfig(enable=True, folder=checkpoint_folder.name)
     manager = CheckpointManager(cfg, checkpoint_folder.parent, model=module)
     manager.save(0, model_only=True)
@@ -101,6 +103,7 @@ def dcp_to_hf(
         shapes,
         dtype=dtype,
         max_shard_bytes=max_shard_bytes,
+        progress=Progress.starter(f"writing Hugging Face folder {out}", "tensors"),
     )
 
 

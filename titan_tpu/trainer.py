@@ -38,6 +38,8 @@ from titan_tpu.distributed.parallelize import parallelize_model
 from titan_tpu.distributed.tensor_parallel import local_value, loss_context
 from titan_tpu.distributed.topology import build_rank_layout
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
+from titan_tpu.metrics.plot import write_run_loss_chart
+from titan_tpu.metrics.progress import Progress
 from titan_tpu.optim import build_lr_scheduler, build_optimizer
 from titan_tpu.run_setup import seed_everything, split_global_batch, write_resolved_config
 from titan_tpu.tasks.base import TaskContext, TrainingTask
@@ -220,7 +222,9 @@ class Trainer:
                 logger.info("checkpoint: resumed at step %d, so initial_load_path is not used", step)
             return
         if path:
-            load_hf_weights(self.model, path, self.spec.state_dict_adapter, self.model_args, what=self._model_name())
+            reading = Progress.starter("loading Hugging Face weights", "files") if self.is_writer else None
+            adapter = self.spec.state_dict_adapter
+            load_hf_weights(self.model, path, adapter, self.model_args, what=self._model_name(), progress=reading)
             if self.is_writer:
                 logger.info("checkpoint: initial weights from %s", path)
 
@@ -297,6 +301,10 @@ class Trainer:
         self.device.synchronize()
         self.device.reset_peak_memory()
         window.reset()
+        # The first step compiles every block (minutes on a large model): say so, and how long it took.
+        compiling = None
+        if self.config.compile.enable and self.is_writer:
+            compiling = Progress("first step, compiling", 1, "step")
         try:
             while self.step < training.steps:
                 step = self.step + 1
@@ -312,6 +320,11 @@ class Trainer:
                     # weights, and one of an earlier step of the window never reaches a checkpoint.
                     mean_loss = self._read_losses(window.losses, first_step=step - window.steps + 1)[-1]
                 grad_norm = self.optimizer_step()
+                if compiling is not None:
+                    self.device.synchronize()  # the time of the compile and the step, not of queueing them
+                    compiling.advance()
+                    compiling.finish()
+                    compiling = None
                 self.step = step
                 if record_now:
                     record = self._record(mean_loss, grad_norm, lr, window)
@@ -323,7 +336,19 @@ class Trainer:
         finally:
             self.checkpointer.close()
             self.metrics.close()
+        if self.is_writer and self.config.metrics.plot_loss:
+            self._draw_loss_chart()
         return records
+
+    def _draw_loss_chart(self) -> None:
+        """dump_folder/loss.png from the run's metrics.jsonl; a chart that cannot be drawn never fails
+        a run that has finished training."""
+        try:
+            path = write_run_loss_chart(self.dump_folder, self.process.world_size)
+        except Exception as error:  # whatever matplotlib or a damaged metrics file raises
+            logger.warning("metrics: loss chart not drawn (%s)", error)
+            return
+        logger.info("metrics: loss chart in %s", path)
 
     def rates(self, items: int, seconds: float) -> tuple[float, float]:
         """(items/s, model FLOP/s) per process for `items` trained by this rank in `seconds`: the

@@ -20,8 +20,10 @@ Out: `titan_tpu.checkpoint.hf_export`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,10 +35,11 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
-from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
+from torch.futures import Future
 
 from titan_tpu.checkpoint.storage import SafeLoadPlanner, describe_error, quiet_single_process
 from titan_tpu.config.errors import ConfigError
@@ -137,6 +140,41 @@ class HFParts:
         inner = offsets[:dim] + offsets[dim + 1 :]
         for i in range(local.shape[dim]):
             yield self.names[offsets[dim] + i], local.select(dim, i), inner
+
+
+class ReadProgress(Protocol):
+    """Told when each file is read (titan_tpu.metrics.progress.Progress is one)."""
+
+    def advance(self, count: int = 1, nbytes: int = 0) -> None: ...
+
+    def finish(self) -> float: ...
+
+
+# Called once the reader knows which files this process reads: (file count, their bytes) -> reporter.
+StartProgress = Callable[[int, int], ReadProgress]
+
+
+class _ReportingReader(HuggingFaceStorageReader):
+    """DCP's safetensors reader, one file at a time, reporting each file as it is read: a large
+    folder takes minutes, and a silent wait looks like a hang."""
+
+    def __init__(self, path: str, start_progress: StartProgress) -> None:
+        super().__init__(path)
+        self.start_progress = start_progress
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        sizes = {name: os.path.getsize(name) for name in per_file}
+        progress = self.start_progress(len(per_file), sum(sizes.values()))
+        for name, items in per_file.items():
+            super().read_data(dataclasses.replace(plan, items=items), planner).wait()
+            progress.advance(1, sizes[name])
+        progress.finish()
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
 
 
 def local_block(value: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]] | None:
@@ -254,8 +292,10 @@ def load_hf_weights(
     args: Any,
     what: str = "the model",
     process_group: dist.ProcessGroup | None = None,
+    progress: StartProgress | None = None,
 ) -> None:
-    """Set `model`'s weights (plain or DTensor-sharded) from a Hugging Face folder."""
+    """Set `model`'s weights (plain or DTensor-sharded) from a Hugging Face folder; `progress`, when
+    given, hears of each file this process reads."""
     folder = Path(folder)
     if adapter is None:
         raise ConfigError(f"{what} has no Hugging Face adapter; checkpoint.initial_load_path cannot be used")
@@ -284,7 +324,7 @@ def load_hf_weights(
             block = local_block(value)
             if block is not None:
                 blocks.update((n, (view, start)) for n, view, start in parts[name].blocks(*block))
-    read_hf_blocks(folder, blocks, process_group)
+    read_hf_blocks(folder, blocks, process_group, progress)
     set_model_state_dict(model, state_dict)
 
 
@@ -292,14 +332,16 @@ def read_hf_blocks(
     folder: Path,
     blocks: dict[str, tuple[torch.Tensor, tuple[int, ...]]],
     process_group: dist.ProcessGroup | None = None,
+    progress: StartProgress | None = None,
 ) -> None:
     """Fill each `blocks[hf_name] = (tensor, offsets)` with the block of that HF tensor starting at
     `offsets` (the tensor's shape is the block's). Collective when a process group is initialised."""
+    reader = HuggingFaceStorageReader(str(folder)) if progress is None else _ReportingReader(str(folder), progress)
     try:
         with quiet_single_process():
             dcp.load(
                 {name: tensor for name, (tensor, _) in blocks.items()},
-                storage_reader=HuggingFaceStorageReader(str(folder)),
+                storage_reader=reader,
                 planner=_BlockLoadPlanner({name: offsets for name, (_, offsets) in blocks.items()}),
                 process_group=process_group,
                 no_dist=not (dist.is_available() and dist.is_initialized()),

@@ -29,7 +29,14 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from titan_tpu.checkpoint import layout
-from titan_tpu.checkpoint.hf import CONFIG_FILE, TRANSFORMERS_FILES, HFFiles, HFParts, StateDictAdapter
+from titan_tpu.checkpoint.hf import (
+    CONFIG_FILE,
+    TRANSFORMERS_FILES,
+    HFFiles,
+    HFParts,
+    StartProgress,
+    StateDictAdapter,
+)
 from titan_tpu.checkpoint.storage import (
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -202,9 +209,11 @@ def export_checkpoint_to_hf(
     expected_shapes: dict[str, tuple[int, ...]],
     dtype: str | torch.dtype = "float32",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress: StartProgress | None = None,
 ) -> Path:
     """Offline, one process: a complete checkpoint step folder -> Hugging Face folder, reading at most
-    about one shard's worth of tensors at a time. `expected_shapes` (our names) is the flavor's."""
+    about one shard's worth of tensors at a time. `expected_shapes` (our names) is the flavor's;
+    `progress`, when given, hears of each Hugging Face tensor written (and its bytes)."""
     step_folder = Path(step_folder)
     if not layout.is_complete(step_folder):
         raise ConfigError(f"export: {step_folder} is not a complete checkpoint step folder")
@@ -225,7 +234,14 @@ def export_checkpoint_to_hf(
     config = adapter.to_hf_config(args)
     files = HFFiles.of(adapter)
     writer = HFFolderWriter(Path(out), plan, _export_dtype(dtype), config, max_shard_bytes, files)
+    reporter = progress(len(plan), writer.total_size) if progress is not None else None
+    item_bytes = torch.empty((), dtype=writer.dtype).element_size()
     for name, tensor in _read_in_groups(step_folder, tensors, names, max_shard_bytes):
         for hf_name, part in parts[name].split(tensor):
             writer.add(hf_name, part)
-    return writer.close()
+            if reporter is not None:
+                reporter.advance(1, part.numel() * item_bytes)
+    folder = writer.close()
+    if reporter is not None:
+        reporter.finish()
+    return folder
