@@ -2,11 +2,21 @@
 
     python scripts/bench.py --config llama3_debug --steps 20 [--section.key=value ...]
     python scripts/bench.py --config llama3_debug --nproc 1,2,4 --parallelism.dp_shard=-1
+    python scripts/bench.py --matrix llama3_debug,qwen3_moe_debug --layouts 1,fsdp2,tp2xfsdp2,fsdp4xep2 \
+        --steps 10 --out bench_results/
 
 The peak behind MFU is the device's table entry, or on a CPU a matmul probe run in this same process
 just before the timed steps, so MFU compares like with like. With --nproc, the script re-launches
 itself under torchrun for each process count and adds the scaling efficiency (tokens/s per process
 relative to one process).
+
+--matrix runs every (config x layout) case, each in its own process(es), and writes one JSON line per
+case to <out>/bench.jsonl as it finishes (one file to plot and compare, in the format of metrics.jsonl;
+a matrix stopped midway keeps the cases it finished). A layout names the degrees of the parallelism
+axes joined by "x": dp (dp_replicate), fsdp (dp_shard), tp, ep (carved from fsdp), e.g. fsdp4,
+tp2xfsdp2, fsdp4xep2; "1" is one process. Its process count is dp x fsdp x tp. A case the config
+cannot run (an ep that does not divide the experts, tp on a model without a tensor-parallel plan) is
+recorded as skipped with the reason; a case that crashes as failed, with its log in <out>/logs/.
 """
 
 from __future__ import annotations
@@ -14,9 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,18 +84,24 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
         trainer.close()
 
 
+def launch(config_name: str, processes: int, passthrough: list[str], timeout: float | None = None) -> (
+    subprocess.CompletedProcess[str]
+):
+    """This script's single-run mode in `processes` processes (under torchrun when more than one)."""
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    command = [*(run if processes > 1 else [sys.executable]), __file__, "--config", config_name, *passthrough]
+    # Each process gets an equal share of the cores, as on a multi-chip host.
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // processes)))
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def scaling(config_name: str, counts: list[int], passthrough: list[str]) -> None:
     """Run this script under torchrun for each process count; print each line, then the efficiency."""
     results = []
     for count in counts:
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={count}",
-            __file__, "--config", config_name, *passthrough,
-        ]
-        # Each process gets an equal share of the cores, as on a multi-chip host.
-        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // count)))
-        output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
-        record = json.loads(output.strip().splitlines()[-1])
+        result = launch(config_name, count, passthrough)
+        result.check_returncode()
+        record = json.loads(result.stdout.strip().splitlines()[-1])
         print(json.dumps(record), flush=True)
         results.append(record)
     rate = next(key for key in results[0] if key.endswith("_per_sec_per_process"))
@@ -95,14 +113,136 @@ def scaling(config_name: str, counts: list[int], passthrough: list[str]) -> None
     print(json.dumps(summary))
 
 
+# Layout axis names -> [parallelism] keys.
+AXES = {"dp": "dp_replicate", "fsdp": "dp_shard", "tp": "tp", "ep": "ep"}
+LAYOUT_HELP = (
+    "axes with degrees joined by 'x' (dp = dp_replicate, fsdp = dp_shard, tp, ep), e.g. fsdp4, tp2xfsdp2, "
+    "fsdp4xep2; or 1 for one process"
+)
+RESULTS_FILE = "bench.jsonl"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One parallelism layout of the matrix: every degree is set, so a config's own [parallelism]
+    degrees never leak into a case."""
+
+    name: str
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    ep: int = 1
+
+    @property
+    def processes(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp  # ep is carved out of dp_shard
+
+    def degrees(self) -> dict[str, int]:
+        return {key: getattr(self, key) for key in AXES.values()}
+
+    def overrides(self) -> list[str]:
+        return [f"--parallelism.{key}={value}" for key, value in self.degrees().items()]
+
+
+def parse_layout(text: str) -> Layout:
+    if text == "1":
+        return Layout("1")
+    degrees: dict[str, int] = {}
+    for part in text.split("x"):
+        match = re.fullmatch(r"(dp|fsdp|tp|ep)([1-9][0-9]*)", part)
+        if match is None or AXES[match[1]] in degrees:
+            raise ConfigError(f"--layouts: '{text}' is not a layout; write {LAYOUT_HELP}")
+        degrees[AXES[match[1]]] = int(match[2])
+    return Layout(text, **degrees)
+
+
+def parse_layouts(text: str) -> list[Layout]:
+    return [parse_layout(item.strip()) for item in text.split(",") if item.strip()]
+
+
+def case_problem(config_name: str, layout: Layout, passthrough: list[str]) -> str | None:
+    """Why the case cannot run, when the config and the degrees alone tell (no process is started);
+    rules that need the model built (ep against the experts, tp against the heads, a model without a
+    tensor-parallel plan) are reported by the case's own run."""
+    from titan_tpu.distributed.parallel_dims import ParallelDims
+
+    try:
+        config = load_config(config_name, [*layout.overrides(), *passthrough])
+        ParallelDims.from_config(config.parallelism, layout.processes)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def run_case(config_name: str, layout: Layout, args: argparse.Namespace, overrides: list[str]) -> dict[str, object]:
+    """One case's record: measured, skipped (with the reason) or failed (with its log)."""
+    case = f"{config_name}/{layout.name}"
+    header: dict[str, object] = {
+        "case": case, "config": config_name, "layout": layout.name, "parallelism": layout.degrees(),
+        "processes": layout.processes,
+    }
+    # Each case writes its resolved config beside the results instead of into the config's outputs.
+    passthrough = [*layout.overrides(), f"--job.dump_folder={args.out / 'runs' / case.replace('/', '_')}", *overrides]
+    problem = case_problem(config_name, layout, passthrough)
+    if problem is not None:
+        return {**header, "skipped": problem}
+    try:
+        result = launch(
+            config_name, layout.processes, [f"--steps={args.steps}", f"--warmup={args.warmup}", *passthrough],
+            timeout=args.case_timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {**header, "failed": f"no result within --case-timeout {args.case_timeout:.0f} s"}
+    if result.returncode == 0:
+        return {**header, **json.loads(result.stdout.strip().splitlines()[-1])}
+    # A ConfigError in any process is printed as `error: ...` and means the config cannot run the case.
+    errors = [line.removeprefix("error: ") for line in result.stderr.splitlines() if line.startswith("error: ")]
+    if errors:
+        return {**header, "skipped": errors[0]}
+    log = args.out / "logs" / f"{case.replace('/', '_')}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(result.stdout + result.stderr, encoding="utf-8")
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    last = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else "no output")
+    return {**header, "failed": f"exit code {result.returncode}: {last.strip()} (log: {log})"}
+
+
+def matrix(args: argparse.Namespace, overrides: list[str]) -> int:
+    """Every (config x layout) case, one JSON line each to stdout and <out>/bench.jsonl."""
+    configs = [name.strip() for name in args.matrix.split(",") if name.strip()]
+    layouts = parse_layouts(args.layouts or "1")
+    for name in configs:
+        load_config(name, overrides)  # a misspelled config or override stops here, before any case runs
+    args.out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    with open(args.out / RESULTS_FILE, "w", encoding="utf-8") as results:
+        for name in configs:
+            for layout in layouts:
+                record = run_case(name, layout, args, overrides)
+                failed += "failed" in record
+                line = json.dumps(record)
+                results.write(line + "\n")
+                results.flush()
+                print(line, flush=True)
+    return 1 if failed else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--config", default="llama3_debug")
     parser.add_argument("--steps", type=int, default=20, help="timed steps")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--nproc", default="", help="comma-separated process counts, e.g. 1,2,4")
+    parser.add_argument("--matrix", default="", help="comma-separated configs, run for every layout")
+    parser.add_argument("--layouts", default="", help=f"comma-separated layouts for --matrix: {LAYOUT_HELP}")
+    parser.add_argument("--out", type=Path, default=Path("bench_results"), help="--matrix writes <out>/bench.jsonl")
+    parser.add_argument("--case-timeout", type=float, default=3600.0, help="seconds one --matrix case may take")
     args, overrides = parser.parse_known_args()
     try:
+        if args.layouts and not args.matrix:
+            raise ConfigError("--layouts: only with --matrix CONFIGS")
+        if args.matrix:
+            return matrix(args, overrides)
         if args.nproc:
             passthrough = [f"--steps={args.steps}", f"--warmup={args.warmup}", *overrides]
             scaling(args.config, [int(n) for n in args.nproc.split(",")], passthrough)
