@@ -19,6 +19,7 @@ and the root, which holds the rest (embeddings, final norm, head).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -90,11 +91,17 @@ def run_model_args(config: TrainConfig) -> Any:
     return args
 
 
-def build_on_meta(config: TrainConfig) -> tuple[nn.Module, Any]:
-    spec = models.get_model_spec(config.model.name)
-    args = run_model_args(config)
+@functools.lru_cache(maxsize=4)
+def _meta_model(name: str, args: Any) -> nn.Module:
+    """Built once per shape: a plan only reads the module tree (tables of plans rebuild the same
+    405B model many times otherwise)."""
     with torch.device("meta"):
-        return spec.model_cls(args), args
+        return models.get_model_spec(name).model_cls(args)
+
+
+def build_on_meta(config: TrainConfig) -> tuple[nn.Module, Any]:
+    args = run_model_args(config)
+    return _meta_model(config.model.name, args), args
 
 
 def _split(shape: list[int], dim: int, degree: int, what: str) -> list[int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from titan_tpu.config import TrainConfig
+from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.plan.activations import ActivationEstimate, Geometry, estimate_activations
 from titan_tpu.plan.census import Census, census
@@ -99,6 +99,12 @@ def make_plan(config: TrainConfig, cluster: Cluster, compute_efficiency: float =
     detail = plan_memory(config, cluster.devices)
     layout, model, work = detail.layout, detail.census, detail.workload
     dims, args = layout.dims, model.args
+    if cluster.chip.fast_link == "ICI" and dims.dp_replicate % cluster.slices:
+        # The trainer's rule on TPUs (titan_tpu/distributed/topology.py): only dp_replicate crosses DCN.
+        raise ConfigError(
+            f"parallelism.dp_replicate: {cluster.name} is {cluster.slices} slices and only dp_replicate "
+            f"crosses slices (over DCN), so dp_replicate must be a multiple of {cluster.slices}"
+        )
     moe_top_k = args.top_k if hasattr(args, "top_k") else 0
     shape = StepShape(
         devices=dims.world_size,
@@ -120,7 +126,7 @@ def make_plan(config: TrainConfig, cluster: Cluster, compute_efficiency: float =
     items = config.training.global_batch_size * work.items_per_sample
     step = estimate_step(
         model, shape, layout.precision, cluster, work.flops_per_item, work.block_forward_flops_per_item,
-        items, compute_efficiency,
+        items, compute_efficiency, work.tp_replicated_flops_per_item,
     )  # fmt: skip
     fit = check_fit(detail.memory, cluster.hbm_bytes_per_device)
     return Plan(config, cluster, detail, fit, step, compute_efficiency)

@@ -2,7 +2,8 @@
 
 Compute: the step's model FLOPs per device (the family's FLOPs-per-item function times the items of
 the global batch, divided over the devices, as the trainer's MFU counts them) plus what activation
-checkpointing recomputes (the blocks' forward again for each checkpointed block), at
+checkpointing recomputes (the blocks' forward again for each checkpointed block) and what tp ranks
+repeat (a mixture-of-experts layer runs whole on every tp rank), at
 `COMPUTE_EFFICIENCY` of the device's dense bf16 peak.
 
 Communication, per micro-batch, ring collectives: a device receives (n - 1) / n of the gathered
@@ -153,12 +154,14 @@ def estimate_step(
     block_forward_flops_per_item: float,
     items_per_step: int,
     compute_efficiency: float = COMPUTE_EFFICIENCY,
+    tp_replicated_flops_per_item: float = 0.0,
 ) -> StepEstimate:
     peak = cluster.peak_flops_per_device
     useful = flops_per_item * items_per_step / shape.devices
     recompute = block_forward_flops_per_item * items_per_step / shape.devices * shape.recomputed_blocks / shape.n_blocks
+    repeated = tp_replicated_flops_per_item * items_per_step / shape.devices * (shape.tp - 1)
     return StepEstimate(
-        compute_s=(useful + recompute) / (peak * compute_efficiency),
+        compute_s=(useful + recompute + repeated) / (peak * compute_efficiency),
         fsdp_s=fsdp_seconds(census, shape, precision, cluster),
         hsdp_s=hsdp_seconds(census, shape, precision, cluster),
         tp_s=tp_seconds(shape, precision, cluster),

@@ -15,6 +15,7 @@ from typing import Any
 
 import models
 from models.flux import FluxArgs, flux_training_flops_per_sample
+from models.qwen3.args import Qwen3MoeArgs
 from titan_tpu.config import TrainConfig
 
 # Spatial downsampling of the latent autoencoders the rectified-flow task can load.
@@ -31,6 +32,9 @@ class Workload:
     flops_per_item: float  # training (forward + backward) FLOPs
     # Forward FLOPs of the repeated blocks per item: what recomputing every block costs.
     block_forward_flops_per_item: float
+    # Training FLOPs per item that every tensor-parallel rank repeats: a mixture-of-experts layer is
+    # not tensor-parallel, so each of the tp ranks routes and runs the same tokens through it.
+    tp_replicated_flops_per_item: float = 0.0
 
 
 def workload(config: TrainConfig, args: Any) -> Workload:
@@ -44,4 +48,7 @@ def workload(config: TrainConfig, args: Any) -> Workload:
     flops = models.get_model_spec(config.model.name).flops_per_token(args, seq_len)
     # The output head (6 V d per token) runs once; only the blocks are recomputed.
     head = 6.0 * args.vocab_size * args.dim
-    return Workload("tokens", seq_len, seq_len, flops, (flops - head) / 3)
+    moe = 0.0
+    if isinstance(args, Qwen3MoeArgs):  # router + top_k SwiGLU experts per layer, 6 FLOPs per weight
+        moe = 6.0 * args.n_layers * args.dim * (args.num_experts + 3 * args.top_k * args.moe_hidden_dim)
+    return Workload("tokens", seq_len, seq_len, flops, (flops - head) / 3, moe)
