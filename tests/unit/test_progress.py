@@ -54,6 +54,12 @@ def test_without_bytes_the_line_counts_only() -> None:
     assert lines[-1] == "first step, compiling: 1/1 step, 0 s, done"
 
 
+def test_bytes_are_in_the_unit_of_the_total() -> None:
+    lines: list[str] = []
+    Progress("writing", 39, "tensors", total_bytes=26_400_000, clock=FakeClock(), log=lines.append).finish()
+    assert lines[-1] == "writing: 0/39 tensors, 0.0/26.4 MB, 0 s, done"
+
+
 def test_the_hugging_face_reader_reports_every_shard(tmp_path: Path) -> None:
     """load_hf_weights with a progress starter: told the folder's file count and bytes, advanced once
     per shard with that shard's size, finished once; the weights still arrive (a reader that reports

@@ -62,6 +62,8 @@ class Progress:
     def line(self) -> str:
         parts = [f"{self.done}/{self.total} {self.unit}"]
         if self.total_bytes is not None:
-            parts.append(f"{self.done_bytes / 1e9:.1f}/{self.total_bytes / 1e9:.1f} GB")
+            # In the unit of the total, so a debug model's 20 MB does not read 0.0/0.0 GB.
+            scale, unit = (1e9, "GB") if self.total_bytes >= 1e9 else (1e6, "MB")
+            parts.append(f"{self.done_bytes / scale:.1f}/{self.total_bytes / scale:.1f} {unit}")
         parts.append(f"{self.clock() - self.start:.0f} s")
         return f"{self.what}: {', '.join(parts)}"
