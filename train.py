@@ -44,6 +44,7 @@ def main(argv: list[str]) -> int:
             print(to_toml(config))
             return 0
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+        from titan_tpu.distributed.comm_timeouts import CollectiveTimeout
         from titan_tpu.trainer import Trainer, TrainingStopped
 
         trainer = Trainer(config)
@@ -54,7 +55,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except TrainingStopped as e:
+    except (TrainingStopped, CollectiveTimeout) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

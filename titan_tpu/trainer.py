@@ -32,6 +32,7 @@ from titan_tpu.device import Device, dtype_name, host_peak_flops, native_bf16, r
 from titan_tpu.device.attention_choice import choose_attention
 from titan_tpu.device.peak import peak_covering
 from titan_tpu.distributed import process_group
+from titan_tpu.distributed.comm_timeouts import CommTimeouts
 from titan_tpu.distributed.grad_utils import clip_grad_norm_, sum_over
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import parallelize_model
@@ -68,23 +69,28 @@ class _Window:
 class Trainer:
     def __init__(self, config: TrainConfig):
         self.config = config
-        self._setup_device()
-        self._setup_parallelism()
-        self._setup_task()
-        self._setup_model()
-        self._setup_optimizer()
-        self.task.setup(self.model)
-        self._setup_metrics()
-        self._setup_checkpointing()
+        self.process = process_group.process_info()
+        self.comm = CommTimeouts(config.comm, self.process.rank)
+        try:
+            self._setup_device()
+            self._setup_parallelism()
+            self._setup_task()
+            self._setup_model()
+            self._setup_optimizer()
+            self.task.setup(self.model)
+            self._setup_metrics()
+            self._setup_checkpointing()
+        except RuntimeError as error:
+            self.comm.raise_if_timeout(error)
+            raise
 
     # ------------------------------------------------------------------------------ set-up steps
 
     def _setup_device(self) -> None:
         """Device, process group, compute dtype and seeds; the resolved config is written here."""
         config = self.config
-        self.process = process_group.process_info()
         self.device: Device = select_device(config.device.type, self.process.local_rank)
-        process_group.init_process_group(self.device.backend, self.process)
+        process_group.init_process_group(self.device.backend, self.process, timeout_s=self.comm.seconds)
         self.is_writer = self.process.rank == 0
         self.dump_folder = Path(config.job.dump_folder)
         self.compute_dtype = resolve_compute_dtype(config.training.dtype, self.device)
@@ -106,6 +112,7 @@ class Trainer:
             names, sizes = dims.mesh_axes()
             layout = build_rank_layout(self.device.type, names, sizes, self.process.rank)
             meshes = dims.build_meshes(self.device.type, layout)
+        self.comm.govern(meshes.values())
         self.parallel = ParallelContext(dims, meshes, cfg.sequence_parallel, cfg.loss_parallel)
         self.dp_rank, self.dp_world = self.parallel.dp_coordinates()
         self.local_batch_size, self.grad_accum_steps = split_global_batch(
@@ -333,6 +340,10 @@ class Trainer:
                     self.device.reset_peak_memory()
                     window.reset()
                 self.checkpointer.maybe_save(self.step, last=self.step == training.steps)
+                self.comm.start_training()
+        except RuntimeError as error:
+            self.comm.raise_if_timeout(error)
+            raise
         finally:
             self.checkpointer.close()
             self.metrics.close()

@@ -18,6 +18,7 @@ from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import (
     ActivationCheckpointConfig,
     CheckpointConfig,
+    CommConfig,
     CompileConfig,
     DataConfig,
     DeviceConfig,
@@ -60,6 +61,7 @@ class TrainConfig:
     lr_scheduler: LRSchedulerConfig = dataclasses.field(default_factory=LRSchedulerConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     parallelism: ParallelismConfig = dataclasses.field(default_factory=ParallelismConfig)
+    comm: CommConfig = dataclasses.field(default_factory=CommConfig)
     activation_checkpoint: ActivationCheckpointConfig = dataclasses.field(
         default_factory=ActivationCheckpointConfig
     )

@@ -212,6 +212,25 @@ class ParallelismConfig:
 
 
 @dataclass
+class CommConfig:
+    init_timeout_seconds: int = opt(
+        600,
+        "Seconds a collective may wait for its peers while the job starts: process-group creation "
+        "and the whole first step (compilation, checkpoint loading, the first record).",
+    )
+    train_timeout_seconds: int = opt(
+        300,
+        "Seconds a collective may wait for its peers after the first step; a stopped, hung or lost "
+        "process then ends the job instead of hanging it. Must cover a checkpoint save and an evaluation.",
+    )
+
+    def validate(self) -> None:
+        for key in ("init_timeout_seconds", "train_timeout_seconds"):
+            value = getattr(self, key)
+            require(value > 0, f"comm.{key}", f"must be > 0 seconds, got {value}")
+
+
+@dataclass
 class ActivationCheckpointConfig:
     mode: Literal["none", "full", "selective"] = opt(
         "none", "Recompute activations in backward: none, every block (full), or selective."
