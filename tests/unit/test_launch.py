@@ -3,6 +3,7 @@ the DNS wait, and TorchTPU's launch variables on a TPU host (its check and funct
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from collections.abc import Iterator
@@ -116,7 +117,7 @@ def test_multislice_numbers_slices_then_hosts(slice_id: int, worker_id: int, nod
         ({"TPU_WORKER_HOSTNAMES": "a,b", "JOB_COMPLETION_INDEX": "5"}, "JOB_COMPLETION_INDEX=5 is out of range"),
         ({"TPU_WORKER_HOSTNAMES": "a,b", "TPU_WORKER_ID": "one"}, "TPU_WORKER_ID='one' is not an integer"),
         ({"TPU_WORKER_HOSTNAMES": "a,b", "TPU_WORKER_ID": "-1"}, "TPU_WORKER_ID=-1 is out of range"),
-        ({"TPU_WORKER_HOSTNAMES": "", "TPU_WORKER_ID": "0"}, "TPU_WORKER_HOSTNAMES='' has an empty host name at position 0"),
+        ({"TPU_WORKER_HOSTNAMES": "", "TPU_WORKER_ID": "0"}, "TPU_WORKER_HOSTNAMES='' has an empty host name at .* 0"),
         ({"TPU_WORKER_HOSTNAMES": "a,,b", "TPU_WORKER_ID": "0"}, "empty host name at position 1"),
         ({"TPU_WORKER_ID": "0"}, "TPU_WORKER_HOSTNAMES is not set but TPU_WORKER_ID is"),
         ({"TPU_WORKER_HOSTNAMES": "a,b"}, "neither TPU_WORKER_ID nor JOB_COMPLETION_INDEX is set"),
@@ -161,7 +162,8 @@ def test_script_and_its_arguments_pass_verbatim() -> None:
     parsed = cli.parse_args(["--max-restarts", "2", "--nproc-per-node", "auto", "train.py", "--config", "x",
                              "--max-restarts=5", "--rdzv-port", "1"])  # fmt: skip
     assert (parsed.max_restarts, parsed.nproc_per_node, parsed.rdzv_port) == (2, None, None)
-    assert (parsed.script, parsed.script_args) == ("train.py", ("--config", "x", "--max-restarts=5", "--rdzv-port", "1"))
+    assert parsed.script == "train.py"
+    assert parsed.script_args == ("--config", "x", "--max-restarts=5", "--rdzv-port", "1")
 
 
 @pytest.mark.parametrize(
@@ -256,7 +258,9 @@ def test_tpu_host_sets_torch_tpu_launch_env(monkeypatch: pytest.MonkeyPatch, tpu
     assert argv[:2] == ["--nnodes=2", "--nproc-per-node=4"]  # auto: one process per TPU device
 
 
-def test_tpu_multislice_gives_torch_tpu_the_slice(monkeypatch: pytest.MonkeyPatch, tpu_host: list[dict[str, int]]) -> None:
+def test_tpu_multislice_gives_torch_tpu_the_slice(
+    monkeypatch: pytest.MonkeyPatch, tpu_host: list[dict[str, int]]
+) -> None:
     """TorchTPU checks nnodes against TPU_WORKER_HOSTNAMES, which lists this slice's hosts."""
     set_env(monkeypatch, {
         "TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1", "TPU_WORKER_ID": "0", "MEGASCALE_NUM_SLICES": "2",
@@ -282,7 +286,9 @@ def test_torch_tpu_refusal_is_one_error_line(
     ]
 
 
-def test_cpu_host_runs_one_process_and_leaves_torch_tpu_alone(tpu_host: list[dict[str, int]], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_host_runs_one_process_and_leaves_torch_tpu_alone(
+    tpu_host: list[dict[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same path without GKE variables or a TPU: one local host, one process."""
     monkeypatch.setattr(devices, "visible_accelerator", lambda: None)
     argv = cli.prepare(options())
@@ -295,3 +301,32 @@ def test_this_cpu_host_sees_no_accelerator() -> None:
     if (accelerator := devices.visible_accelerator()) is not None:
         pytest.skip(f"this host has a {accelerator}")
     assert devices.processes_per_host(None) == 1
+
+
+def test_torchrun_runs_in_process_with_an_unshared_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 a restarted job reads its dead processes' addresses
+    (the two-host kill test fails with 'connection refused'); a value the user set is kept."""
+    import torch.distributed.run
+
+    seen: list[tuple[list[str], str | None]] = []
+    def record(argv: list[str]) -> None:
+        seen.append((argv, os.environ.get(cli.UNSHARED_STORE)))
+
+    monkeypatch.setattr(torch.distributed.run, "main", record)
+    monkeypatch.delenv(cli.UNSHARED_STORE, raising=False)
+    assert cli.run_torchrun(["--nnodes=1", "train.py"]) == 0
+    monkeypatch.setenv(cli.UNSHARED_STORE, "0")
+    assert cli.run_torchrun(["--nnodes=1", "train.py"]) == 0
+    assert seen == [(["--nnodes=1", "train.py"], "1"), (["--nnodes=1", "train.py"], "0")]
+
+
+def test_failed_training_is_exit_status_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    def fail(argv: list[str]) -> None:
+        failure = ProcessFailure(local_rank=1, pid=123, exitcode=-9, error_file="/nonexistent")
+        raise ChildFailedError("train.py", {1: failure})
+
+    monkeypatch.setattr(torch.distributed.run, "main", fail)
+    assert cli.run_torchrun(["train.py"]) == 1

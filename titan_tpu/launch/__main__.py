@@ -24,6 +24,7 @@ from titan_tpu.launch.environment import read_placement
 logger = logging.getLogger("titan_tpu.launch")
 
 DEFAULT_DNS_TIMEOUT_S = 300.0
+UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def _nproc(text: str) -> int | None:
@@ -119,7 +120,11 @@ def run_torchrun(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    logger.info("launch: torchrun %s", shlex.join(argv))
+    # The store torchrun's agent shares with its workers outlives a restart, and the restarted
+    # workers' process group then reads the peer addresses the dead ones left there ("connection
+    # refused"; pytorch/pytorch#135712). Without sharing, each restart gets a fresh store.
+    os.environ.setdefault(UNSHARED_STORE, "1")
+    logger.info("launch: %s=%s torchrun %s", UNSHARED_STORE, os.environ[UNSHARED_STORE], shlex.join(argv))
     try:
         torchrun_main(argv)
     except ChildFailedError:
