@@ -121,8 +121,8 @@ def run_torchrun(argv: list[str]) -> int:
     from torch.distributed.run import main as torchrun_main
 
     # The store torchrun's agent shares with its workers outlives a restart, and the restarted
-    # workers' process group then reads the peer addresses the dead ones left there ("connection
-    # refused"; pytorch/pytorch#135712). Without sharing, each restart gets a fresh store.
+    # workers' process group then reads the peer addresses the dead ones left there (gloo:
+    # "connection refused"; the two-host kill test fails so). Unshared, each restart gets a fresh store.
     os.environ.setdefault(UNSHARED_STORE, "1")
     logger.info("launch: %s=%s torchrun %s", UNSHARED_STORE, os.environ[UNSHARED_STORE], shlex.join(argv))
     try:
