@@ -212,6 +212,7 @@ class Trainer:
             dataloader=self.task.data_state(),
             device_type=self.device.type,
         )
+        self.comm.govern_group(self.checkpointer.process_group)
         if not config.checkpoint.create_seed_checkpoint:
             self._load_initial_state()
 

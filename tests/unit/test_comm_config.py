@@ -192,3 +192,24 @@ def test_other_errors_pass_through_unchanged(
     with pytest.raises(RuntimeError) as raised:
         train.main(small_args(tmp_path))
     assert raised.value is lost_peer
+
+
+def group_timeout(group: dist.ProcessGroup) -> float:
+    return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+
+
+def test_a_group_built_after_the_meshes_switches_with_them(tmp_path: Path) -> None:
+    # The checkpoint manager's gloo group is created after the meshes; left out, it would keep torch's
+    # 30-minute default and a hang inside a checkpoint's broadcast would not end in time.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        timeouts = comm_timeouts.CommTimeouts(load_config("llama3_debug", SMALL[2:]).comm, rank=0)
+        timeouts.govern([])
+        late = dist.new_group(backend="gloo")
+        assert group_timeout(late) == 1800  # torch's default: what the group would keep
+        timeouts.govern_group(late)
+        assert group_timeout(late) == INIT_S
+        timeouts.start_training()
+        assert group_timeout(late) == TRAIN_S == group_timeout(dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()

@@ -121,6 +121,12 @@ class CheckpointManager:
         dist.all_gather_object(out, value, group=self._pg)
         return out
 
+    @property
+    def process_group(self) -> dist.ProcessGroup | None:
+        """The manager's own gloo group (None for a single process or with checkpoints off), so the
+        job's collective timeouts can govern it too."""
+        return self._pg
+
     def _barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier(group=self._pg)

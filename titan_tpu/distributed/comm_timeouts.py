@@ -101,6 +101,14 @@ class CommTimeouts:
         self.groups = mesh_groups(meshes)
         set_timeout(self.groups, self.seconds)
 
+    def govern_group(self, group: dist.ProcessGroup | None) -> None:
+        """A group built after the meshes (the checkpoint manager's gloo group) gets the current
+        timeout now and the train timeout at the switch, like the meshes' groups."""
+        if group is None or not self.groups:
+            return
+        self.groups.append(group)
+        set_timeout([group], self.seconds)
+
     def start_training(self) -> None:
         """After the first step: wait until every rank is here, then switch to the train timeout.
         Without the wait a rank still finishing the first step (its record, a checkpoint) under the
