@@ -84,9 +84,9 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
         trainer.close()
 
 
-def launch(config_name: str, processes: int, passthrough: list[str], timeout: float | None = None) -> (
-    subprocess.CompletedProcess[str]
-):
+def launch(
+    config_name: str, processes: int, passthrough: list[str], timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
     """This script's single-run mode in `processes` processes (under torchrun when more than one)."""
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     command = [*(run if processes > 1 else [sys.executable]), __file__, "--config", config_name, *passthrough]
@@ -96,7 +96,7 @@ def launch(config_name: str, processes: int, passthrough: list[str], timeout: fl
 
 
 def scaling(config_name: str, counts: list[int], passthrough: list[str]) -> None:
-    """Run this script under torchrun for each process count; print each line, then the efficiency."""
+    """Run this script for each process count; print each line, then the efficiency."""
     results = []
     for count in counts:
         result = launch(config_name, count, passthrough)

@@ -98,7 +98,7 @@ def _figure(width: float, height: float) -> Any:
 
 def draw_loss_chart(runs: Sequence[tuple[str, list[dict[str, Any]]]], out: Path, processes: int | None = None) -> Path:
     """Loss against step (left) and against items seen (right), one line per `(label, records)`."""
-    from matplotlib.ticker import EngFormatter
+    from matplotlib.ticker import EngFormatter, MaxNLocator
 
     units = sorted({unit_of(records) for _, records in runs})
     if len(units) > 1:
@@ -111,6 +111,7 @@ def draw_loss_chart(runs: Sequence[tuple[str, list[dict[str, Any]]]], out: Path,
         by_step.plot([r["step"] for r in records], losses, marker=".", label=label)
         by_items.plot(items_seen(records, processes), losses, marker=".", label=label)
     by_step.set_xlabel("step")
+    by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
     if processes is None:
         seen = f"{unit} seen per process"
     else:
