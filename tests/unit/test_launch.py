@@ -38,13 +38,13 @@ def no_placement(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_outside_gke_is_one_local_host() -> None:
     placement = read_placement({})
     assert not placement.from_gke and placement.num_hosts == 1 and placement.node_rank == 0
-    assert torchrun_argv(placement, options(max_restarts=2), nproc_per_node=2) == [
+    assert torchrun_argv(placement, options(max_restarts=2), nproc_per_node=2, node_rank=0) == [
         "--nnodes=1",
         "--nproc-per-node=2",
-        "--rdzv-backend=c10d",
+        "--rdzv-backend=c10d-node-rank",
         "--rdzv-endpoint=localhost:0",  # any free port, as torchrun --standalone
         "--rdzv-id=localhost",
-        "--rdzv-conf=is_host=true",
+        "--rdzv-conf=is_host=true,node_rank=0",
         "--local-addr=localhost",
         "--max-restarts=2",
         *SCRIPT,
@@ -64,13 +64,13 @@ def test_single_slice_host() -> None:
     assert placement.describe() == (
         "GKE v6e-16 slice 0 of 1 (4 hosts x 4 chips), worker 2 (job-2.job): host 2 of 4"
     )
-    assert torchrun_argv(placement, options(max_restarts=3), nproc_per_node=4) == [
+    assert torchrun_argv(placement, options(max_restarts=3), nproc_per_node=4, node_rank=placement.node_rank) == [
         "--nnodes=4",
         "--nproc-per-node=4",
-        "--rdzv-backend=c10d",
+        "--rdzv-backend=c10d-node-rank",
         "--rdzv-endpoint=job-0.job:29400",
         "--rdzv-id=job-0.job",
-        "--rdzv-conf=is_host=false",
+        "--rdzv-conf=is_host=false,node_rank=2",
         "--local-addr=job-2.job",
         "--max-restarts=3",
         *SCRIPT,
@@ -96,16 +96,16 @@ def test_multislice_numbers_slices_then_hosts(slice_id: int, worker_id: int, nod
     }
     placement = read_placement(env)
     assert (placement.node_rank, placement.num_hosts, placement.hosts_per_slice) == (node_rank, 12, 4)
-    argv = torchrun_argv(placement, options(rdzv_port=1234), nproc_per_node=4)
+    argv = torchrun_argv(placement, options(rdzv_port=1234), nproc_per_node=4, node_rank=placement.node_rank)
     # Every slice meets at slice 0's first host, named the same way on all of them (the port of the
     # coordinator address is MegaScale's, not the rendezvous').
     assert argv[:7] == [
         "--nnodes=12",
         "--nproc-per-node=4",
-        "--rdzv-backend=c10d",
+        "--rdzv-backend=c10d-node-rank",
         "--rdzv-endpoint=js-slice-0-0.js:1234",
         "--rdzv-id=js-slice-0-0.js",
-        f"--rdzv-conf=is_host={is_host}",
+        f"--rdzv-conf=is_host={is_host},node_rank={node_rank}",
         f"--local-addr=js-slice-{slice_id}-{worker_id}.js",
     ]
 
@@ -155,7 +155,13 @@ def test_bad_variable_is_one_error_line_and_exit_2(
 def test_free_port_is_for_one_host_only() -> None:
     placement = read_placement({"TPU_WORKER_HOSTNAMES": "a,b", "TPU_WORKER_ID": "0"})
     with pytest.raises(ConfigError, match="--rdzv-port 0 .* one host only; this job has 2 hosts"):
-        torchrun_argv(placement, options(rdzv_port=0), nproc_per_node=1)
+        torchrun_argv(placement, options(rdzv_port=0), nproc_per_node=1, node_rank=0)
+
+
+def test_node_rank_outside_the_job_is_refused() -> None:
+    placement = read_placement({"TPU_WORKER_HOSTNAMES": "a,b", "TPU_WORKER_ID": "0"})
+    with pytest.raises(ConfigError, match="node rank 2 is out of range: the job has 2 host"):
+        torchrun_argv(placement, options(), nproc_per_node=1, node_rank=2)
 
 
 def test_script_and_its_arguments_pass_verbatim() -> None:
@@ -231,19 +237,35 @@ def test_dns_wait_gives_up_at_the_bound_with_one_line(monkeypatch: pytest.Monkey
     assert message.startswith("the rendezvous host 'job-0.job' did not resolve within 100 s (9 tries, last: ")
 
 
+class FakeTorchTpu:
+    """set_tpu_launch_env's stand-in: records its arguments and, like TorchTPU on a multi-host slice,
+    writes NODE_RANK into the launcher's environment unless it is already set."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+        self.calls: list[dict[str, int]] = []
+        self.node_rank: str | None = None
+
+    def set_tpu_launch_env(self, **kwargs: int) -> None:
+        self.calls.append(kwargs)
+        if self.node_rank is not None and "NODE_RANK" not in os.environ:
+            self.monkeypatch.setenv("NODE_RANK", self.node_rank)
+
+
 @pytest.fixture
-def tpu_host(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, int]]:
-    """A host where TorchTPU sees 4 TPU devices; returns the calls to set_tpu_launch_env."""
-    calls: list[dict[str, int]] = []
+def tpu_host(monkeypatch: pytest.MonkeyPatch) -> FakeTorchTpu:
+    """A host where TorchTPU sees 4 TPU devices."""
+    fake = FakeTorchTpu(monkeypatch)
 
     def function(path: str):  # type: ignore[no-untyped-def]
         assert path == "torch.tpu.distributed.set_tpu_launch_env"
-        return lambda **kwargs: calls.append(kwargs)
+        return fake.set_tpu_launch_env
 
+    monkeypatch.delenv("NODE_RANK", raising=False)
     monkeypatch.setattr(devices, "visible_accelerator", lambda: "tpu")
     monkeypatch.setattr(devices, "processes_per_host", lambda accelerator: 4 if accelerator == "tpu" else 1)
     monkeypatch.setattr(devices, "torch_tpu_function", function)
-    return calls
+    return fake
 
 
 def set_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
@@ -251,28 +273,69 @@ def set_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
         monkeypatch.setenv(name, value)
 
 
-def test_tpu_host_sets_torch_tpu_launch_env(monkeypatch: pytest.MonkeyPatch, tpu_host: list[dict[str, int]]) -> None:
+LOCAL_SLICE = {"TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1,127.0.0.1,127.0.0.1", "TPU_WORKER_ID": "1"}
+
+
+def test_tpu_host_sets_torch_tpu_launch_env(monkeypatch: pytest.MonkeyPatch, tpu_host: FakeTorchTpu) -> None:
     set_env(monkeypatch, {"TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1", "TPU_WORKER_ID": "1"})
+    tpu_host.node_rank = "1"
     argv = cli.prepare(options())
-    assert tpu_host == [{"nnodes": 2, "nproc_per_node": 4}]
+    assert tpu_host.calls == [{"nnodes": 2, "nproc_per_node": 4}]
     assert argv[:2] == ["--nnodes=2", "--nproc-per-node=4"]  # auto: one process per TPU device
 
 
-def test_tpu_multislice_gives_torch_tpu_the_slice(
-    monkeypatch: pytest.MonkeyPatch, tpu_host: list[dict[str, int]]
-) -> None:
-    """TorchTPU checks nnodes against TPU_WORKER_HOSTNAMES, which lists this slice's hosts."""
+def test_torchrun_gets_torch_tpus_node_rank(monkeypatch: pytest.MonkeyPatch, tpu_host: FakeTorchTpu) -> None:
+    """Worker 1 of the host list sits at NODE_RANK 3 by its chips' coordinates: torchrun gets 3, so
+    its global ranks 12-15 are the ones TorchTPU gave this host's slice-builder addresses."""
+    set_env(monkeypatch, LOCAL_SLICE)
+    tpu_host.node_rank = "3"
+    argv = cli.prepare(options())
+    assert "--rdzv-conf=is_host=false,node_rank=3" in argv
+    assert argv[:3] == ["--nnodes=4", "--nproc-per-node=4", "--rdzv-backend=c10d-node-rank"]
+
+
+def test_operator_set_node_rank_is_kept(monkeypatch: pytest.MonkeyPatch, tpu_host: FakeTorchTpu) -> None:
+    """TorchTPU never overwrites NODE_RANK, and neither does the launcher."""
+    set_env(monkeypatch, {**LOCAL_SLICE, "NODE_RANK": "0"})
+    tpu_host.node_rank = "3"
+    assert "--rdzv-conf=is_host=false,node_rank=0" in cli.prepare(options())
+
+
+def test_tpu_multislice_gives_torch_tpu_the_slice(monkeypatch: pytest.MonkeyPatch, tpu_host: FakeTorchTpu) -> None:
+    """TorchTPU checks nnodes against TPU_WORKER_HOSTNAMES, which lists this slice's hosts, and its
+    NODE_RANK counts within the slice: host 0 of slice 1 at NODE_RANK 1 is host 3 of the job."""
     set_env(monkeypatch, {
         "TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1", "TPU_WORKER_ID": "0", "MEGASCALE_NUM_SLICES": "2",
         "MEGASCALE_SLICE_ID": "1", "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1",
     })  # fmt: skip
+    tpu_host.node_rank = "1"
     argv = cli.prepare(options(nproc_per_node=2))
-    assert tpu_host == [{"nnodes": 2, "nproc_per_node": 2}]
+    assert tpu_host.calls == [{"nnodes": 2, "nproc_per_node": 2}]
     assert argv[:2] == ["--nnodes=4", "--nproc-per-node=2"]
+    assert "--rdzv-conf=is_host=false,node_rank=3" in argv
+
+
+@pytest.mark.parametrize(
+    ("node_rank", "message"),
+    [
+        ("4", "error: NODE_RANK=4 is out of range: TPU_WORKER_HOSTNAMES lists 4 host(s), so 0 to 3"),
+        ("x", "error: NODE_RANK='x' is not an integer; expected an integer >= 0"),
+        (None, "error: TorchTPU's set_tpu_launch_env wrote no NODE_RANK for a slice of 4 hosts"),
+    ],
+)
+def test_bad_torch_tpu_node_rank_is_one_error_line(
+    monkeypatch: pytest.MonkeyPatch, tpu_host: FakeTorchTpu, capsys: pytest.CaptureFixture[str],
+    node_rank: str | None, message: str,
+) -> None:  # fmt: skip
+    set_env(monkeypatch, LOCAL_SLICE)
+    tpu_host.node_rank = node_rank
+    assert cli.launch(list(SCRIPT)) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), lines
 
 
 def test_torch_tpu_refusal_is_one_error_line(
-    monkeypatch: pytest.MonkeyPatch, tpu_host: list[dict[str, int]], capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, tpu_host: FakeTorchTpu, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def refuse(**kwargs: int) -> None:
         raise ValueError("set_tpu_launch_env(): expected nnodes to match the number of hosts")
@@ -287,13 +350,22 @@ def test_torch_tpu_refusal_is_one_error_line(
 
 
 def test_cpu_host_runs_one_process_and_leaves_torch_tpu_alone(
-    tpu_host: list[dict[str, int]], monkeypatch: pytest.MonkeyPatch
+    tpu_host: FakeTorchTpu, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same path without GKE variables or a TPU: one local host, one process."""
     monkeypatch.setattr(devices, "visible_accelerator", lambda: None)
     argv = cli.prepare(options())
-    assert argv[:4] == ["--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]
-    assert tpu_host == []
+    assert argv[:4] == ["--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d-node-rank", "--rdzv-endpoint=localhost:0"]
+    assert tpu_host.calls == []
+
+
+def test_cpu_hosts_take_their_place_in_the_host_list(
+    tpu_host: FakeTorchTpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without TorchTPU the rank is the host list's, whatever NODE_RANK the environment holds."""
+    monkeypatch.setattr(devices, "visible_accelerator", lambda: None)
+    set_env(monkeypatch, {**LOCAL_SLICE, "NODE_RANK": "3"})
+    assert "--rdzv-conf=is_host=false,node_rank=1" in cli.prepare(options())
 
 
 def test_this_cpu_host_sees_no_accelerator() -> None:
@@ -303,21 +375,21 @@ def test_this_cpu_host_sees_no_accelerator() -> None:
     assert devices.processes_per_host(None) == 1
 
 
-def test_torchrun_runs_in_process_with_an_unshared_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 a restarted job reads its dead processes' addresses
-    (the two-host kill test fails with 'connection refused'); a value the user set is kept."""
+def test_torchrun_runs_in_process_with_the_node_rank_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun finds the backend in this process's registry, and gets the arguments unchanged."""
     import torch.distributed.run
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
-    seen: list[tuple[list[str], str | None]] = []
+    from titan_tpu.launch import rendezvous
+
+    seen: list[tuple[list[str], object]] = []
+
     def record(argv: list[str]) -> None:
-        seen.append((argv, os.environ.get(cli.UNSHARED_STORE)))
+        seen.append((argv, rendezvous_handler_registry._registry.get("c10d-node-rank")))
 
     monkeypatch.setattr(torch.distributed.run, "main", record)
-    monkeypatch.delenv(cli.UNSHARED_STORE, raising=False)
     assert cli.run_torchrun(["--nnodes=1", "train.py"]) == 0
-    monkeypatch.setenv(cli.UNSHARED_STORE, "0")
-    assert cli.run_torchrun(["--nnodes=1", "train.py"]) == 0
-    assert seen == [(["--nnodes=1", "train.py"], "1"), (["--nnodes=1", "train.py"], "0")]
+    assert seen == [(["--nnodes=1", "train.py"], rendezvous.create_node_rank_handler)]
 
 
 def test_failed_training_is_exit_status_1(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,7 +3,8 @@
 Launcher options come first, then the training script and its arguments, passed on verbatim (as
 with torchrun). In a GKE TPU pod (or an xpk workload) the launcher reads where the host sits in
 the job from the variables GKE sets, waits for the rendezvous host's name to resolve, lets
-TorchTPU set its launch variables, and runs torchrun with one c10d rendezvous for all hosts.
+TorchTPU set its launch variables, and runs torchrun with one rendezvous for all hosts, each host at
+the node rank TorchTPU gives it (titan_tpu.launch.command says why).
 Without those variables it runs the same torchrun command for this machine alone.
 """
 
@@ -16,15 +17,14 @@ import shlex
 import sys
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.launch.command import LaunchOptions, torchrun_argv
+from titan_tpu.launch.command import LaunchOptions, rendezvous_port, torchrun_argv
 from titan_tpu.launch.dns import HostNotResolved, wait_for_host
-from titan_tpu.launch.environment import read_placement
+from titan_tpu.launch.environment import read_placement, torch_tpu_node_rank
 
 # Named outright: run as `python -m titan_tpu.launch`, this module's __name__ is "__main__".
 logger = logging.getLogger("titan_tpu.launch")
 
 DEFAULT_DNS_TIMEOUT_S = 300.0
-UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def _nproc(text: str) -> int | None:
@@ -93,38 +93,44 @@ def parse_args(argv: list[str]) -> LaunchOptions:
 
 
 def prepare(options: LaunchOptions) -> list[str]:
-    """Everything before torchrun starts: placement, process count, DNS wait, TorchTPU's variables.
-    Returns torchrun's arguments."""
+    """Everything before torchrun starts: placement, process count, DNS wait, TorchTPU's variables and
+    this host's rank. Returns torchrun's arguments."""
     placement = read_placement(os.environ)
     # torch (through the device layer) is imported only once the variables have been checked.
     from titan_tpu.launch import devices
 
     accelerator = devices.visible_accelerator()
     nproc = options.nproc_per_node or devices.processes_per_host(accelerator)
-    argv = torchrun_argv(placement, options, nproc)
+    rendezvous_port(placement, options.rdzv_port)  # a bad port fails before the DNS wait
     logger.info("launch: %s", placement.describe())
     wait_for_host(placement.first_host, options.dns_timeout_s)
+    node_rank = placement.node_rank
     if accelerator == "tpu":
         try:
             devices.set_tpu_launch_env(placement, nproc)
         except ValueError as error:
             raise ConfigError(f"torch.tpu.distributed.set_tpu_launch_env: {error}") from None
-    return argv
+        # Global rank r must sit on the host TorchTPU gave slice-builder address r.
+        node_rank = torch_tpu_node_rank(placement, os.environ)
+        if node_rank != placement.node_rank:
+            logger.info("launch: TorchTPU places this host at node rank %d (host list: %d)", node_rank,
+                        placement.node_rank)  # fmt: skip
+    return torchrun_argv(placement, options, nproc, node_rank)
 
 
 def run_torchrun(argv: list[str]) -> int:
     """torchrun runs in this process rather than as a child: in a container the launcher is PID 1
     and receives the pod's SIGTERM, which torchrun's agent turns into an orderly stop of its
-    workers (a parent process would have to forward it by hand), and the variables TorchTPU set in
-    this process reach the workers unchanged."""
+    workers (a parent process would have to forward it by hand), the variables TorchTPU set in
+    this process reach the workers unchanged, and the rendezvous backend registered here is the
+    one torchrun finds."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    # The store torchrun's agent shares with its workers outlives a restart, and the restarted
-    # workers' process group then reads the peer addresses the dead ones left there (gloo:
-    # "connection refused"; the two-host kill test fails so). Unshared, each restart gets a fresh store.
-    os.environ.setdefault(UNSHARED_STORE, "1")
-    logger.info("launch: %s=%s torchrun %s", UNSHARED_STORE, os.environ[UNSHARED_STORE], shlex.join(argv))
+    from titan_tpu.launch import rendezvous
+
+    rendezvous.register()
+    logger.info("launch: torchrun %s", shlex.join(argv))
     try:
         torchrun_main(argv)
     except ChildFailedError:

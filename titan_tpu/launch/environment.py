@@ -14,7 +14,9 @@ JobSets) the variables below. A multislice JobSet adds the MEGASCALE ones, one c
 
 TPU_WORKER_HOSTNAMES only lists this slice's hosts, so hosts of other slices find the first host
 of slice 0 through MEGASCALE_COORDINATOR_ADDRESS. With none of the variables set (a workstation,
-a single VM) the host is the only one, named "localhost", and the same launch path runs.
+a single VM) the host is the only one, named "localhost", and the same launch path runs. On a TPU
+host the rank torchrun gets is TorchTPU's (`torch_tpu_node_rank`), which orders hosts by their chips'
+coordinates when it knows them, not by the host list.
 
 Every malformed value is one ConfigError naming the variable. Nothing here imports torch.
 """
@@ -35,6 +37,8 @@ CHIPS_PER_HOST_BOUNDS = "TPU_CHIPS_PER_HOST_BOUNDS"
 NUM_SLICES = "MEGASCALE_NUM_SLICES"
 SLICE_ID = "MEGASCALE_SLICE_ID"
 COORDINATOR = "MEGASCALE_COORDINATOR_ADDRESS"
+# Written by TorchTPU's set_tpu_launch_env on a TPU host, not by GKE: this host's rank in its slice.
+TORCH_TPU_NODE_RANK = "NODE_RANK"
 
 # Their presence is what tells a GKE / xpk pod from a plain machine.
 PLACEMENT_VARIABLES = (HOSTNAMES, WORKER_ID, COMPLETION_INDEX, NUM_SLICES, SLICE_ID, COORDINATOR)
@@ -189,3 +193,25 @@ def _integer(environ: Mapping[str, str], name: str, minimum: int) -> int:
     if value < minimum:
         raise ConfigError(f"{name}={value} is out of range; expected an integer >= {minimum}")
     return value
+
+
+def torch_tpu_node_rank(placement: HostPlacement, environ: Mapping[str, str]) -> int:
+    """This host's rank in the job from the NODE_RANK TorchTPU's set_tpu_launch_env wrote: its place
+    within the slice (by chip coordinates, else the completion index), after the slices before it."""
+    raw = environ.get(TORCH_TPU_NODE_RANK)
+    if raw is None:
+        # One host without a completion index: TorchTPU takes the single-host path and writes none.
+        if placement.hosts_per_slice == 1:
+            return placement.node_rank
+        raise ConfigError(
+            f"TorchTPU's set_tpu_launch_env wrote no {TORCH_TPU_NODE_RANK} for a slice of {placement.hosts_per_slice} "
+            "hosts, so this host's place among them is unknown; set it (0 to "
+            f"{placement.hosts_per_slice - 1})"
+        )
+    rank_in_slice = _integer(environ, TORCH_TPU_NODE_RANK, minimum=0)
+    if rank_in_slice >= placement.hosts_per_slice:
+        raise ConfigError(
+            f"{TORCH_TPU_NODE_RANK}={rank_in_slice} is out of range: {HOSTNAMES} lists "
+            f"{placement.hosts_per_slice} host(s), so 0 to {placement.hosts_per_slice - 1}"
+        )
+    return placement.slice_id * placement.hosts_per_slice + rank_in_slice
