@@ -1,6 +1,8 @@
 """Two GKE "hosts" on this machine: two launchers, each given the variables a GKE TPU pod gets, join one
-c10d rendezvous and train with FSDP over 4 processes (2 per host).
+rendezvous and train with FSDP over 4 processes (2 per host).
 
+- The hosts are named "localhost" (worker 0) and "127.0.0.1" (worker 1), which sort the other way
+  round: global ranks 0 and 1 must still run on worker 0, as TorchTPU expects of node rank 0.
 - The two-host run matches a single process's losses at every step (float32, deterministic).
 - A training process SIGKILLed after the first checkpoint restarts the whole job (both hosts), which
   resumes from that checkpoint and reproduces the uninterrupted two-host run bit for bit.
@@ -28,9 +30,10 @@ from titan_tpu.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 STALL_WORKER = Path(__file__).with_name("multihost_stall_worker.py")
-STEPS = 12
-INTERVAL = 4  # first checkpoint at step 4
-STALL_STEP = 6  # the killed attempt logs steps 1-6, two past the checkpoint it resumes from
+STEPS = 8
+INTERVAL = 3  # first checkpoint at step 3
+STALL_STEP = 5  # the killed attempt logs steps 1-5, two past the checkpoint it resumes from
+HOSTNAMES = ("localhost", "127.0.0.1")  # in worker order; sorted, 127.0.0.1 comes first
 BASE = [
     "--config",
     "llama3_debug",
@@ -79,7 +82,7 @@ class TwoHosts:
                 **os.environ,
                 "PYTHONPATH": str(ROOT),
                 "OMP_NUM_THREADS": "1",
-                "TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1",
+                "TPU_WORKER_HOSTNAMES": ",".join(HOSTNAMES),
                 "TPU_WORKER_ID": str(worker),
                 "JOB_COMPLETION_INDEX": str(worker),
             }
@@ -93,6 +96,11 @@ class TwoHosts:
                         command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
                     )
                 )
+
+    def host_of(self, pid: int) -> int:
+        """The worker whose launcher started process `pid` (torchrun runs inside the launcher)."""
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        return [proc.pid for proc in self.procs].index(parent)
 
     def log(self) -> str:
         return "\n".join(f"--- host {i}\n{path.read_text()}" for i, path in enumerate(self.logs))
@@ -156,7 +164,7 @@ def loss_mismatches(got: dict[int, float], want: dict[int, float], rtol: float) 
 def test_two_hosts_match_one_process(uninterrupted: HostRun, tmp_path: Path, one_thread: None) -> None:
     log = uninterrupted.log
     # Both launchers read their GKE variables, and the training ran as one job of 4 processes.
-    assert "worker 0 (127.0.0.1): host 0 of 2" in log and "worker 1 (127.0.0.1): host 1 of 2" in log
+    assert "worker 0 (localhost): host 0 of 2" in log and "worker 1 (127.0.0.1): host 1 of 2" in log
     assert "dp_shard 4 x tp 1 on 4 process(es)" in log
     assert [step for step, _ in uninterrupted.records] == list(range(1, STEPS + 1))
 
@@ -168,8 +176,8 @@ def test_two_hosts_match_one_process(uninterrupted: HostRun, tmp_path: Path, one
     mismatched = loss_mismatches(uninterrupted.losses, single, rtol=1e-4)
     assert not mismatched, f"two hosts vs one process (step: two hosts, one process): {mismatched}"
     # Negative control: the comparison sees a loss that is off by 2e-4 of itself at one step.
-    off = {**single, 7: single[7] * (1 + 2e-4)}
-    assert list(loss_mismatches(off, single, rtol=1e-4)) == [7]
+    off = {**single, 6: single[6] * (1 + 2e-4)}
+    assert list(loss_mismatches(off, single, rtol=1e-4)) == [6]
 
 
 @pytest.mark.slow
@@ -185,15 +193,18 @@ def test_killed_process_restarts_both_hosts_and_resumes_exactly(uninterrupted: H
             assert time.monotonic() < deadline, f"the ranks never reached step {STALL_STEP}:\n{hosts.log()[-6000:]}"
             time.sleep(0.1)
         assert layout.complete_steps(dump / "checkpoint") == [INTERVAL]
-        os.kill(int((markers / "rank-1").read_text()), signal.SIGKILL)
+        pids = [int((markers / f"rank-{rank}").read_text()) for rank in range(4)]
+        # Global ranks follow the workers' order, not the sorted host names.
+        assert [hosts.host_of(pid) for pid in pids] == [0, 0, 1, 1]
+        os.kill(pids[1], signal.SIGKILL)
         hosts.wait()
     finally:
         hosts.stop()
 
     log = hosts.log()
-    # The job came back as a whole: the restarted ranks loaded the checkpoint of step 4 ...
+    # The job came back as a whole: the restarted ranks loaded the checkpoint of step 3 ...
     assert f"checkpoint: loaded {dump / 'checkpoint' / f'step-{INTERVAL}'}" in log
-    # ... and metrics.jsonl holds the killed attempt's steps 1-6, then the resumed 5-12: nothing
+    # ... and metrics.jsonl holds the killed attempt's steps 1-5, then the resumed 4-8: nothing
     # was skipped, and what came after the checkpoint was trained again from it.
     records = read_records(dump)
     killed = list(range(1, STALL_STEP + 1))
