@@ -147,6 +147,27 @@ RULES = (
         optional=True,
     ),
     Rule(
+        "plan",
+        ("titan_tpu/plan/**/*.py",),
+        _engine_except("titan_tpu.device", "titan_tpu.distributed") + ("titan_tpu.launch",),
+        "the planner reads a config and the model's shape, sharded by the trainer's rules, without "
+        "building a run: nothing that trains, loads data or checkpoints, or logs",
+    ),
+    Rule(
+        "launch",
+        ("titan_tpu/launch/**/*.py",),
+        ("models", "titan_tpu.plan", *_engine_except("titan_tpu.device")),
+        "the launcher runs on each host before any training process exists; it only asks the device "
+        "layer how many devices the host has",
+    ),
+    Rule(
+        "leaves",
+        ("titan_tpu/**/*.py", "models/**/*.py"),
+        ("titan_tpu.plan", "titan_tpu.launch"),
+        "the planner and the launcher are entry points around the engine; nothing in it depends on them",
+        exempt=("titan_tpu/plan/*.py", "titan_tpu/launch/*.py"),
+    ),
+    Rule(
         "package",
         ("titan_tpu/**/*.py", "models/**/*.py"),
         ("train", "scripts", "tests"),
