@@ -3,6 +3,8 @@
 import torch
 import torch.nn.functional as F
 
+from models.common.chunked_cross_entropy import chunked_cross_entropy
+
 # Labels with this value (padding, prompt tokens in fine-tuning) contribute nothing to the loss.
 IGNORE_INDEX = -100
 
@@ -10,9 +12,15 @@ IGNORE_INDEX = -100
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over the labels that are not IGNORE_INDEX.
 
-    logits [B, S, V] (any float dtype), labels [B, S] already shifted by the data pipeline. The logits
-    are upcast to float32 here because the log-sum-exp over a 128k vocabulary in bf16 is too coarse.
+    logits [B, S, V] (any float dtype), labels [B, S] already shifted by the data pipeline. The
+    log-sum-exp is taken in float32 because in bf16 it is too coarse over a 128k vocabulary; the chunked
+    loss does that one chunk of tokens at a time, so no float32 copy of the whole logits is ever kept.
     """
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(), labels.flatten(0, 1), ignore_index=IGNORE_INDEX, reduction="mean"
-    )
+    if type(logits) is not torch.Tensor:
+        # A tensor subclass: vocab-sharded DTensor logits under tensor parallelism with loss parallel
+        # (model code names no torch.distributed type). They keep F.cross_entropy, which
+        # `loss_parallel()` implements without gathering the vocabulary; each rank upcasts its shard.
+        return F.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten(0, 1), ignore_index=IGNORE_INDEX, reduction="mean"
+        )
+    return chunked_cross_entropy(logits.flatten(0, 1), labels.flatten(0, 1), IGNORE_INDEX)
