@@ -16,14 +16,17 @@ t_sp = t with sequence parallelism else 1, t_loss = t with loss parallelism else
 - FLUX block (double or single stream, over the joint image + text sequence): two float32 LayerNorm
   inputs and modulated outputs (2 (4 + a) d), q, k, v, the attention output and projection input
   (5 d a) and the MLP's input, GELU and output (3 F a). Not measured; an estimate of the same kind.
-- Head: the final norm as above, the logits and float32 log-probabilities ((a + 4) V / t_loss).
+- Head: the final norm as above, then the loss. The chunked cross-entropy keeps the logits and one
+  float32 log-sum-exp per token (a V + 4); under loss parallelism the vocab-sharded logits go through
+  F.cross_entropy, which keeps float32 log-probabilities of its shard ((a + 4) V / t_loss).
 
 Activation checkpointing: a checkpointed block keeps only its input (a d / t_sp); `selective` N
 checkpoints every Nth block; `selective` op keeps the matmul and attention outputs
 ((Q + 2 KV) + H D) a / t + 2 a d + 2 F a / t) and the input. Peak = what is kept after forward plus
-the larger of: the loss's backward (the gradients of log-probs and logits, 8 V / t_loss, float32), or
-one recomputed block (when any block is checkpointed) plus the gradient of its widest
-intermediate (F a / t).
+the larger of: the loss's backward, or one recomputed block (when any block is checkpointed) plus
+the gradient of its widest intermediate (F a / t). The chunked loss's backward holds the logits'
+gradient (a V) and one float32 chunk of the softmax (at most 2^26 elements, whatever the token
+count); F.cross_entropy's holds float32 gradients of log-probs and logits (8 V / t_loss).
 
 Checked against a live-tensor count of a real forward + backward on the CPU
 (tests/unit/test_plan_activations.py, within 25% for `none` and `full`).
@@ -35,6 +38,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from models.common.chunked_cross_entropy import chunk_tokens
 from models.flux.args import FluxArgs
 from models.qwen3.args import Qwen3Args, Qwen3MoeArgs
 from titan_tpu.config.sections import ActivationCheckpointConfig
@@ -119,6 +123,16 @@ def _flux_block(args: FluxArgs, g: Geometry) -> _BlockBytes:
     return _BlockBytes(full, matmuls, d * a, hidden * a)
 
 
+def _loss_bytes(vocab_size: int, g: Geometry) -> tuple[float, float]:
+    """Per token: what the loss keeps into backward, and what its backward adds on top."""
+    if g.loss_parallel:
+        vocab = vocab_size / g.t_loss
+        return (g.act_bytes + FLOAT32) * vocab, 2 * FLOAT32 * vocab
+    # One float32 chunk for the whole micro-batch, spread over its tokens like the rest.
+    chunk = FLOAT32 * vocab_size * min(g.tokens, chunk_tokens(vocab_size)) / g.tokens
+    return g.act_bytes * vocab_size + FLOAT32, g.act_bytes * vocab_size + chunk
+
+
 def _checkpointed_blocks(n_blocks: int, ac: ActivationCheckpointConfig) -> int:
     if ac.mode == "none" or (ac.mode == "selective" and ac.selective_option == "op"):
         return 0
@@ -133,9 +147,8 @@ def estimate_activations(args: Any, n_blocks: int, g: Geometry, ac: ActivationCh
         head_kept, head_transient = 0.0, 0.0  # the velocity head is d -> in_channels: negligible
     else:
         block = _decoder_block(args, g)
-        vocab = args.vocab_size / g.t_loss
-        head_kept = _norm(args.dim, g) + (g.act_bytes + FLOAT32) * vocab
-        head_transient = 2 * FLOAT32 * vocab
+        head_kept, head_transient = _loss_bytes(args.vocab_size, g)
+        head_kept += _norm(args.dim, g)
     checkpointed = _checkpointed_blocks(n_blocks, ac)
     op_level = ac.mode == "selective" and ac.selective_option == "op"
     kept_block = block.selective_op if op_level else block.full
