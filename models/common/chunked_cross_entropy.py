@@ -29,8 +29,8 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     """Sum over tokens of -log softmax(logits)[label], divided by the number of counted labels.
 
     logits [N, V] in any float dtype, labels [N] (int64); labels equal to `ignore_index` contribute
-    nothing. The arithmetic runs in float32, or float64 for float64 logits. With every label ignored the loss is 0/0 = nan and the gradient zero, as with
-    `F.cross_entropy(reduction="mean")`.
+    nothing. The arithmetic runs in float32, or float64 for float64 logits. With every label ignored
+    the loss is 0/0 = nan and the gradient zero, as with `F.cross_entropy(reduction="mean")`.
     """
 
     @staticmethod
@@ -61,8 +61,8 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         step = ctx.tokens_per_chunk
         for start in range(0, logits.shape[0], step):
             end = start + step
-            # The subtraction promotes to float32 (lse's dtype) and allocates the chunk's one float32 buffer; the
-            # rest works in place on it (never on `logits`, which float32 input would alias).
+            # The subtraction promotes to float32 (lse's dtype) and allocates the chunk's one float32
+            # buffer; the rest works in place on it (never on `logits`, which float32 input would alias).
             probs = logits[start:end] - lse[start:end].unsqueeze(1)
             probs.exp_()
             probs[rows[: probs.shape[0]], targets[start:end]] -= 1.0
