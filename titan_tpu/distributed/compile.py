@@ -78,7 +78,8 @@ def _compile_children(module: nn.Module) -> tuple[str, ...] | None:
 
 
 def compile_loss(loss_fn: Callable[..., torch.Tensor], backend: str) -> Callable[..., torch.Tensor]:
-    """The loss upcasts the logits ([tokens, vocab]) to float32 and normalises them: memory-bound
-    element-wise work that fusion shrinks to one pass. Vocab-sharded (loss-parallel) logits are
+    """The loss walks the logits ([tokens, vocab]) in chunks, each upcast to float32 for its
+    log-sum-exp and, in backward, its softmax: memory-bound element-wise work that fusion shrinks
+    to one pass per chunk. Vocab-sharded (loss-parallel) logits are
     DTensors handled by their own kernels, so the caller compiles only the plain case."""
     return torch.compile(loss_fn, backend=backend)
