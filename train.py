@@ -40,19 +40,23 @@ def main(argv: list[str]) -> int:
         # Loading checks model and task names against their registries, which imports torch; logging
         # is set up after it, so that libraries' import-time messages do not bury a config error.
         config = load_config(config_name, overrides)
-        if print_only:
-            print(to_toml(config))
-            return 0
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-        from titan_tpu.distributed.comm_timeouts import CollectiveTimeout
-        from titan_tpu.trainer import Trainer, TrainingStopped
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if print_only:
+        print(to_toml(config))
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    from titan_tpu.distributed.comm_timeouts import CollectiveTimeout
+    from titan_tpu.trainer import Trainer, TrainingStopped
 
+    try:
         trainer = Trainer(config)
         try:
             trainer.train()
         finally:
             trainer.close()
-    except ConfigError as e:
+    except ConfigError as e:  # checks that need the process count or the model (mesh, batch split)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (TrainingStopped, CollectiveTimeout) as e:
