@@ -10,7 +10,6 @@ the last two are shown to fail the same comparison.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path

@@ -5,7 +5,6 @@ with one line naming the file and line, and the run draws its own loss.png unles
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import logging
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from PIL import Image
 
 import titan_tpu.metrics.plot as plot
-from titan_tpu.config import ConfigError, load_config
+from titan_tpu.config import load_config
 from titan_tpu.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
