@@ -44,6 +44,14 @@ class ChipType:
     max_slice_chips: int  # the largest ICI slice (TPU) or NVLink domain (GPU)
     source: str  # the vendor page the figures come from
 
+    def peak_flops_per_chip(self) -> float:
+        """Dense bf16 FLOP/s of the whole chip: `device/peak.py`'s per-device figure, the one the
+        trainer's MFU divides by, times the devices a chip runs as."""
+        peak = table_peak_flops(self.runtime_name)
+        if peak is None:  # a table entry was removed from peak.py: fail loudly, never guess
+            raise ConfigError(f"{self.name}: no peak FLOP/s for '{self.runtime_name}' in device/peak.py")
+        return peak * self.devices_per_chip
+
 
 def _gbit(gbit_per_s: float) -> float:
     return gbit_per_s * 1e9 / 8
@@ -119,10 +127,7 @@ class Cluster:
 
     @property
     def peak_flops_per_device(self) -> float:
-        peak = table_peak_flops(self.chip.runtime_name)
-        if peak is None:  # a table entry was removed from peak.py: fail loudly, never guess
-            raise ConfigError(f"--chips {self.name}: no peak FLOP/s for '{self.chip.runtime_name}' in device/peak.py")
-        return peak
+        return self.chip.peak_flops_per_chip() / self.chip.devices_per_chip
 
     def fast_bytes_per_s_per_device(self) -> float:
         """Bytes a device receives per second in a ring collective over its slice's links (one way)."""

@@ -6,7 +6,8 @@ Every figure is a bf16 pretraining run of MaxText (JAX) published by Google, rea
 - MaxText's "Optimized models tiering" page, which prints MFU per model and slice;
 - the AI-Hypercomputer/tpu-recipes READMEs, which print MaxText's model TFLOP/s per device (v5p,
   v6e) or per chip (Ironwood) but no MFU. For those, MFU is that rate over the chip's peak dense
-  bf16 FLOP/s from the Cloud TPU documentation (`PEAK_BF16_TFLOPS_PER_CHIP`), which is how MaxText's
+  bf16 FLOP/s (459 v5p, 918 v6e, 2307 Ironwood TFLOP/s: the Cloud TPU documentation's figures, the
+  ones `titan_tpu/device/peak.py` holds and `titan_tpu.plan.chips` serves), which is how MaxText's
   own performance-metrics guide says to compute it; `mfu_published` is False and `tflops_per_chip`
   holds the printed rate, so the division can be checked.
 
@@ -39,11 +40,6 @@ TIERING = (
 )
 _RECIPES = "https://github.com/AI-Hypercomputer/tpu-recipes/blob/"
 IRONWOOD_TABLE = _RECIPES + "0797d9cebfdde7ef9c54666369be5864ca081613/training/ironwood/README.md"
-PEAK_SOURCE = "https://cloud.google.com/tpu/docs/tpu7x"
-
-# Dense bf16 TFLOP/s per chip, from the comparison table of PEAK_SOURCE ("Peak compute per chip
-# (BF16)"): the denominator of every MFU derived here.
-PEAK_BF16_TFLOPS_PER_CHIP: dict[str, float] = {"v5p": 459.0, "v6e": 918.0, "v7x": 2307.0}
 
 
 @dataclass(frozen=True)
