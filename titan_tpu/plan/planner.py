@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from models.qwen3.args import Qwen3MoeArgs
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.plan.activations import ActivationEstimate, Geometry, estimate_activations
@@ -105,7 +106,7 @@ def make_plan(config: TrainConfig, cluster: Cluster, compute_efficiency: float =
             f"parallelism.dp_replicate: {cluster.name} is {cluster.slices} slices and only dp_replicate "
             f"crosses slices (over DCN), so dp_replicate must be a multiple of {cluster.slices}"
         )
-    moe_top_k = args.top_k if hasattr(args, "top_k") else 0
+    moe_top_k = args.top_k if isinstance(args, Qwen3MoeArgs) else 0
     shape = StepShape(
         devices=dims.world_size,
         dp_shard=dims.dp_shard,
