@@ -25,10 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from titan_tpu.plan.activations import ActivationEstimate
+from titan_tpu.plan.activations import FLOAT32, ActivationEstimate
 from titan_tpu.plan.census import ROOT, Census
 
-FLOAT32 = 4
 ADAM_MOMENTS = 2
 STEP_COUNT_BYTES = 4
 # Share of HBM left for the runtime, compiler scratch space and allocator fragmentation.

@@ -12,16 +12,15 @@ from dataclasses import dataclass
 
 from models.qwen3.args import Qwen3MoeArgs
 from titan_tpu.config import ConfigError, TrainConfig
+from titan_tpu.device.dtype import dtype_from_name
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.plan.activations import ActivationEstimate, Geometry, estimate_activations
 from titan_tpu.plan.census import Census, census
 from titan_tpu.plan.chips import Cluster
-from titan_tpu.plan.memory import FLOAT32, Fit, MemoryEstimate, Precision, check_fit, estimate_memory
+from titan_tpu.plan.memory import Fit, MemoryEstimate, Precision, check_fit, estimate_memory
 from titan_tpu.plan.roofline import COMPUTE_EFFICIENCY, StepEstimate, StepShape, estimate_step
 from titan_tpu.plan.workload import Workload, workload
 from titan_tpu.run_setup import split_global_batch
-
-BFLOAT16 = 2
 
 
 @dataclass(frozen=True)
@@ -52,10 +51,14 @@ class Plan:
 
 
 def precision_of(config: TrainConfig) -> Precision:
-    if config.training.dtype == "float32":
-        return Precision(FLOAT32, FLOAT32)
-    reduce = FLOAT32 if config.parallelism.fsdp_reduce_dtype == "float32" else BFLOAT16
-    return Precision(BFLOAT16, reduce)
+    """Element sizes the run computes and reduces in; "auto" plans bfloat16, which every chip in
+    `chips.py` computes natively."""
+    compute = "float32" if config.training.dtype == "float32" else "bfloat16"
+    reduce = compute if compute == "float32" else config.parallelism.fsdp_reduce_dtype
+    return Precision(
+        dtype_from_name(compute, "training.dtype").itemsize,
+        dtype_from_name(reduce, "parallelism.fsdp_reduce_dtype").itemsize,
+    )
 
 
 def layout_of(config: TrainConfig, devices: int) -> Layout:
