@@ -100,7 +100,7 @@ def test_roofline_on_a_hand_checked_case() -> None:
     model = Census(args=None, params=params, n_blocks=1)
     shape = StepShape(
         devices=4, dp_shard=4, dp_replicate=1, tp=1, ep=1, micro_batch=1, grad_accum=1, tokens_per_sample=1,
-        dim=1, vocab=0, loss_parallel=False, moe_top_k=0, n_blocks=1, recomputed_blocks=0.0, reshard="default",
+        dim=1, vocab=0, loss_parallel=False, moe_top_k=0, n_blocks=1, recomputed_blocks=0, reshard="default",
     )  # fmt: skip
     precision = Precision(compute_bytes=2, reduce_bytes=4)
     bandwidth = 800e9 / 2 * 0.5 * COLLECTIVE_EFFICIENCY
@@ -111,7 +111,7 @@ def test_roofline_on_a_hand_checked_case() -> None:
     assert step.compute_s == pytest.approx(1e15 / (918e12 * 0.5))
     assert step.step_s == step.compute_s and step.mfu == pytest.approx(0.5)
     # Full recomputation of the blocks' forward (a third of 6N) costs its FLOPs but is not useful work.
-    full = dataclasses.replace(shape, recomputed_blocks=1.0)
+    full = dataclasses.replace(shape, recomputed_blocks=1)
     recomputed = estimate_step(model, full, precision, cluster, 1e15, 1e15 / 3, 4, compute_efficiency=0.5)
     assert recomputed.mfu == pytest.approx(0.5 * 3 / 4)
 

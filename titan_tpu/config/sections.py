@@ -247,6 +247,25 @@ class ActivationCheckpointConfig:
             f"must be 'op' or a positive integer, got '{option}'",
         )
 
+    @property
+    def op_level(self) -> bool:
+        """Selective per op: every block keeps its matmul and attention outputs and recomputes the rest."""
+        return self.mode == "selective" and self.selective_option == "op"
+
+    def wraps_block(self, index: int) -> bool:
+        """Whether block `index` (counted across the model's block containers) is checkpointed: every
+        block under full and op-level selective, blocks 0, N, 2N, ... under selective N."""
+        if self.mode == "none":
+            return False
+        if self.mode == "full" or self.op_level:
+            return True
+        return index % int(self.selective_option) == 0
+
+    def recomputed_blocks(self, n_blocks: int) -> int:
+        """Blocks of `n_blocks` whose whole forward runs again in backward (op-level recomputes only
+        elementwise work, so none)."""
+        return 0 if self.op_level else sum(self.wraps_block(index) for index in range(n_blocks))
+
 
 @dataclass
 class CompileConfig:

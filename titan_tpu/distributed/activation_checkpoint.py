@@ -62,17 +62,13 @@ def apply_activation_checkpointing(
     selective N checkpoints blocks 0, N, 2N, ... (counted across containers): memory falls by about
     1/N of full checkpointing's saving, recompute costs 1/N of it.
     """
-    if cfg.mode == "none":
-        return 0
-    op_level = cfg.mode == "selective" and cfg.selective_option == "op"
-    every = int(cfg.selective_option) if cfg.mode == "selective" and not op_level else 1
     wrapped = 0
     index = 0
     for container in containers:
         keys = list(container.keys()) if isinstance(container, nn.ModuleDict) else list(range(len(container)))
         for key in keys:
-            if index % every == 0:
-                container[key] = wrap_block(container[key], op_level)  # type: ignore[index]
+            if cfg.wraps_block(index):
+                container[key] = wrap_block(container[key], cfg.op_level)  # type: ignore[index]
                 wrapped += 1
             index += 1
     return wrapped

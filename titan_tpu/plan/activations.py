@@ -34,7 +34,6 @@ Checked against a live-tensor count of a real forward + backward on the CPU
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,13 +132,6 @@ def _loss_bytes(vocab_size: int, g: Geometry) -> tuple[float, float]:
     return g.act_bytes * vocab_size + FLOAT32, g.act_bytes * vocab_size + chunk
 
 
-def _checkpointed_blocks(n_blocks: int, ac: ActivationCheckpointConfig) -> int:
-    if ac.mode == "none" or (ac.mode == "selective" and ac.selective_option == "op"):
-        return 0
-    every = int(ac.selective_option) if ac.mode == "selective" else 1
-    return math.ceil(n_blocks / every)  # blocks 0, N, 2N, ...
-
-
 def estimate_activations(args: Any, n_blocks: int, g: Geometry, ac: ActivationCheckpointConfig) -> ActivationEstimate:
     """Activation bytes of one device for one micro-batch under the checkpointing mode `ac`."""
     if isinstance(args, FluxArgs):
@@ -149,10 +141,9 @@ def estimate_activations(args: Any, n_blocks: int, g: Geometry, ac: ActivationCh
         block = _decoder_block(args, g)
         head_kept, head_transient = _loss_bytes(args.vocab_size, g)
         head_kept += _norm(args.dim, g)
-    checkpointed = _checkpointed_blocks(n_blocks, ac)
-    op_level = ac.mode == "selective" and ac.selective_option == "op"
-    kept_block = block.selective_op if op_level else block.full
+    checkpointed = ac.recomputed_blocks(n_blocks)
+    kept_block = block.selective_op if ac.op_level else block.full
     kept = (n_blocks - checkpointed) * kept_block + checkpointed * block.checkpointed + head_kept
-    recompute = block.full if checkpointed or op_level else 0.0
+    recompute = block.full if checkpointed or ac.op_level else 0.0
     transient = max(head_transient, recompute + block.widest)
     return ActivationEstimate(int(kept * g.tokens), int((kept + transient) * g.tokens))

@@ -89,16 +89,6 @@ def plan_memory(config: TrainConfig, devices: int) -> MemoryPlan:
     return MemoryPlan(layout, model, work, activations, memory)
 
 
-def recomputed_blocks(config: TrainConfig, n_blocks: int) -> float:
-    ac = config.activation_checkpoint
-    if ac.mode == "full":
-        return float(n_blocks)
-    if ac.mode == "selective" and ac.selective_option != "op":
-        every = int(ac.selective_option)
-        return float(-(-n_blocks // every))
-    return 0.0  # none; op-level recomputes elementwise work only
-
-
 def make_plan(config: TrainConfig, cluster: Cluster, compute_efficiency: float = COMPUTE_EFFICIENCY) -> Plan:
     detail = plan_memory(config, cluster.devices)
     layout, model, work = detail.layout, detail.census, detail.workload
@@ -124,7 +114,7 @@ def make_plan(config: TrainConfig, cluster: Cluster, compute_efficiency: float =
         loss_parallel=config.parallelism.loss_parallel,
         moe_top_k=moe_top_k,
         n_blocks=model.n_blocks,
-        recomputed_blocks=recomputed_blocks(config, model.n_blocks),
+        recomputed_blocks=config.activation_checkpoint.recomputed_blocks(model.n_blocks),
         reshard=config.parallelism.fsdp_reshard_after_forward,
     )
     items = config.training.global_batch_size * work.items_per_sample

@@ -65,7 +65,7 @@ class StepShape:
     loss_parallel: bool
     moe_top_k: int  # 0 for dense models
     n_blocks: int
-    recomputed_blocks: float  # blocks whose forward runs twice (fractional for op-level: 0)
+    recomputed_blocks: int  # blocks whose forward runs twice
     reshard: str  # FSDP policy: default, always, never
 
 
