@@ -235,12 +235,11 @@ def export_checkpoint_to_hf(
     files = HFFiles.of(adapter)
     writer = HFFolderWriter(Path(out), plan, _export_dtype(dtype), config, max_shard_bytes, files)
     reporter = progress(len(plan), writer.total_size) if progress is not None else None
-    item_bytes = torch.empty((), dtype=writer.dtype).element_size()
     for name, tensor in _read_in_groups(step_folder, tensors, names, max_shard_bytes):
         for hf_name, part in parts[name].split(tensor):
             writer.add(hf_name, part)
             if reporter is not None:
-                reporter.advance(1, part.numel() * item_bytes)
+                reporter.advance(1, part.numel() * writer.dtype.itemsize)
     folder = writer.close()
     if reporter is not None:
         reporter.finish()

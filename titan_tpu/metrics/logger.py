@@ -17,6 +17,9 @@ from titan_tpu.config.sections import MetricsConfig
 
 logger = logging.getLogger("titan_tpu")
 
+# One JSON record per logged step, in the dump folder; charts and resumed runs read it back.
+METRICS_FILE = "metrics.jsonl"
+
 
 @dataclass
 class StepRecord:
@@ -68,7 +71,7 @@ class MetricsLogger:
         if not is_writer:
             return
         dump_folder.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(dump_folder / "metrics.jsonl", "a", encoding="utf-8")
+        self._jsonl = open(dump_folder / METRICS_FILE, "a", encoding="utf-8")
         if cfg.enable_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.metrics.logger import METRICS_FILE
 
 LOSS_CHART = "loss.png"
-METRICS_FILE = "metrics.jsonl"
 RATE_SUFFIX = "_per_sec"  # a step record's throughput key: tokens_per_sec, samples_per_sec
 BENCH_RATE_SUFFIX = "_per_sec_per_process"  # a benchmark record's
 
