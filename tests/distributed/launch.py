@@ -8,6 +8,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# train.py arguments of a tiny float32 deterministic debug Llama run, whose losses the resume and
+# multi-host tests compare bit for bit; each adds its steps, checkpoints and layout.
+DETERMINISTIC_DEBUG_RUN = [
+    "--config",
+    "llama3_debug",
+    "--training.seq_len=32",
+    "--training.global_batch_size=4",
+    "--training.dtype=float32",
+    "--training.deterministic=true",
+    "--metrics.log_freq=1",
+    "--data.shuffle_buffer=16",
+]
 
 
 def torchrun(nproc: int, script: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:

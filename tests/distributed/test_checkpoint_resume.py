@@ -26,18 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import launch  # noqa: E402
 
 KILL_WORKER = Path(__file__).with_name("checkpoint_kill_worker.py")
-BASE = [
-    "--config",
-    "llama3_debug",
-    "--training.seq_len=32",
-    "--training.global_batch_size=4",
-    "--training.dtype=float32",
-    "--training.deterministic=true",
-    "--metrics.log_freq=1",
-    "--data.shuffle_buffer=16",
-    "--checkpoint.enable=true",
-    "--training.steps=20",
-]
+BASE = [*launch.DETERMINISTIC_DEBUG_RUN, "--checkpoint.enable=true", "--training.steps=20"]
 
 
 @pytest.fixture(autouse=True)

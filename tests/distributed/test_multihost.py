@@ -29,22 +29,16 @@ from titan_tpu.config import load_config
 from titan_tpu.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+
+import launch  # noqa: E402
+
 STALL_WORKER = Path(__file__).with_name("multihost_stall_worker.py")
 STEPS = 8
 INTERVAL = 3  # first checkpoint at step 3
 STALL_STEP = 5  # the killed attempt logs steps 1-5, two past the checkpoint it resumes from
 HOSTNAMES = ("localhost", "127.0.0.1")  # in worker order; sorted, 127.0.0.1 comes first
-BASE = [
-    "--config",
-    "llama3_debug",
-    "--training.seq_len=32",
-    "--training.global_batch_size=4",
-    "--training.dtype=float32",
-    "--training.deterministic=true",
-    "--metrics.log_freq=1",
-    "--data.shuffle_buffer=16",
-    f"--training.steps={STEPS}",
-]
+BASE = [*launch.DETERMINISTIC_DEBUG_RUN, f"--training.steps={STEPS}"]
 TWO_HOSTS = ["--parallelism.dp_shard=4", "--checkpoint.enable=true", f"--checkpoint.interval={INTERVAL}"]
 TIMEOUT_S = 300
 
