@@ -22,14 +22,16 @@ t_sp = t with sequence parallelism else 1, t_loss = t with loss parallelism else
 
 Activation checkpointing: a checkpointed block keeps only its input (a d / t_sp); `selective` N
 checkpoints every Nth block; `selective` op keeps the matmul and attention outputs
-((Q + 2 KV) + H D) a / t + 2 a d + 2 F a / t) and the input. Peak = what is kept after forward plus
-the larger of: the loss's backward, or one recomputed block (when any block is checkpointed) plus
-the gradient of its widest intermediate (F a / t). The chunked loss's backward holds the logits'
-gradient (a V) and one float32 chunk of the softmax (at most 2^26 elements, whatever the token
-count); F.cross_entropy's holds float32 gradients of log-probs and logits (8 V / t_loss).
+((Q + 2 KV) + H D) a / t + 2 a d + 2 F a / t) and the input. Peak = the larger of: what is kept after
+forward plus the loss's backward, or, for the block backward is at, what the blocks before it keep
+plus all of that block's activations (recomputed if it was checkpointed) plus its backward's
+gradients (of its widest intermediate, F a / t, and of its output and input, a d / t_sp each);
+backward frees each block's activations as it leaves it. The chunked loss's backward holds the
+logits' gradient (a V) and one float32 chunk of the softmax (at most 2^26 elements, whatever the
+token count); F.cross_entropy's holds float32 gradients of log-probs and logits (8 V / t_loss).
 
 Checked against a live-tensor count of a real forward + backward on the CPU
-(tests/unit/test_plan_activations.py, within 25% for `none` and `full`).
+(tests/unit/test_plan_activations.py, every checkpointing mode within 10%).
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ class _BlockBytes:
     full: float  # everything a non-checkpointed block keeps
     selective_op: float  # kept under op-level selective checkpointing
     checkpointed: float  # a checkpointed block's input
-    widest: float  # the widest intermediate (its gradient is backward's working set)
+    # What the block's backward holds beyond its activations: the gradients of its widest intermediate,
+    # of its output (arriving) and of its input (leaving).
+    backward: float
 
 
 def _norm(dim: int, g: Geometry) -> float:
@@ -112,14 +116,15 @@ def _decoder_block(args: Any, g: Geometry) -> _BlockBytes:
         matmuls = 2 * args.ffn_hidden_dim * a / t
     full = 2 * _norm(d, g) + attention + ffn
     checkpointed = a * d / g.t_sp
-    return _BlockBytes(full, projections + matmuls + checkpointed, checkpointed, widest)
+    backward = widest + 2 * checkpointed  # the residual stream's gradients are the input's shape
+    return _BlockBytes(full, projections + matmuls + checkpointed, checkpointed, backward)
 
 
 def _flux_block(args: FluxArgs, g: Geometry) -> _BlockBytes:
     a, d, hidden = g.act_bytes, args.dim, args.mlp_hidden_dim
     full = 2 * (FLOAT32 + a) * d + 5 * d * a + 3 * hidden * a
     matmuls = 5 * d * a + hidden * a + d * a
-    return _BlockBytes(full, matmuls, d * a, hidden * a)
+    return _BlockBytes(full, matmuls, d * a, hidden * a + 2 * d * a)
 
 
 def _loss_bytes(vocab_size: int, g: Geometry) -> tuple[float, float]:
@@ -141,9 +146,16 @@ def estimate_activations(args: Any, n_blocks: int, g: Geometry, ac: ActivationCh
         block = _decoder_block(args, g)
         head_kept, head_transient = _loss_bytes(args.vocab_size, g)
         head_kept += _norm(args.dim, g)
-    checkpointed = ac.recomputed_blocks(n_blocks)
-    kept_block = block.selective_op if ac.op_level else block.full
-    kept = (n_blocks - checkpointed) * kept_block + checkpointed * block.checkpointed + head_kept
-    recompute = block.full if checkpointed or ac.op_level else 0.0
-    transient = max(head_transient, recompute + block.widest)
-    return ActivationEstimate(int(kept * g.tokens), int((kept + transient) * g.tokens))
+    whole = [ac.wraps_block(index) and not ac.op_level for index in range(n_blocks)]
+    kept_by_block = [block.checkpointed if wrapped else block.selective_op if ac.op_level else block.full
+                     for wrapped in whole]  # fmt: skip
+    kept = sum(kept_by_block) + head_kept
+    # Backward frees each block's activations once it is done, last block first. While block i runs
+    # backward the blocks before it still hold theirs; block i holds all of its own (recomputed, if
+    # checkpointed, beside the input it kept) and its backward's gradients.
+    while_blocks = max(
+        sum(kept_by_block[:index]) + block.full + block.backward + (block.checkpointed if wrapped else 0.0)
+        for index, wrapped in enumerate(whole)
+    )
+    peak = max(kept + head_transient, while_blocks)
+    return ActivationEstimate(int(kept * g.tokens), int(peak * g.tokens))
