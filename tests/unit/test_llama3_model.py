@@ -64,20 +64,18 @@ def test_405b_meta_build_is_cheap() -> None:
     """Built in a fresh process so the RSS growth is the build's alone."""
     script = textwrap.dedent(
         """
-        import json, resource, time
+        import json, time
         import torch
         from models.llama3 import LLAMA3_FLAVORS, Llama3Model
-        def rss_kb():
-            with open("/proc/self/status") as f:
-                return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        before = rss_kb()
+        from titan_tpu.device.memory import peak_rss_gib, reset_peak_rss
+        reset_peak_rss()  # the high-water mark becomes this process's resident size (where /proc allows)
+        before = peak_rss_gib()
         start = time.perf_counter()
         with torch.device("meta"):
             model = Llama3Model(LLAMA3_FLAVORS["405B"])
         seconds = time.perf_counter() - start
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         n = sum(p.numel() for p in model.parameters())
-        growth_mb = (max(peak, rss_kb()) - before) / 1024
+        growth_mb = (peak_rss_gib() - before) * 1024
         print(json.dumps({"seconds": seconds, "growth_mb": growth_mb, "params": n}))
         """
     )
