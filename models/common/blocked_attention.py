@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from models.common.precision import autocast_dtype
+
 
 def _scaled_block_rows(x: torch.Tensor, start: int, stop: int, scale: float) -> torch.Tensor:
     """[B, H_kv, R, S, D] -> rows start:stop of every head in each group, times `scale`, as
@@ -66,6 +68,9 @@ class _BlockedCausalAttention(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
         q, k, v, out = ctx.saved_tensors
         block: int = ctx.block
+        # q, k, v and out share one dtype (the wrapper's cast); the incoming gradient may not (a float32
+        # loss path over a bf16 output), and every matmul below pairs it with one of them.
+        grad_out = grad_out.to(out.dtype)
         bs, n_heads, seqlen, head_dim = q.shape
         n_kv_heads = k.shape[1]
         n_rep = n_heads // n_kv_heads
@@ -95,11 +100,32 @@ class _BlockedCausalAttention(torch.autograd.Function):
         return grad_q5.view(q.shape), grad_k.to(k.dtype), grad_v.to(v.dtype), None
 
 
+def attention_compute_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.dtype:
+    """The one dtype the kernel multiplies in, decided as SDPA decides it: under autocast, autocast's
+    dtype (SDPA is on its lower-precision list), whatever q, k and v hold; there they do differ, since
+    a norm whose float32 weight scales bf16 activations (Qwen 3's QK-norm) hands over float32 q and k
+    beside a bf16 v. Outside autocast, q, k and v must share a dtype."""
+    dtype = autocast_dtype(q)
+    if dtype is not None:
+        return dtype
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(
+            f"attention outside autocast needs q, k and v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    return q.dtype
+
+
 def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> torch.Tensor:
     """Causal attention of q [B, H, S, D] over k, v [B, H_kv, S, D] in `block`-token query blocks.
 
-    Scores and softmax are float32; the output has q's dtype.
+    q, k and v are cast to one compute dtype (`attention_compute_dtype`); scores, softmax and the
+    backward's sums are float32; the output has the compute dtype. The kernel runs with autocast off,
+    so its forward multiplies in the same dtype as its backward (which autograd runs outside autocast).
     """
     if q.shape[1] % k.shape[1] != 0:
         raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of kv heads ({k.shape[1]})")
-    return _BlockedCausalAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), block)
+    dtype = attention_compute_dtype(q, k, v)
+    with torch.autocast(q.device.type, enabled=False):
+        return _BlockedCausalAttention.apply(
+            q.to(dtype).contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous(), block
+        )

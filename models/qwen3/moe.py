@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.common.init import trunc_normal_std_
+from models.common.precision import autocast_dtype
 from models.qwen3.args import ExpertImpl
 
 
@@ -77,13 +78,6 @@ def _local(weight: torch.Tensor) -> torch.Tensor:
     sharded over experts; duck-typed so this file needs nothing from torch.distributed."""
     to_local = getattr(weight, "to_local", None)
     return to_local() if to_local is not None else weight
-
-
-def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return None
 
 
 class ExpertSwiGLU(nn.Module):
@@ -153,7 +147,7 @@ class GroupedExperts(nn.Module):
         w1, w2, w3 = (_local(w).to(x.dtype) for w in (self.w1, self.w2, self.w3))
         impl = self.impl
         if impl == "auto":
-            use_grouped = x.is_cuda and (_autocast_dtype(x) or x.dtype) == torch.bfloat16
+            use_grouped = x.is_cuda and (autocast_dtype(x) or x.dtype) == torch.bfloat16
             impl = "grouped_mm" if use_grouped else "padded_bmm"
         if impl == "loop":
             return _loop(x, counts, w1, w2, w3)
@@ -184,7 +178,7 @@ def _grouped_mm(
     swiglu: nn.Module,
 ) -> torch.Tensor:
     # _grouped_mm is on no autocast list: cast by hand as autocast would for a matmul.
-    dtype = _autocast_dtype(x) or x.dtype
+    dtype = autocast_dtype(x) or x.dtype
     x, w1, w2, w3 = (t.to(dtype) for t in (x, w1, w2, w3))
     return swiglu(x, w1, w2, w3, offsets=torch.cumsum(counts, dim=0, dtype=torch.int32))
 
