@@ -51,7 +51,7 @@ def grpo(out: Path, initial: Path, steps: int, max_operand: int, extra: list[str
     ])  # fmt: skip
     trainer = Trainer(config)
     try:
-        before = trainer.task.evaluate(trainer.model, 0)["heldout_accuracy"]
+        before = trainer.evaluate()["heldout_accuracy"]
         print(f"held-out accuracy before GRPO: {100 * before:.1f}%")
         records = trainer.train()
     finally:

@@ -244,7 +244,10 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device.torch_device)
         items = 0
         for _ in range(self.grad_accum_steps):
-            batch = self.task.next_batch(self.model)
+            # Every forward of the model runs in the run's one precision: a task's batch may come from
+            # the model (GRPO's sampling and rollout log-probabilities), and must match its loss.
+            with self.task.ctx.autocast():
+                batch = self.task.next_batch(self.model)
             # With loss parallel the logits are vocab-sharded: loss and backward run in its context.
             with loss_context(self.parallel.loss_parallel_enabled):
                 with self.task.ctx.autocast():
@@ -376,7 +379,7 @@ class Trainer:
         extras: dict[str, float] = dict(self.task.step_metrics())
         if self._is_eval_step(self.step):
             # Outside the timed window: evaluation is not training throughput.
-            extras.update(self.task.evaluate(self.model, self.step))
+            extras.update(self.evaluate())
         items_per_sec, flops_per_sec = self.rates(window.items, elapsed)
         self.peak_flops = peak_covering(self.peak_flops, flops_per_sec, self.device.type, self.compute_dtype)
         return StepRecord(
@@ -392,6 +395,11 @@ class Trainer:
             step_time_s=elapsed / window.steps,
             extras=extras,
         )
+
+    def evaluate(self) -> dict[str, float]:
+        """The task's evaluation of the model as it is now, in the run's precision."""
+        with self.task.ctx.autocast():
+            return self.task.evaluate(self.model, self.step)
 
     def close(self) -> None:
         process_group.destroy_process_group()

@@ -9,19 +9,12 @@ import logging
 import pytest
 import torch
 
+from tests.cpu_kinds import ARM64_BF16, ARM64_NO_BF16, AVX2_ONLY, AVX512_NO_BF16, COOPER_LAKE, SAPPHIRE_RAPIDS
 from titan_tpu.config import ConfigError
 from titan_tpu.device import DTYPES, Device, dtype_from_name, dtype_name, native_bf16, resolve_compute_dtype
 from titan_tpu.device import dtype as dtype_module
 
 CPU = Device("cpu", 0)
-
-# What torch.cpu.get_capabilities() reports (only the keys that matter here).
-AVX2_ONLY = {"architecture": "x86_64", "avx2": True, "avx512_f": False, "avx512_bf16": False, "amx_bf16": False}
-AVX512_NO_BF16 = {**AVX2_ONLY, "avx512_f": True}  # this machine's kind of CPU
-SAPPHIRE_RAPIDS = {**AVX512_NO_BF16, "avx512_bf16": True, "amx_bf16": True, "amx_tile": True}
-COOPER_LAKE = {**AVX512_NO_BF16, "avx512_bf16": True}
-ARM64_BF16 = {"architecture": "arm64", "neon": True, "bf16": True, "i8mm": True}  # Graviton 3, Apple M2+
-ARM64_NO_BF16 = {"architecture": "arm64", "neon": True, "bf16": False}  # Graviton 2, Apple M1
 
 
 def with_cpu(monkeypatch: pytest.MonkeyPatch, capabilities: dict) -> None:

@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from tests.cpu_kinds import DECISIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -23,12 +26,23 @@ from grpo_arithmetic import grpo, pretrain  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def test_pretrain_then_grpo_records_reward_and_accuracy(tmp_path: Path) -> None:
-    initial = pretrain(tmp_path, steps=60, carry_error_rate=0.7, max_operand=99)
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """60 steps of float32 pretraining (the script's own dtype), exported to a Hugging Face folder."""
+    initial = pretrain(tmp_path_factory.mktemp("pretrain"), steps=60, carry_error_rate=0.7, max_operand=99)
     assert (initial / "config.json").exists()
+    return initial
+
+
+@pytest.mark.parametrize("decision", list(DECISIONS))
+def test_pretrain_then_grpo_records_reward_and_accuracy(
+    pretrained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decision: str
+) -> None:
+    """GRPO under both CPU decisions (float32 + SDPA, bf16 + blocked attention) from the same policy."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: DECISIONS[decision])
     # lr 1e-12 is below half an ulp of every weight, so the policy stays the pretrained one and the
     # held-out accuracy after the steps must equal the one measured before them.
-    result = grpo(tmp_path, initial, steps=2, max_operand=99,
+    result = grpo(tmp_path, pretrained, steps=2, max_operand=99,
                   extra=["--optimizer.lr=1e-12", "--metrics.log_freq=1", "--rl.eval_prompts=64"])  # fmt: skip
     records = result["records"]
     assert [r["step"] for r in records] == [1, 2]

@@ -12,7 +12,8 @@ checkpoints and the metrics record. A `TrainingTask` supplies what differs:
 - `next_batch(model)`: one micro-batch for this process. It gets the current model because some
   tasks make their batch with it (GRPO samples completions from the policy).
 - `loss(model, batch)`: forward pass and loss of one micro-batch, with the count of items (tokens,
-  images) it trained on; the trainer runs it under autocast and calls backward.
+  images) it trained on; the trainer calls backward. `next_batch`, `loss` and `evaluate` run under
+  `TaskContext.autocast`, the run's one precision.
 - `flops_per_item()` and `unit`: model FLOPs (forward + backward) per item for MFU, and the name of
   an item in the throughput field (`tokens_per_sec`, `samples_per_sec`).
 - `step_metrics()`: extra values for the step record (read on logging steps only).
@@ -61,10 +62,11 @@ class TaskContext:
     attention: AttentionKernel = SdpaAttention()
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The precision of every forward pass of the run (training, and a task's own, such as
-        GRPO's rollout log-probabilities, which must match it for the first ratio to be exactly 1):
-        autocast to the compute dtype, except in float32 and under FSDP, whose mixed-precision policy
-        already casts the parameters."""
+        """The precision of every forward pass of the run: autocast to the compute dtype, except in
+        float32 and under FSDP, whose mixed-precision policy already casts the parameters. The trainer
+        runs a task's `next_batch`, `loss` and `evaluate` under it, so a batch made with the model
+        (GRPO's sampling and rollout log-probabilities) comes from the same policy as the loss: the
+        first ratio is then exactly 1."""
         if self.compute_dtype == torch.float32 or self.parallel.dims.fsdp_enabled:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)

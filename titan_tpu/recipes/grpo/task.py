@@ -170,18 +170,11 @@ class GRPOTask(TrainingTask):
         advantages = group_advantages(rewards, rl.group_size, rl.scale_rewards, rl.advantage_eps).float()
         generate_time = time.perf_counter() - start
 
-        def policy_logps(tokens: torch.Tensor) -> torch.Tensor:
-            with self.ctx.autocast():
-                return token_logps(model, tokens)
-
-        def reference_logps(tokens: torch.Tensor) -> torch.Tensor:
-            assert self.reference is not None
-            with self.ctx.autocast():
-                return token_logps(self.reference, tokens)
-
+        reference = self.reference
         batches = build_micro_batches(
             rows, prompts, completions, advantages, lengths, global_batch, ctx.local_batch_size, ctx.dp_world,
-            self.pad_id, ctx.device, policy_logps, reference_logps if self.reference is not None else None,
+            self.pad_id, ctx.device, lambda tokens: token_logps(model, tokens),
+            (lambda tokens: token_logps(reference, tokens)) if reference is not None else None,
         )
         for _ in range(rl.updates_per_rollout):
             self.queue.extend(batches)
