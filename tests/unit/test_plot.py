@@ -75,6 +75,17 @@ def test_items_seen_are_rate_times_time_times_steps(tmp_path: Path) -> None:
     assert plot.items_seen(records, processes=4) == [2000.0, 20000.0, 40000.0]
 
 
+def test_a_task_with_rates_of_its_own_counts_the_trainers_rate(tmp_path: Path) -> None:
+    """GRPO's records carry train_ and rollout_tokens_per_sec after the trainer's tokens_per_sec; the
+    chart once refused every GRPO run for having three rates."""
+    record = {"step": 1, "loss": 0.5, "tokens_per_sec": 1000.0, "step_time_s": 0.5,
+              "train_tokens_per_sec": 3000.0, "rollout_tokens_per_sec": 7.0}  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    records = plot.read_metrics(tmp_path)
+    assert plot.unit_of(records) == "tokens"
+    assert plot.items_seen(records, processes=None) == [500.0]
+
+
 def test_a_resumed_run_that_repeats_steps_keeps_the_later_records(tmp_path: Path) -> None:
     path = write_metrics(tmp_path, [5.0, 4.0, 3.0])
     with open(path, "a") as f:  # resumed from step 10: step 20 logged again

@@ -57,10 +57,10 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         path = path / METRICS_FILE
     by_step: dict[int, dict[str, Any]] = {}
     for number, record in read_jsonl(path):
-        rate = [key for key in record if key.endswith(RATE_SUFFIX)]
-        if not all(_is_number(record.get(key)) for key in ("step", "loss", "step_time_s")) or len(rate) != 1:
+        rate = _rate_key(record)
+        if not all(_is_number(record.get(key)) for key in ("step", "loss", "step_time_s", rate)):
             raise ConfigError(
-                f"{path} line {number}: not a step record (needs numbers step, loss, step_time_s and one "
+                f"{path} line {number}: not a step record (needs numbers step, loss, step_time_s and a "
                 f"<unit>{RATE_SUFFIX}; has {sorted(record)})"
             )
         by_step[int(record["step"])] = record
@@ -69,10 +69,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [by_step[step] for step in sorted(by_step)]
 
 
+def _rate_key(record: dict[str, Any]) -> str:
+    """The trainer's throughput key of a step record: the first `<unit>_per_sec`, since a task's own
+    rates come after it (GRPO adds train_tokens_per_sec and rollout_tokens_per_sec); "" if none."""
+    return next((key for key in record if key.endswith(RATE_SUFFIX)), "")
+
+
 def unit_of(records: Sequence[dict[str, Any]]) -> str:
     """What the run counts ("tokens", "samples"), from its throughput key."""
-    key = next(key for key in records[0] if key.endswith(RATE_SUFFIX))
-    return key.removesuffix(RATE_SUFFIX)
+    return _rate_key(records[0]).removesuffix(RATE_SUFFIX)
 
 
 def items_seen(records: Sequence[dict[str, Any]], processes: int | None) -> list[float]:
