@@ -5,7 +5,13 @@ from __future__ import annotations
 import logging
 import sys
 
-from titan_tpu.config import ConfigError, help_text, load_config, to_toml
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
+
+# Before anything imports torch: on a host without TPU device files, torch would load torch_tpu for
+# nothing (titan_tpu/device/tpu_runtime.py says what it costs).
+skip_tpu_backend_without_chips()
+
+from titan_tpu.config import ConfigError, help_text, load_config, to_toml  # noqa: E402
 
 
 def parse_cli(argv: list[str]) -> tuple[str | None, bool, list[str]]:
@@ -37,9 +43,12 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         config_name, print_only, overrides = parse_cli(argv)
-        # Loading checks model and task names against their registries, which imports torch; logging
-        # is set up after it, so that libraries' import-time messages do not bury a config error.
         config = load_config(config_name, overrides)
+        # The registries import torch, so they are consulted only once the plain checks have passed;
+        # logging is set up after it, so that libraries' import-time messages do not bury a config error.
+        from titan_tpu.registered_names import check_registered_names
+
+        check_registered_names(config)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import models
 from models.common.attention_kernels import AttentionKernel, attention_kernel, splash_block
 from titan_tpu.checkpoint import CheckpointManager
-from titan_tpu.checkpoint.hf import check_hf_config, load_hf_weights
-from titan_tpu.config import ConfigError, TrainConfig, to_toml
+from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights
+from titan_tpu.config import ConfigError, ResolvedConfig, TrainConfig, write_resolved_config
+from titan_tpu.config.batch import split_global_batch
 from titan_tpu.device import Device, dtype_name, host_peak_flops, native_bf16, resolve_compute_dtype, select_device
 from titan_tpu.device.attention_choice import choose_attention
 from titan_tpu.device.peak import peak_covering
@@ -42,7 +42,8 @@ from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 from titan_tpu.metrics.plot import write_run_loss_chart
 from titan_tpu.metrics.progress import Progress
 from titan_tpu.optim import build_lr_scheduler, build_optimizer
-from titan_tpu.run_setup import seed_everything, split_global_batch, write_resolved_config
+from titan_tpu.registered_names import check_registered_names
+from titan_tpu.seeding import seed_everything
 from titan_tpu.tasks.base import TaskContext, TrainingTask
 from titan_tpu.tasks.registry import task_class
 
@@ -68,7 +69,8 @@ class _Window:
 
 class Trainer:
     def __init__(self, config: TrainConfig):
-        self.config = config
+        self.config = config  # as loaded, never written: what the run decides goes into self.resolved
+        self.registered = check_registered_names(config)
         self.process = process_group.process_info()
         self.comm = CommTimeouts(config.comm, self.process.rank)
         try:
@@ -94,10 +96,11 @@ class Trainer:
         self.is_writer = self.process.rank == 0
         self.dump_folder = Path(config.job.dump_folder)
         self.compute_dtype = resolve_compute_dtype(config.training.dtype, self.device)
-        config.training.dtype = dtype_name(self.compute_dtype)
+        dtype, registered = dtype_name(self.compute_dtype), self.registered
+        self.resolved = ResolvedConfig(config, dtype, registered.model_overrides, registered.task)
         if self.is_writer:
-            logger.info("device: %s, compute dtype %s", self.device.name(), config.training.dtype)
-            write_resolved_config(self.dump_folder, to_toml(config))
+            logger.info("device: %s, compute dtype %s", self.device.name(), self.resolved.compute_dtype)
+            write_resolved_config(self.dump_folder, self.resolved)
         seed_everything(config.training.seed, config.training.deterministic)
 
     def _setup_parallelism(self) -> None:
@@ -123,8 +126,7 @@ class Trainer:
         """The training task (what is trained and how a batch becomes a loss) and the model
         arguments it fits to the run."""
         config = self.config
-        self.spec = models.get_model_spec(config.model.name)
-        task_name = config.training.task if config.training.task != "auto" else self.spec.default_task
+        self.spec = self.registered.spec
         context = TaskContext(
             config=config,
             spec=self.spec,
@@ -139,7 +141,7 @@ class Trainer:
             is_writer=self.is_writer,
             attention=self._attention_kernel(),
         )
-        self.task: TrainingTask = task_class(task_name)(context)
+        self.task: TrainingTask = task_class(self.registered.task)(context)
         self.model_args = self.task.model_args(self.spec.build_args(config.model.flavor, config.model.overrides))
 
     def _attention_kernel(self) -> AttentionKernel:
@@ -181,7 +183,6 @@ class Trainer:
             self.parallel,
             config,
             self.device.torch_device,
-            self.device.type,
             self.compute_dtype,
         )
 
@@ -198,7 +199,8 @@ class Trainer:
         self.flops_per_item = self.task.flops_per_item()
         self.model_parallel_degree = self.process.world_size // self.dp_world
         self.peak_flops = host_peak_flops(self.device, self.compute_dtype)
-        run_config = {name: dataclasses.asdict(section) for name, section in self.config.sections().items()}
+        resolved = self.resolved.effective()
+        run_config = {name: dataclasses.asdict(section) for name, section in resolved.sections().items()}
         self.metrics = MetricsLogger(self.config.metrics, self.dump_folder, self.is_writer, run_config=run_config)
 
     def _setup_checkpointing(self) -> None:
@@ -269,10 +271,15 @@ class Trainer:
         return grad_norm
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """One optimizer step with no host read-back: (loss, grad norm) as device tensors and the
-        items trained on this rank."""
+        """One step as `train()` takes it (the same forward/backward, optimizer step, step count and
+        collective timeouts), without its records, checkpoints or finite-loss check: the public way
+        in for benchmarks that time steps themselves (scripts/bench.py). Returns (loss, grad norm)
+        as device tensors, so nothing waits for the device, and the items trained on this rank."""
         loss, items = self.forward_backward()
-        return loss, self.optimizer_step(), items
+        grad_norm = self.optimizer_step()
+        self.step += 1
+        self.comm.start_training()
+        return loss, grad_norm, items
 
     def _read_losses(self, losses: list[torch.Tensor], first_step: int) -> list[float]:
         """The losses of steps `first_step`, `first_step + 1`, ..., averaged over data-parallel ranks:

@@ -31,7 +31,7 @@ from torch import nn
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 trl_utils = pytest.importorskip("trl.trainer.utils")
 
-from titan_tpu.recipes.grpo.objective import group_advantages, grpo_loss  # noqa: E402
+from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss  # noqa: E402
 
 GROUP, PROMPTS, T = 4, 3, 7
 EPS_LOW, EPS_HIGH = 0.2, 0.28

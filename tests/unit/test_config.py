@@ -1,6 +1,7 @@
 """Config loading: typed overrides, model overrides, and one clear line with exit status 2 for every
 bad input. Error paths run through `train.main` in-process (torch is imported once per session); two
-subprocess tests check the real entry point, with and without torch loaded."""
+subprocess tests check the real entry point, with and without torch loaded. Registry names are
+checked by every entry point after loading, never by `load_config`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pytest
 import train
 from titan_tpu.config import ConfigError, help_text, load_config, to_toml
 from titan_tpu.config.loader import CONFIG_DIR
+from titan_tpu.plan.__main__ import main as plan_main
+from titan_tpu.registered_names import check_registered_names
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,8 +79,12 @@ def test_model_overrides_from_toml_table_inline_table_and_command_line(tmp_path:
     assert merged.model.overrides == {"n_layers": 2, "dim": 64, "n_heads": 4}
     replaced = load_config(str(table), ["--model.overrides={ vocab_size = 300 }"])
     assert replaced.model.overrides == {"vocab_size": 300}
-    # Stored as checked: an integer given for a float argument is the float the model gets.
-    assert load_config(None, ["--model.overrides.norm_eps=1"]).model.overrides == {"norm_eps": 1.0}
+    # Checked by the model registry: an integer given for a float argument is the float the model gets
+    # (the resolved config shows it); the loaded config keeps what was written.
+    config = load_config(None, ["--model.overrides.norm_eps=1"])
+    assert type(config.model.overrides["norm_eps"]) is int
+    checked = check_registered_names(config).model_overrides
+    assert checked == {"norm_eps": 1.0} and type(checked["norm_eps"]) is float
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path: Path) -> None:
@@ -135,15 +142,15 @@ def test_bad_values_name_key_and_allowed_values(args: list[str], expected: str) 
         (["--config", "llama3_debug", "--trainin.steps=3"], "did you mean 'training'"),
         (["--config", "llama3_debug", "stray"], "stray: unrecognised argument"),
         # Registry names: a lookup failure used to be a ValueError traceback with exit status 1.
-        (["--model.name=lama3"], "model.name: unknown model 'lama3'; valid: flux, llama3, qwen3, qwen3_moe"),
+        (["--model.name=lama3"], "model.name: unknown model 'lama3'; did you mean 'llama3'? valid: flux, llama3, "
+                                 "qwen3, qwen3_moe"),
         (["--model.flavor=nope"],
          "model.flavor: unknown flavor 'nope' for model 'llama3'; valid: debug, 100M"),
         (["--training.task=languag_model"], "training.task: unknown task 'languag_model'; did you mean "
                                             "'language_model'? valid: auto, grpo, language_model, rectified_flow"),
         # Model overrides, checked against the flavor's dataclass.
-        (["--model.overrides.n_layer=2"], "model.overrides.n_layer is not a field of Llama3Args; valid "
-                                          "fields: dim, n_layers, n_heads"),
-        (["--model.overrides.n_layer=2"], "head_dim; did you mean 'n_layers'?"),
+        (["--model.overrides.n_layer=2"], "model.overrides.n_layer is not a field of Llama3Args; did you mean "
+                                          "'n_layers'? valid fields: dim, n_layers, n_heads"),
         (["--model.overrides.n_layers=two"], "model.overrides.n_layers: got 'two', expected an integer"),
         (["--model.overrides.n_layers=0"], "model.overrides.n_layers: must be >= 1, got 0"),
         (["--model.overrides.n_heads=6"], "model.overrides { n_heads = 6 } on llama3 debug: n_heads (6) must "
@@ -209,3 +216,32 @@ def test_entry_point_reports_a_registry_error_without_a_traceback() -> None:
     assert "Traceback" not in result.stderr
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: model.name: unknown model 'nope'; valid:")
+
+
+def test_loading_leaves_registry_names_to_the_entry_points() -> None:
+    """`load_config` checks only what the config alone tells; the registry check resolves the names:
+    the family, and `training.task = "auto"` as the family's task. The bug this catches: the loader
+    looking names up itself, which makes the configuration import the models (and torch)."""
+    config = load_config(None, ["--model.name=nope", "--training.task=nope"])
+    assert (config.model.name, config.training.task) == ("nope", "nope")
+    registered = check_registered_names(load_config("flux_debug", []))
+    assert (registered.spec.name, registered.task) == ("flux", "rectified_flow")
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--model.name=lama3"], "error: model.name: unknown model 'lama3'; did you mean 'llama3'? valid: "),
+        (["--model.flavor=Debug"], "error: model.flavor: unknown flavor 'Debug' for model 'llama3'; did you mean "
+                                   "'debug'? valid: "),
+        (["--training.task=grp"], "error: training.task: unknown task 'grp'; did you mean 'grpo'? valid: auto, "),
+    ],
+)
+def test_the_planner_rejects_a_bad_registry_name_in_one_line(
+    args: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The planner reads the same config as train.py and checks its names the same way (the bug: with
+    the check moved out of load_config, a planner that skipped it planned an unknown task)."""
+    assert plan_main(["--config", "llama3_debug", "--chips", "v6e-8", *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(expected), lines

@@ -21,7 +21,7 @@ from torch import nn
 
 from tests.cpu_kinds import DECISIONS
 from titan_tpu.config.loader import load_config
-from titan_tpu.recipes.grpo.rewards import WeightedRewards
+from titan_tpu.tasks.grpo.rewards import WeightedRewards
 from titan_tpu.trainer import Trainer
 
 # config -> overrides that make one step take well under a second in float32.

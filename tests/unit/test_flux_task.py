@@ -16,8 +16,8 @@ from PIL import Image
 import models
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.loader import load_config
+from titan_tpu.config.task_sections import FluxConfig
 from titan_tpu.tasks.base import TaskContext
-from titan_tpu.tasks.rectified_flow.config import FluxConfig
 from titan_tpu.tasks.rectified_flow.data import (
     COLORS,
     POSITIONS,

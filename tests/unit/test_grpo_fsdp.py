@@ -43,7 +43,7 @@ def worker(out: Path, decision: str) -> None:
 
     from tests.cpu_kinds import pretend_cpu
     from titan_tpu.config.loader import load_config
-    from titan_tpu.recipes.grpo.rewards import WeightedRewards
+    from titan_tpu.tasks.grpo.rewards import WeightedRewards
     from titan_tpu.trainer import Trainer
 
     pretend_cpu(decision)

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from titan_tpu.recipes.grpo.objective import LOSS_AGGREGATIONS, group_advantages, grpo_loss, k3_kl
+from titan_tpu.tasks.grpo.objective import LOSS_AGGREGATIONS, group_advantages, grpo_loss, k3_kl
 
 # Two groups of three completions, up to four tokens each.
 REWARDS = [1.0, 0.0, 0.5, 0.0, 0.0, 1.0]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from titan_tpu.recipes.grpo.arithmetic import ArithmeticProblems, Problem, PromptStream, pretraining_corpus
-from titan_tpu.recipes.grpo.rewards import ExactMatchReward, FormatReward
+from titan_tpu.tasks.grpo.arithmetic import ArithmeticProblems, Problem, PromptStream, pretraining_corpus
+from titan_tpu.tasks.grpo.rewards import ExactMatchReward, FormatReward
 
 
 def test_exact_match_reads_the_answer_before_the_stop_text() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from models.qwen3 import QWEN3_FLAVORS, Qwen3Model
-from titan_tpu.recipes.grpo.sampler import SamplingParams, generate, pick_tokens, row_uniforms
+from titan_tpu.tasks.grpo.sampler import SamplingParams, generate, pick_tokens, row_uniforms
 
 PAD = 0
 PROMPTS = [[5, 9, 23, 7, 11], [42, 8], [100, 3, 17], [64]]

@@ -13,6 +13,7 @@ import torch
 import models
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.config.loader import CONFIG_DIR
+from titan_tpu.registered_names import check_registered_names
 
 # Config file -> total parameters as published, written as published ("8.03B"): the check allows
 # half a unit in the last digit, the rounding of the figure itself. Sources: Meta's Llama 3.1 / 3.2
@@ -55,8 +56,9 @@ def matches_published(count: int, published: str) -> bool:
 
 
 def built_param_count(path: Path) -> int:
-    """Load and validate the TOML, then build its model on `meta` as the trainer would."""
+    """Load and validate the TOML, check its names, then build its model on `meta` as the trainer would."""
     config = load_config(str(path), [])
+    check_registered_names(config)
     spec = models.get_model_spec(config.model.name)
     args = spec.build_args(config.model.flavor, config.model.overrides)
     with torch.device("meta"):

@@ -1,19 +1,21 @@
 """The training loop on one process: loss falls, records are complete, accumulation is exact, a
-non-finite loss stops the run with the step number, and the host reads the device only on logging
-and checkpoint steps."""
+non-finite loss stops the run with the step number, the host reads the device only on logging and
+checkpoint steps, and the loaded config is only read while the run's decisions go to config.toml."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
 import models
-from titan_tpu.config import ConfigError, load_config
-from titan_tpu.run_setup import split_global_batch, write_resolved_config
+from titan_tpu.config import ConfigError, ResolvedConfig, TrainConfig, load_config, write_resolved_config
+from titan_tpu.config.batch import split_global_batch
 from titan_tpu.trainer import Trainer, TrainingStopped
 
 RECORD_KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib", "step_time_s"}
@@ -156,13 +158,39 @@ def test_global_batch_is_split_over_ranks_and_micro_batches() -> None:
 
 
 def test_an_earlier_runs_config_is_kept_not_overwritten(tmp_path: Path) -> None:
-    write_resolved_config(tmp_path, "a")
-    write_resolved_config(tmp_path, "a")
-    write_resolved_config(tmp_path, "b")
-    write_resolved_config(tmp_path, "c")
-    assert (tmp_path / "config.toml").read_text() == "c"
-    assert (tmp_path / "config.1.toml").read_text() == "a"
-    assert (tmp_path / "config.2.toml").read_text() == "b"
+    """A rerun with the same config leaves one file; a changed one keeps the earlier as config.N.toml."""
+    runs = {}
+    for description in ("a", "b", "c"):
+        config = TrainConfig()
+        config.job.description = description
+        runs[description] = ResolvedConfig(config, "float32", {}, "language_model")
+    for description in ("a", "a", "b", "c"):
+        write_resolved_config(tmp_path, runs[description])
+    assert (tmp_path / "config.toml").read_text() == runs["c"].to_toml()
+    assert (tmp_path / "config.1.toml").read_text() == runs["a"].to_toml()
+    assert (tmp_path / "config.2.toml").read_text() == runs["b"].to_toml()
+    assert not (tmp_path / "config.3.toml").exists()
+
+
+def test_the_loaded_config_is_never_written_and_config_toml_shows_the_run(tmp_path: Path) -> None:
+    """Building and running a Trainer leaves the loaded config as it was (the bugs: the trainer wrote
+    the resolved dtype into training.dtype, the loader stored the checked overrides into
+    model.overrides), while dump_folder/config.toml comes from the resolved record: the dtype, the
+    task and the overrides as the run used them, and it loads back into that same record's config."""
+    config = small_config(tmp_path, "--training.steps=2", "--model.overrides.norm_eps=1")
+    loaded = copy.deepcopy(config)
+    trainer = Trainer(config)
+    trainer.train()
+    trainer.close()
+    assert config == loaded
+    assert (config.training.dtype, config.training.task) == ("auto", "auto")
+    assert type(config.model.overrides["norm_eps"]) is int
+    written = tomllib.loads((tmp_path / "config.toml").read_text())
+    assert written["training"]["dtype"] == str(trainer.compute_dtype).removeprefix("torch.")
+    assert written["training"]["task"] == "language_model"
+    assert written["model"]["overrides"] == {"norm_eps": 1.0}
+    assert type(written["model"]["overrides"]["norm_eps"]) is float
+    assert load_config(str(tmp_path / "config.toml"), []) == trainer.resolved.effective()
 
 
 def test_a_probe_taken_on_a_busy_host_is_measured_again(tmp_path: Path) -> None:

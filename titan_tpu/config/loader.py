@@ -2,8 +2,10 @@
 
 The TOML is parsed as data (tomllib), never evaluated. Every key is checked against the section's
 dataclass: unknown names get a did-you-mean, values are checked against the field's type (see
-values.py), then each section validates its own ranges, then the names that live in registries
-(model, flavor, model overrides, training task) are checked, all before any process group starts.
+values.py), then each section validates its own ranges. Nothing above the configuration is imported:
+the names that live in registries (model, flavor, model overrides, training task) are checked by the
+entry points right after loading (titan_tpu/registered_names.py), and the returned config is never
+changed afterwards (what a run resolves from it goes into titan_tpu/config/resolved.py's record).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from titan_tpu.config.sections import (
     ParallelismConfig,
     TrainingConfig,
 )
+from titan_tpu.config.task_sections import FluxConfig, RLConfig
 from titan_tpu.config.values import (
     check,
     did_you_mean,
@@ -38,8 +41,6 @@ from titan_tpu.config.values import (
     optional_inner,
     parse_toml_literal,
 )
-from titan_tpu.recipes.grpo.config import RLConfig
-from titan_tpu.tasks.rectified_flow.config import FluxConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -179,42 +180,6 @@ def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
     return overrides
 
 
-def check_registered_names(config: TrainConfig) -> None:
-    """Model name, flavor, model overrides and training task against their registries.
-
-    The registries import torch, so this runs after the plain checks: a typo in a number still
-    answers before torch loads. The overrides are stored back as checked (an int given for a float
-    field becomes a float), so the resolved config shows what the model is built with.
-    """
-    import models
-    from titan_tpu.tasks.registry import task_names
-
-    model = config.model
-    try:
-        spec = models.get_model_spec(model.name)
-    except ConfigError as e:
-        raise ConfigError(f"model.name: {e}") from None
-    try:
-        spec.flavor(model.flavor)
-    except ConfigError as e:
-        raise ConfigError(f"model.flavor: {e}") from None
-    args = spec.build_args(model.flavor, model.overrides)
-    model.overrides = {key: getattr(args, key) for key in model.overrides}
-
-    tasks = task_names()
-    task = config.training.task
-    if task == "auto" and spec.default_task not in tasks:
-        raise ConfigError(
-            f"training.task: 'auto' means model {spec.name}'s task '{spec.default_task}', which is not "
-            f"in titan_tpu/tasks/registry.py; valid: {', '.join(tasks)}"
-        )
-    if task != "auto" and task not in tasks:
-        raise ConfigError(
-            f"training.task: unknown task '{task}'; {did_you_mean(task, tasks)}"
-            f"valid: auto, {', '.join(tasks)}"
-        )
-
-
 def load_config(config_name: str | None, overrides: list[str]) -> TrainConfig:
     config = TrainConfig()
     if config_name is not None:
@@ -227,5 +192,4 @@ def load_config(config_name: str | None, overrides: list[str]) -> TrainConfig:
         apply_section_values(config, values, str(path))
     apply_section_values(config, parse_overrides(overrides), "command line", from_cli=True)
     config.validate()
-    check_registered_names(config)
     return config

@@ -43,17 +43,17 @@ def parallelize_model(
     ctx: ParallelContext,
     config: TrainConfig,
     device: torch.device,
-    device_type: str,
     compute_dtype: torch.dtype,
 ) -> nn.Module:
-    """Apply the fixed order to `model` (on meta) and return it materialised and initialised.
+    """Apply the fixed order to `model` (on meta) and return it materialised and initialised on
+    `device`, whose type also picks the compile backend and whether FSDP's offload pins memory.
 
     In a distributed run the model's `parallelize_fn` is always called, also without tp or ep: it may
     need the data-parallel mesh (Qwen 3 MoE balances its experts over the global batch)."""
     dims = ctx.dims
     # The one FSDP policy of the run, for the blocks and root here and for any FSDP groups the model's
     # own plan creates (the experts under expert parallelism).
-    fsdp = FSDPPolicy.from_config(config.parallelism, compute_dtype, device_type, sharded=dims.fsdp_enabled)
+    fsdp = FSDPPolicy.from_config(config.parallelism, compute_dtype, device.type, sharded=dims.fsdp_enabled)
     ctx = dataclasses.replace(ctx, fsdp=fsdp)
     if dims.is_distributed:
         if parallelize_fn is not None:
@@ -66,7 +66,7 @@ def parallelize_model(
     containers = block_containers(model)
     apply_activation_checkpointing(containers, config.activation_checkpoint)
     if config.compile.enable:
-        apply_compile(containers, resolve_backend(config.compile.backend, device_type))
+        apply_compile(containers, resolve_backend(config.compile.backend, device.type))
     if dims.fsdp_enabled:
         apply_fsdp(model, blocks(model), ctx.fsdp_mesh, ctx.fsdp)
     model.to_empty(device=torch.device("cpu") if ctx.fsdp.cpu_offload else device)

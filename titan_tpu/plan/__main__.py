@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import sys
 
-from titan_tpu.config import ConfigError, load_config
-from titan_tpu.plan.chips import parse_chips, valid_chip_names
-from titan_tpu.plan.roofline import COMPUTE_EFFICIENCY
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
+
+skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
+
+from titan_tpu.config import ConfigError, load_config  # noqa: E402
+from titan_tpu.plan.chips import parse_chips, valid_chip_names  # noqa: E402
+from titan_tpu.plan.roofline import COMPUTE_EFFICIENCY  # noqa: E402
 
 USAGE = (
     "usage: python -m titan_tpu.plan --config NAME --chips NAME-COUNT [--efficiency F] [--section.key=VALUE ...]\n"
@@ -51,6 +55,9 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"--efficiency: must be in (0, 1], got {efficiency_text}")
         config = load_config(config_name, argv)
         from titan_tpu.plan.planner import make_plan
+        from titan_tpu.registered_names import check_registered_names
+
+        check_registered_names(config)
         from titan_tpu.plan.report import render
 
         print(render(make_plan(config, cluster, efficiency)))

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 class TaskContext:
     """What a task may know about the run: the config, the model family, where this process sits."""
 
-    config: TrainConfig
+    config: TrainConfig  # as loaded, read only: what the run resolved (the dtype) is in the fields below
     spec: ModelSpec
     device: torch.device
     compute_dtype: torch.dtype

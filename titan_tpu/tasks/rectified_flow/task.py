@@ -24,8 +24,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from models.flux import FluxArgs, flux_training_flops_per_sample
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.config.task_sections import FluxConfig
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
-from titan_tpu.tasks.rectified_flow.config import FluxConfig
 from titan_tpu.tasks.rectified_flow.data import GeneratedShapes, build_image_dataloader, to_pixels
 from titan_tpu.tasks.rectified_flow.encoders import Autoencoder, TextEncoders
 from titan_tpu.tasks.rectified_flow.flow import image_ids, interpolate, pack, sample_time, text_ids, unpack

@@ -18,17 +18,17 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from titan_tpu.checkpoint.hf import load_hf_weights
+from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import ConfigError
 from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.distributed.fsdp import FSDPPolicy
 from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.parallelize import blocks, parallelize_model
-from titan_tpu.recipes.grpo.arithmetic import ArithmeticProblems, Problem, PromptStream
-from titan_tpu.recipes.grpo.objective import group_advantages, grpo_loss
-from titan_tpu.recipes.grpo.rollout import MicroBatch, build_micro_batches, rank_rows, token_logps
-from titan_tpu.recipes.grpo.sampler import SamplingParams, generate, gathered_for_generation, row_uniforms
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
+from titan_tpu.tasks.grpo.arithmetic import ArithmeticProblems, Problem, PromptStream
+from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
+from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, rank_rows, token_logps
+from titan_tpu.tasks.grpo.sampler import SamplingParams, generate, gathered_for_generation, row_uniforms
 from titan_tpu.tasks.language_model import decoder_args
 
 # The prompt of a problem starts on a new line, as every problem does in the pretraining text.
@@ -94,7 +94,7 @@ class GRPOTask(TrainingTask):
         with torch.device("meta"):
             reference = ctx.spec.model_cls(self.args)
         reference = parallelize_model(
-            reference, ctx.spec.parallelize, ctx.parallel, config, ctx.device, ctx.device.type, ctx.compute_dtype
+            reference, ctx.spec.parallelize, ctx.parallel, config, ctx.device, ctx.compute_dtype
         )
         if config.checkpoint.initial_load_path:
             what = f"reference model {config.model.name} flavor {config.model.flavor}"

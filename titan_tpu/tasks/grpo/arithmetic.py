@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from titan_tpu.recipes.grpo.rewards import ExactMatchReward, FormatReward, WeightedRewards
+from titan_tpu.tasks.grpo.rewards import ExactMatchReward, FormatReward, WeightedRewards
 
 STOP_TEXT = "\n"
 

@@ -1,0 +1,144 @@
+"""The sections that belong to one kind of training each: `[flux]` (rectified-flow image training,
+titan_tpu/tasks/rectified_flow/) and `[rl]` (GRPO, titan_tpu/tasks/grpo/).
+
+They live with the other sections rather than beside their task so that the configuration imports
+nothing above it: every section is known, typed and checked before any task (or torch) is imported.
+A new kind of training with settings of its own adds its dataclass here and a field to `TrainConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from titan_tpu.config.sections import opt, require
+
+
+@dataclass
+class FluxConfig:
+    dataset: Literal["generated", "folder", "webdataset"] = opt(
+        "generated",
+        "generated: coloured shapes at positions with captions (no download); folder: images with "
+        "same-named .txt captions under flux.data_path; webdataset: .tar shards (glob in flux.data_path).",
+    )
+    data_path: str = opt("", "Folder of images + captions, or a glob of webdataset .tar shards.")
+    generated_samples: int = opt(4096, "Size of the generated image-caption set.")
+    image_size: int = opt(32, "Training images are centre-cropped and resized to this square size (pixels).")
+    autoencoder: str = opt(
+        "random",
+        "identity (latents are the RGB pixels), random (tiny AutoencoderKL from config), or a local "
+        "diffusers AutoencoderKL folder.",
+    )
+    t5_encoder: str = opt("random", "random (tiny T5 encoder from config) or a local T5EncoderModel folder.")
+    clip_encoder: str = opt("random", "random (tiny CLIP text model from config) or a local CLIPTextModel folder.")
+    t5_max_length: int = opt(32, "Text tokens per caption for T5 (FLUX.1: 512 dev, 256 schnell).")
+    clip_max_length: int = opt(77, "Text tokens per caption for CLIP.")
+    cache_encodings: bool = opt(
+        False, "Encode each image and caption once and reuse the latents and text embeddings (memory)."
+    )
+    timestep_sampling: Literal["logit_normal", "uniform"] = opt(
+        "logit_normal", "Distribution of the flow time t: sigmoid(N(mean, std)) or uniform."
+    )
+    logit_mean: float = opt(0.0, "Mean of the normal under the sigmoid (logit_normal).")
+    logit_std: float = opt(1.0, "Std of the normal under the sigmoid (logit_normal).")
+    time_shift: float = opt(
+        1.0, "Shift the schedule towards noise: t -> s t / (1 + (s - 1) t); 1 leaves it (FLUX.1 uses ~3)."
+    )
+    caption_dropout: float = opt(
+        0.1, "Probability of replacing a caption by the empty one (classifier-free guidance training)."
+    )
+    guidance: float = opt(3.5, "Guidance scale fed to guidance-embedding flavors (flux-dev) in training.")
+    sample_prompts: str = opt(
+        "a red circle at the top left|a blue square in the center|a green triangle at the bottom right"
+        "|a yellow circle at the bottom left",
+        "Prompts of the sample grid, separated by '|'.",
+    )
+    sample_steps: int = opt(20, "Euler steps of the sampler.")
+    sample_cfg_scale: float = opt(3.0, "Classifier-free guidance scale of the sampler (1 = none).")
+    samples_per_prompt: int = opt(2, "Images per prompt in the sample grid (one row per prompt).")
+
+    def validate(self) -> None:
+        if self.dataset != "generated":
+            require(bool(self.data_path), "flux.data_path", f"is required when flux.dataset = '{self.dataset}'")
+        require(self.generated_samples >= 1, "flux.generated_samples", "must be >= 1")
+        require(
+            self.image_size >= 8 and self.image_size % 8 == 0,
+            "flux.image_size",
+            f"must be a multiple of 8, at least 8, got {self.image_size}",
+        )
+        for key in ("autoencoder", "t5_encoder", "clip_encoder"):
+            require(bool(getattr(self, key)), f"flux.{key}", "must not be empty")
+        require(self.t5_max_length >= 1, "flux.t5_max_length", "must be >= 1")
+        require(self.clip_max_length >= 2, "flux.clip_max_length", "must be >= 2")
+        require(self.logit_std > 0, "flux.logit_std", f"must be > 0, got {self.logit_std}")
+        require(self.time_shift > 0, "flux.time_shift", f"must be > 0, got {self.time_shift}")
+        require(
+            0 <= self.caption_dropout < 1, "flux.caption_dropout", f"must be in [0, 1), got {self.caption_dropout}"
+        )
+        require(bool(self.prompts()), "flux.sample_prompts", "must hold at least one prompt")
+        require(self.sample_steps >= 1, "flux.sample_steps", "must be >= 1")
+        require(self.samples_per_prompt >= 1, "flux.samples_per_prompt", "must be >= 1")
+
+    def prompts(self) -> list[str]:
+        return [p.strip() for p in self.sample_prompts.split("|") if p.strip()]
+
+
+@dataclass
+class RLConfig:
+    task: Literal["arithmetic"] = opt(
+        "arithmetic", "Verifiable task: arithmetic = 'a+b=' prompts scored by exact match (+ format)."
+    )
+    group_size: int = opt(8, "Completions sampled per prompt (G); advantages are normalised within a group.")
+    prompts_per_step: int = opt(
+        8,
+        "Prompts per rollout batch, over all data-parallel ranks; the batch's prompts_per_step x group_size "
+        "completions are split into mini-batches of training.global_batch_size, one optimizer step each.",
+    )
+    updates_per_rollout: int = opt(1, "Passes over each rollout batch (PPO epochs); > 1 reuses the samples.")
+    eps_low: float = opt(0.2, "Clip the importance ratio from below at 1 - eps_low.")
+    eps_high: float = opt(0.2, "Clip the importance ratio from above at 1 + eps_high (DAPO uses 0.28).")
+    beta: float = opt(
+        0.0, "Weight of the k3 KL penalty against the frozen initial policy; 0 builds no reference model."
+    )
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = opt(
+        "token_mean",
+        "token_mean: over all completion tokens of a mini-batch (DAPO); seq_mean_token_mean: per "
+        "completion, then over completions (GRPO paper); seq_mean_token_sum_norm: token sums / "
+        "max_new_tokens, then over completions (Dr. GRPO).",
+    )
+    scale_rewards: bool = opt(
+        True, "Divide group-centred rewards by the group's std (GRPO); false keeps them centred only (Dr. GRPO)."
+    )
+    advantage_eps: float = opt(1e-4, "Added to the group std before dividing by it.")
+    temperature: float = opt(1.0, "Sampling temperature of the rollouts (0 = greedy).")
+    top_p: float = opt(1.0, "Nucleus sampling: keep the likeliest tokens whose mass reaches top_p.")
+    max_new_tokens: int = opt(8, "Longest completion, in tokens; a completion also ends at the stop text.")
+    stop_text: str = opt("\n", "Text whose token ends a completion (the tokenizer's eos always does).")
+    format_reward_weight: float = opt(
+        0.1, "Weight of the format reward (a finished, well-formed answer) added to exact match."
+    )
+    max_operand: int = opt(99, "arithmetic: operands are integers in [0, max_operand].")
+    held_out_fraction: float = opt(0.05, "arithmetic: share of all problems kept out of training for evaluation.")
+    eval_prompts: int = opt(
+        256, "Held-out problems decoded greedily at each evaluation (metrics.eval_freq); 0 = all of them."
+    )
+
+    def validate(self) -> None:
+        require(self.group_size >= 2, "rl.group_size", f"must be >= 2 (a group is its own baseline), got {self.group_size}")
+        require(self.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {self.prompts_per_step}")
+        require(self.updates_per_rollout >= 1, "rl.updates_per_rollout", f"must be >= 1, got {self.updates_per_rollout}")
+        for key in ("eps_low", "eps_high"):
+            value = getattr(self, key)
+            require(0 < value < 10, f"rl.{key}", f"must be in (0, 10), got {value}")
+        require(self.eps_low < 1, "rl.eps_low", f"must be < 1 (the lower clip 1 - eps_low stays > 0), got {self.eps_low}")
+        require(self.beta >= 0, "rl.beta", f"must be >= 0, got {self.beta}")
+        require(self.advantage_eps > 0, "rl.advantage_eps", f"must be > 0, got {self.advantage_eps}")
+        require(self.temperature >= 0, "rl.temperature", f"must be >= 0, got {self.temperature}")
+        require(0 < self.top_p <= 1, "rl.top_p", f"must be in (0, 1], got {self.top_p}")
+        require(self.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        require(bool(self.stop_text), "rl.stop_text", "must not be empty")
+        require(self.max_operand >= 1, "rl.max_operand", f"must be >= 1, got {self.max_operand}")
+        require(
+            0 < self.held_out_fraction < 1, "rl.held_out_fraction", f"must be in (0, 1), got {self.held_out_fraction}"
+        )
+        require(self.eval_prompts >= 0, "rl.eval_prompts", f"must be >= 0, got {self.eval_prompts}")

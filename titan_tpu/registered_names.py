@@ -1,0 +1,55 @@
+"""A loaded config's names checked against the registries: model family, flavor, model overrides and
+training task.
+
+`load_config` checks what the config alone can tell and imports no torch; the registries import it.
+So every entry point that builds or plans a run (train.py, the planner, the scripts) calls
+`check_registered_names` right after loading, and a misspelled name is one line before any work
+starts. The trainer takes the model family, the task and the checked overrides from the result. Only
+the registries' tables are read and no task is imported, so the planner may use it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import models
+from models.registry import ModelSpec
+from titan_tpu.config import ConfigError, TrainConfig
+from titan_tpu.tasks.registry import require_task, task_names
+
+
+@dataclass(frozen=True)
+class RegisteredNames:
+    """What a config's names stand for."""
+
+    spec: ModelSpec
+    task: str  # the training task, "auto" replaced by the family's own
+    # model.overrides as the flavor's dataclass checked them: an integer given for a float argument is
+    # the float the model gets.
+    model_overrides: dict[str, Any]
+
+
+def check_registered_names(config: TrainConfig) -> RegisteredNames:
+    model = config.model
+    try:
+        spec = models.get_model_spec(model.name)
+    except ConfigError as e:
+        raise ConfigError(f"model.name: {e}") from None
+    try:
+        spec.flavor(model.flavor)
+    except ConfigError as e:
+        raise ConfigError(f"model.flavor: {e}") from None
+    args = spec.build_args(model.flavor, model.overrides)
+    overrides = {key: getattr(args, key) for key in model.overrides}
+
+    task = config.training.task
+    if task != "auto":
+        require_task(task)
+        return RegisteredNames(spec, task, overrides)
+    if spec.default_task not in task_names():
+        raise ConfigError(
+            f"training.task: 'auto' means model {spec.name}'s task '{spec.default_task}', which is not "
+            f"in titan_tpu/tasks/registry.py; valid: {', '.join(task_names())}"
+        )
+    return RegisteredNames(spec, spec.default_task, overrides)
