@@ -1,28 +1,40 @@
 """Name -> ModelSpec registry: how the trainer finds a model family, its sizes and its helpers."""
 
 import dataclasses
-import difflib
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from models.common.loss import cross_entropy_loss
+from models.planning import ActivationGeometry, BlockActivations, ExpertRouting, TensorParallelPlan
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.config.values import check, is_supported, to_toml_value
+from titan_tpu.config.values import check, did_you_mean, is_supported, to_toml_value
 
 # Model arguments that every run sets from its own config, so an override would be overwritten.
 RUN_SET_ARGS = {"max_seq_len": "training.seq_len", "attention": "model.attention_block"}
 
 
-def _did_you_mean(name: str, valid: list[str]) -> str:
-    """'; did you mean 'x'?' for the closest valid name, or '' when nothing is close."""
-    by_case = [v for v in valid if v.lower() == name.lower()]
-    close = by_case or difflib.get_close_matches(name, valid, n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
+class StateDictAdapter(Protocol):
+    """A family's map to and from Hugging Face transformers (or diffusers) folders: what
+    titan_tpu/checkpoint/hf_import.py and hf_export.py read and write through (the `StateDictAdapter`
+    of hf_format.py there is this protocol's checkpoint-side twin; the checkpoint layer may not
+    import models)."""
+
+    weights_stem: str  # "model" (transformers), "diffusion_pytorch_model" (diffusers)
+    config_dtype_keys: tuple[str, ...]  # the dtype keys an exported config.json carries
+
+    def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
+        """The Hugging Face tensors our tensor `name` is made of: `([hf_name], None)` when it maps
+        whole, `(names, dim)` when it is `torch.stack(those tensors, dim)`."""
+        ...
+
+    def to_hf_config(self, args: Any) -> dict[str, Any]: ...
+
+    def check_hf_config(self, config: dict[str, Any], args: Any) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -33,9 +45,15 @@ class ModelSpec:
     `to_empty(device=...)` and `init_weights()`.
     flops_per_token(args, seq_len) returns TRAINING (forward + backward) FLOPs per token.
     loss_fn(model_output, labels[B, S]) returns the scalar mean loss, ignoring labels == -100.
-    parallelize and state_dict_adapter are filled in by the parallelism and checkpoint layers.
+    parallelize(model, ctx) applies the family's tensor / expert parallelism (its parallelize.py);
+    state_dict_adapter maps its weights and config to Hugging Face's.
     default_task names the training task (titan_tpu/tasks/registry.py) that `training.task = "auto"`
     picks for this family.
+
+    What the planner reads (models/planning.py), so it plans a family it does not know: tp_plan, the
+    TP plan `parallelize` applies, as data (None: no tensor parallelism); block_activations(args,
+    geometry), the bytes per token one block keeps for backward; expert_routing(args), for a
+    mixture of experts, its top-k and the FLOPs every tp rank repeats (None: dense).
     """
 
     name: str
@@ -44,15 +62,18 @@ class ModelSpec:
     flops_per_token: Callable[[Any, int], float]
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] = cross_entropy_loss
     parallelize: Callable[..., nn.Module] | None = None
-    state_dict_adapter: Any | None = None
+    state_dict_adapter: StateDictAdapter | None = None
     default_task: str = "language_model"
+    tp_plan: TensorParallelPlan | None = None
+    block_activations: Callable[[Any, ActivationGeometry], BlockActivations] | None = None
+    expert_routing: Callable[[Any], ExpertRouting] | None = None
 
     def flavor(self, name: str) -> Any:
         if name not in self.flavors:
             valid = list(self.flavors)
             raise ConfigError(
-                f"unknown flavor '{name}' for model '{self.name}'; valid: {', '.join(valid)}"
-                f"{_did_you_mean(name, valid)}"
+                f"unknown flavor '{name}' for model '{self.name}'; {did_you_mean(name, valid)}"
+                f"valid: {', '.join(valid)}"
             )
         return self.flavors[name]
 
@@ -83,8 +104,8 @@ class ModelSpec:
                     if key in types
                     else f"is not a field of {type(args).__name__}"
                 )
-                hint = "" if key in types else _did_you_mean(key, settable)
-                raise ConfigError(f"{where} {what}; valid fields: {', '.join(settable)}{hint}")
+                hint = "" if key in types else did_you_mean(key, settable)
+                raise ConfigError(f"{where} {what}; {hint}valid fields: {', '.join(settable)}")
             checked[key] = check(value, types[key], where)
             # Every integer model argument is a size or a count, none of which may be zero.
             if isinstance(checked[key], int) and not isinstance(checked[key], bool) and checked[key] < 1:
@@ -115,5 +136,5 @@ def model_names() -> list[str]:
 def get_model_spec(name: str) -> ModelSpec:
     if name not in _REGISTRY:
         valid = model_names()
-        raise ConfigError(f"unknown model '{name}'; valid: {', '.join(valid)}{_did_you_mean(name, valid)}")
+        raise ConfigError(f"unknown model '{name}'; {did_you_mean(name, valid)}valid: {', '.join(valid)}")
     return _REGISTRY[name]

@@ -6,7 +6,7 @@
 
 Table 1: shipped configs on TPU v6e and TPU7x slices with their own layouts (the TOML's tp / ep, FSDP
 over the rest; on several slices dp_replicate spans them). Table 2: the planner beside MaxText's
-published MFU (titan_tpu/plan/published.py), planned with the published slice, sequence length,
+published MFU (scripts/published_mfu.py), planned with the published slice, sequence length,
 global batch and FSDP layout; rows whose layout titan_tpu cannot express (context parallelism) are
 left out, and where the source states no layout or batch the config's own is used.
 """
@@ -21,10 +21,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa: E402
+
+skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
+
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.plan.chips import GIB, parse_chips  # noqa: E402
 from titan_tpu.plan.planner import Plan, make_plan  # noqa: E402
-from titan_tpu.plan.published import PUBLISHED, PublishedResult  # noqa: E402
+from published_mfu import PUBLISHED, PublishedResult  # noqa: E402
+from titan_tpu.registered_names import check_registered_names  # noqa: E402
 
 README = ROOT / "README.md"
 BEGIN, END = "<!-- plan-tables:begin -->", "<!-- plan-tables:end -->"
@@ -51,7 +56,9 @@ SHIPPED: tuple[tuple[str, str], ...] = (
 def _plan(config_name: str, chips: str, overrides: list[str]) -> Plan:
     cluster = parse_chips(chips)
     replicas = [f"--parallelism.dp_replicate={cluster.slices}"] if cluster.slices > 1 else []
-    return make_plan(load_config(config_name, [*replicas, *overrides]), cluster)
+    config = load_config(config_name, [*replicas, *overrides])
+    check_registered_names(config)
+    return make_plan(config, cluster)
 
 
 def _cells(plan: Plan) -> str:

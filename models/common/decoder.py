@@ -1,41 +1,72 @@
 """The frame every decoder-only family shares: token embedding, rotary tables, a ModuleDict of blocks,
-final norm and output head (or the embedding reused as the head when tied). Families pass in their
-blocks; `forward` is the plain decoder, which a family overrides when its blocks return more (MoE)."""
+final norm and output head (or the embedding reused as the head when tied), all sized by
+`DecoderArgs`. Families pass in their blocks (`decoder_block` builds the shared pre-norm one around
+the family's feed-forward); `forward` is the plain decoder, which a family overrides when its blocks
+return more (MoE).
+
+Module names follow TorchTitan, so tensor-parallel plans (`models/common/parallelize.py`) and the
+Hugging Face adapters (`models/common/hf_adapter.py`) address every family alike: tok_embeddings,
+layers["i"].{attention_norm, attention.{wq, wk, wv, wo[, q_norm, k_norm]}, ffn_norm, feed_forward},
+norm, output.
+"""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.common.attention import Attention
+from models.common.decoder_args import DecoderArgs
 from models.common.init import trunc_normal_std_
 from models.common.kv_cache import KVCache, padded_causal_mask
 from models.common.norms import RMSNorm
-from models.common.rope import RopeScaling, RotaryEmbedding
-from models.common.transformer import TransformerBlock
+from models.common.rope import RotaryEmbedding
+from models.common.transformer import TransformerBlock, depth_scaled_init_std
+
+
+def decoder_block(
+    args: DecoderArgs, layer_id: int, feed_forward: nn.Module, block_cls: type[TransformerBlock] = TransformerBlock
+) -> TransformerBlock:
+    """Block `layer_id`: the args' grouped-query attention (with QK-norm when the family has it) and
+    the family's `feed_forward`, its residual outputs initialised smaller with depth."""
+    attention = Attention(
+        dim=args.dim,
+        n_heads=args.n_heads,
+        n_kv_heads=args.n_kv_heads,
+        head_dim=args.attn_head_dim,
+        qk_norm=args.qk_norm,
+        norm_eps=args.norm_eps,
+        kernel=args.attention,
+    )
+    return block_cls(
+        attention=attention,
+        feed_forward=feed_forward,
+        dim=args.dim,
+        norm_eps=args.norm_eps,
+        out_init_std=depth_scaled_init_std(layer_id),
+    )
 
 
 class DecoderLM(nn.Module):
-    def __init__(
-        self,
-        blocks: list[nn.Module],
-        vocab_size: int,
-        dim: int,
-        head_dim: int,
-        max_seq_len: int,
-        rope_theta: float,
-        rope_scaling: RopeScaling | None,
-        norm_eps: float,
-        tie_embeddings: bool,
-    ) -> None:
+    """tokens [B, S] -> logits [B, S, vocab_size] in the parameters' dtype (the loss upcasts).
+
+    Build under `torch.device("meta")`, then `to_empty(device=...)` and `init_weights()`; the result
+    is a fully valid model, the rotary tables included.
+    """
+
+    def __init__(self, args: DecoderArgs, blocks: list[nn.Module]) -> None:
         super().__init__()
-        self.dim = dim
-        self.tok_embeddings = nn.Embedding(vocab_size, dim)
-        self.rope = RotaryEmbedding(head_dim, max_seq_len, rope_theta, rope_scaling)
+        self.args = args
+        self.dim = args.dim
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.rope = RotaryEmbedding(args.attn_head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling)
         # A ModuleDict keyed by the original index, so wrapping a block (activation checkpointing,
         # fully_shard) or dropping some (pipeline stages) keeps the names checkpoints refer to.
         self.layers = nn.ModuleDict({str(i): block for i, block in enumerate(blocks)})
-        self.norm = RMSNorm(dim, norm_eps)
+        self.norm = RMSNorm(args.dim, args.norm_eps)
         # Tied: no separate head, the logits reuse tok_embeddings.weight (one parameter, one checkpoint key).
-        self.output: nn.Linear | None = None if tie_embeddings else nn.Linear(dim, vocab_size, bias=False)
+        self.output: nn.Linear | None = (
+            None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        )
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """(Re)initialise every parameter and recompute the rotary tables on `buffer_device`

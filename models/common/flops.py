@@ -1,5 +1,7 @@
 """FLOP accounting shared by the decoder-only families."""
 
+from models.common.decoder_args import DecoderArgs
+
 
 def decoder_training_flops_per_token(
     non_embedding_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int
@@ -21,3 +23,26 @@ def decoder_training_flops_per_token(
     - Elementwise work (norms, softmax, SiLU, rotary) is ignored; it is well under 1% at these shapes.
     """
     return 6.0 * non_embedding_params + 12.0 * n_layers * n_heads * head_dim * seq_len
+
+
+def decoder_param_count(args: DecoderArgs, feed_forward_params: int, include_embedding: bool = True) -> int:
+    """Trainable parameters of a `DecoderLM`, each tensor counted once (a tied head adds nothing),
+    given one block's feed-forward parameters (the family's)."""
+    head_dim = args.attn_head_dim
+    attention = args.dim * head_dim * (2 * args.n_heads + 2 * args.n_kv_heads)
+    if args.qk_norm:
+        attention += 2 * head_dim
+    block = attention + feed_forward_params + 2 * args.dim
+    head = 0 if args.tie_embeddings else args.vocab_size * args.dim
+    total = args.n_layers * block + args.dim + head
+    return total + args.vocab_size * args.dim if include_embedding else total
+
+
+def decoder_flops_per_token(args: DecoderArgs, feed_forward_params: int, seq_len: int) -> float:
+    """Training FLOPs per token of a `DecoderLM` whose tokens each pass `feed_forward_params`
+    feed-forward weights per block; convention in `decoder_training_flops_per_token`. The output
+    head's vocab_size * dim weights count even when tied (the matmul happens either way)."""
+    non_embedding = decoder_param_count(args, feed_forward_params, include_embedding=False)
+    if args.tie_embeddings:
+        non_embedding += args.vocab_size * args.dim
+    return decoder_training_flops_per_token(non_embedding, args.n_layers, args.n_heads, args.attn_head_dim, seq_len)

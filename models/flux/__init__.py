@@ -1,5 +1,6 @@
 """FLUX.1 family: registers the "flux" ModelSpec (trained by the "rectified_flow" task)."""
 
+from models.flux.activations import flux_block_activations
 from models.flux.args import FLUX_FLAVORS, FluxArgs
 from models.flux.flops import flux_flops_per_token, flux_param_count, flux_training_flops_per_sample
 from models.flux.model import FluxModel
@@ -13,6 +14,7 @@ FLUX_SPEC = ModelSpec(
     flops_per_token=flux_flops_per_token,
     state_dict_adapter=FLUX_STATE_DICT_ADAPTER,
     default_task="rectified_flow",
+    block_activations=flux_block_activations,
 )
 register_model(FLUX_SPEC)
 

@@ -1,10 +1,11 @@
 """Llama 3 family: registers the "llama3" ModelSpec."""
 
+from models.common.decoder_activations import dense_decoder_activations
 from models.common.loss import cross_entropy_loss
+from models.common.parallelize import DENSE_DECODER_TP, parallelize_dense_decoder
 from models.llama3.args import LLAMA3_FLAVORS, Llama3Args
 from models.llama3.flops import llama3_flops_per_token, llama3_param_count
 from models.llama3.model import Llama3Model
-from models.llama3.parallelize import parallelize_llama3
 from models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
 from models.registry import ModelSpec, register_model
 
@@ -14,8 +15,10 @@ LLAMA3_SPEC = ModelSpec(
     flavors=LLAMA3_FLAVORS,
     flops_per_token=llama3_flops_per_token,
     loss_fn=cross_entropy_loss,
-    parallelize=parallelize_llama3,
+    parallelize=parallelize_dense_decoder,
     state_dict_adapter=LLAMA3_STATE_DICT_ADAPTER,
+    tp_plan=DENSE_DECODER_TP,
+    block_activations=dense_decoder_activations,
 )
 register_model(LLAMA3_SPEC)
 

@@ -2,51 +2,20 @@
 
 from dataclasses import dataclass
 
+from models.common.decoder_args import DecoderArgs
 from models.common.feed_forward import llama_ffn_hidden_dim
 from models.common.rope import RopeScaling
-from models.common.attention_kernels import AttentionKernel, SdpaAttention
 
 
 @dataclass(frozen=True)
-class Llama3Args:
-    """Shape of a Llama 3 model. Frozen: flavors are shared, so derive variants with dataclasses.replace.
+class Llama3Args(DecoderArgs):
+    """Shape of a Llama 3 model (the shared decoder fields and checks are `DecoderArgs`'): Llama 3.1
+    rope scaling by default, and a SwiGLU width derived from `multiple_of` and `ffn_dim_multiplier`
+    as Meta's code derives it."""
 
-    head_dim None means dim // n_heads. max_seq_len sizes the rotary tables; the trainer should replace it
-    with its sequence length rather than allocate the published 128k context.
-    """
-
-    dim: int = 4096
-    n_layers: int = 32
-    n_heads: int = 32
-    n_kv_heads: int = 8
-    vocab_size: int = 128256
     multiple_of: int = 1024
     ffn_dim_multiplier: float | None = 1.3
-    norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
     rope_scaling: RopeScaling | None = RopeScaling()
-    max_seq_len: int = 131072
-    tie_embeddings: bool = False
-    head_dim: int | None = None
-    # The causal attention kernel (models/common/attention_kernels.py); the run picks it for its device.
-    attention: AttentionKernel = SdpaAttention()
-
-    def __post_init__(self) -> None:
-        if self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
-            )
-        if self.head_dim is None and self.dim % self.n_heads != 0:
-            raise ValueError(
-                f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}) unless head_dim is given"
-            )
-        if self.attn_head_dim % 2 != 0:
-            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.attn_head_dim}")
-
-    @property
-    def attn_head_dim(self) -> int:
-        """The per-head width actually used (explicit head_dim, else dim // n_heads)."""
-        return self.head_dim if self.head_dim is not None else self.dim // self.n_heads
 
     @property
     def ffn_hidden_dim(self) -> int:

@@ -1,10 +1,13 @@
 """Qwen 3 family: registers "qwen3" (dense) and "qwen3_moe" (mixture of experts)."""
 
+from models.common.decoder_activations import dense_decoder_activations
 from models.common.loss import cross_entropy_loss
+from models.common.parallelize import DENSE_DECODER_TP
+from models.qwen3.activations import qwen3_moe_block_activations
 from models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
-from models.qwen3.flops import qwen3_flops_per_token, qwen3_param_count
+from models.qwen3.flops import qwen3_flops_per_token, qwen3_moe_routing, qwen3_param_count
 from models.qwen3.model import MoEOutput, Qwen3Model, Qwen3MoeModel, moe_loss
-from models.qwen3.parallelize import parallelize_qwen3, parallelize_qwen3_moe
+from models.qwen3.parallelize import QWEN3_MOE_TP_PLAN, parallelize_qwen3, parallelize_qwen3_moe
 from models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER, Qwen3StateDictAdapter
 from models.registry import ModelSpec, register_model
 
@@ -16,6 +19,8 @@ QWEN3_SPEC = ModelSpec(
     loss_fn=cross_entropy_loss,
     parallelize=parallelize_qwen3,
     state_dict_adapter=QWEN3_STATE_DICT_ADAPTER,
+    tp_plan=DENSE_DECODER_TP,
+    block_activations=dense_decoder_activations,
 )
 QWEN3_MOE_SPEC = ModelSpec(
     name="qwen3_moe",
@@ -25,6 +30,9 @@ QWEN3_MOE_SPEC = ModelSpec(
     loss_fn=moe_loss,
     parallelize=parallelize_qwen3_moe,
     state_dict_adapter=QWEN3_STATE_DICT_ADAPTER,
+    tp_plan=QWEN3_MOE_TP_PLAN,
+    block_activations=qwen3_moe_block_activations,
+    expert_routing=qwen3_moe_routing,
 )
 register_model(QWEN3_SPEC)
 register_model(QWEN3_MOE_SPEC)

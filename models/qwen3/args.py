@@ -7,46 +7,28 @@ every layer (no dense-only layers), with the top-k weights renormalised (`norm_t
 """
 
 from dataclasses import dataclass
-from typing import Literal
-from models.common.attention_kernels import AttentionKernel, SdpaAttention
+from typing import ClassVar, Literal
+
+from models.common.decoder_args import DecoderArgs
 
 # How the experts' matmuls run; see `models.qwen3.moe.GroupedExperts`.
 ExpertImpl = Literal["auto", "grouped_mm", "padded_bmm", "loop"]
 
 
 @dataclass(frozen=True)
-class Qwen3Args:
-    """Shape of a dense Qwen 3. Frozen: flavors are shared, derive variants with dataclasses.replace.
+class Qwen3Args(DecoderArgs):
+    """Shape of a dense Qwen 3 (the shared decoder fields and checks are `DecoderArgs`'): QK-norm,
+    and the published defaults that differ from Llama 3's (those of Qwen3-8B)."""
 
-    max_seq_len sizes the rotary tables; the trainer replaces it with its sequence length.
-    """
+    qk_norm: ClassVar[bool] = True
 
-    dim: int = 4096
     n_layers: int = 36
-    n_heads: int = 32
-    n_kv_heads: int = 8
-    head_dim: int = 128
     vocab_size: int = 151936
-    ffn_hidden_dim: int = 12288
     norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     max_seq_len: int = 40960
-    # The causal attention kernel (models/common/attention_kernels.py); the run picks it for its device.
-    attention: AttentionKernel = SdpaAttention()
-    tie_embeddings: bool = False
-
-    def __post_init__(self) -> None:
-        if self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
-            )
-        if self.head_dim % 2 != 0:
-            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-
-    @property
-    def attn_head_dim(self) -> int:
-        """Same accessor as Llama3Args, so shared helpers (TP plans, FLOPs) read either."""
-        return self.head_dim
+    head_dim: int = 128
+    ffn_hidden_dim: int = 12288
 
 
 @dataclass(frozen=True)

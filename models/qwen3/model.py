@@ -1,13 +1,10 @@
 """Qwen 3, dense and mixture-of-experts, single-device; parallelism is applied from outside.
 
-Qwen 3 is Llama 3's decoder with a per-head RMSNorm on q and k before the rotation (QK-norm), an
-explicit head_dim of 128, rope theta 1e6 without frequency scaling, and tied embeddings at the small
-sizes. The MoE variant swaps each block's SwiGLU for `MoEFeedForward`.
-
-Module names follow the Llama 3 model (and TorchTitan), so tensor-parallel plans and adapters address
-both alike: tok_embeddings, layers["i"].{attention_norm, attention.{wq, wk, wv, wo, q_norm, k_norm},
-ffn_norm, feed_forward.{w1, w2, w3}}, norm, output. In the MoE model feed_forward is
-{router.gate, experts.{w1, w2, w3}} with the experts' weights stacked [E, out, in].
+Qwen 3 is the shared decoder (`models.common.decoder`, module names listed there) with a per-head
+RMSNorm on q and k before the rotation (QK-norm, `Qwen3Args.qk_norm`), an explicit head_dim of 128,
+rope theta 1e6 without frequency scaling, and tied embeddings at the small sizes. The MoE variant
+swaps each block's SwiGLU for `MoEFeedForward`: feed_forward is {router.gate, experts.{w1, w2, w3}}
+with the experts' weights stacked [E, out, in].
 """
 
 from collections.abc import Callable
@@ -15,25 +12,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from models.common.attention import Attention
-from models.common.decoder import DecoderLM
+from models.common.decoder import DecoderLM, decoder_block
 from models.common.feed_forward import FeedForward
 from models.common.loss import cross_entropy_loss
-from models.common.transformer import TransformerBlock, depth_scaled_init_std
+from models.common.transformer import TransformerBlock
 from models.qwen3.args import Qwen3Args, Qwen3MoeArgs
 from models.qwen3.moe import MoEFeedForward, RouterStats, load_balancing_loss
-
-
-def _attention(args: Qwen3Args) -> Attention:
-    return Attention(
-        dim=args.dim,
-        n_heads=args.n_heads,
-        n_kv_heads=args.n_kv_heads,
-        head_dim=args.head_dim,
-        qk_norm=True,
-        norm_eps=args.norm_eps,
-        kernel=args.attention,
-    )
 
 
 class MoETransformerBlock(TransformerBlock):
@@ -49,7 +33,6 @@ class MoETransformerBlock(TransformerBlock):
 
 
 def build_qwen3_block(args: Qwen3Args, layer_id: int) -> TransformerBlock:
-    common = dict(dim=args.dim, norm_eps=args.norm_eps, out_init_std=depth_scaled_init_std(layer_id))
     if isinstance(args, Qwen3MoeArgs):
         moe = MoEFeedForward(
             dim=args.dim,
@@ -59,35 +42,17 @@ def build_qwen3_block(args: Qwen3Args, layer_id: int) -> TransformerBlock:
             norm_topk_prob=args.norm_topk_prob,
             impl=args.expert_impl,
         )
-        return MoETransformerBlock(attention=_attention(args), feed_forward=moe, **common)
-    return TransformerBlock(
-        attention=_attention(args), feed_forward=FeedForward(args.dim, args.ffn_hidden_dim), **common
-    )
+        return decoder_block(args, layer_id, moe, MoETransformerBlock)
+    return decoder_block(args, layer_id, FeedForward(args.dim, args.ffn_hidden_dim))
 
 
-class _Qwen3Base(DecoderLM):
-    """The shared decoder frame with Qwen 3's blocks (no rope frequency scaling)."""
+class Qwen3Model(DecoderLM):
+    """Dense Qwen 3: tokens [B, S] -> logits [B, S, vocab_size]; how to build it: `DecoderLM`."""
+
+    args: Qwen3Args
 
     def __init__(self, args: Qwen3Args) -> None:
-        super().__init__(
-            blocks=[build_qwen3_block(args, i) for i in range(args.n_layers)],
-            vocab_size=args.vocab_size,
-            dim=args.dim,
-            head_dim=args.head_dim,
-            max_seq_len=args.max_seq_len,
-            rope_theta=args.rope_theta,
-            rope_scaling=None,
-            norm_eps=args.norm_eps,
-            tie_embeddings=args.tie_embeddings,
-        )
-        self.args = args
-
-
-class Qwen3Model(_Qwen3Base):
-    """Dense Qwen 3: tokens [B, S] -> logits [B, S, vocab_size] in the parameters' dtype.
-
-    Build under `torch.device("meta")`, then `to_empty(device=...)` and `init_weights()`.
-    """
+        super().__init__(args, [build_qwen3_block(args, i) for i in range(args.n_layers)])
 
 
 class _AuxLossGradient:
@@ -155,7 +120,7 @@ class MoEOutput(NamedTuple):
     aux_loss_coef: float
 
 
-class Qwen3MoeModel(_Qwen3Base):
+class Qwen3MoeModel(Qwen3Model):
     """Qwen 3 MoE: tokens [B, S] -> MoEOutput(logits [B, S, V], aux_loss, aux_loss_coef).
 
     The trainer's loss is `moe_loss`: cross-entropy + aux_loss_coef * aux_loss.

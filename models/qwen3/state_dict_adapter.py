@@ -18,70 +18,51 @@ per expert. transformers 5.x keeps them fused in memory instead: `mlp.experts.ga
 [E, 2*hidden, dim] (gate rows first) and `mlp.experts.down_proj` [E, dim, hidden]. Our stacked
 [E, out, in] weights are the per-expert tensors stacked along dim 0 (no transpose).
 
-Interface (titan_tpu.checkpoint.hf.StateDictAdapter, as the Llama 3 adapter):
-- `hf_tensors(name, shape)`: what the checkpoint layer's import and export use: `([hf_name], None)`,
-  or for a stacked expert weight the E per-expert names and the stacking dim 0;
-- `hf_name` / `our_name`: the one-to-one renames (every tensor except the stacked experts);
-- `hf_names(name, num_experts)`: always defined; one name, or the E per-expert names a stacked
-  expert weight is `torch.stack` of (dim 0); `our_name_and_index` is its inverse;
-- `to_hf` / `from_hf`: whole-tensor dicts, stacking and unstacking experts (from_hf also reads
-  transformers 5.x's fused in-memory layout);
-- `to_hf_config(args)` / `check_hf_config(config, args)`: config.json out and checked in.
+The shared decoder adapter (`models.common.hf_adapter`) does the one-to-one names and config.json;
+this one adds QK-norm and the router to the names, the stacked experts (`hf_tensors`, `hf_names`
+and their inverse `our_name_and_index`; `to_hf` / `from_hf` stack and unstack them, and from_hf also
+reads transformers 5.x's fused in-memory layout), and the MoE config keys.
 Stateless: one instance serves every flavor of both families.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from models.common.hf_names import DECODER_PER_LAYER, DECODER_TOP_LEVEL
+from models.common.hf_adapter import DECODER_PER_LAYER, QK_NORM_PER_LAYER, DecoderHFAdapter
 from models.qwen3.args import Qwen3Args, Qwen3MoeArgs
 
-_TOP_LEVEL = DECODER_TOP_LEVEL
-_PER_LAYER = {
-    **DECODER_PER_LAYER,
-    "attention.q_norm.weight": "self_attn.q_norm.weight",
-    "attention.k_norm.weight": "self_attn.k_norm.weight",
-    # MoE router (its name cannot clash with the dense ones: gate vs gate_proj)
-    "feed_forward.router.gate.weight": "mlp.gate.weight",
-}
 # Our stacked expert weight -> the per-expert projection in HF files.
 _EXPERT_PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
 _EXPERT_PROJ_BACK = {v: k for k, v in _EXPERT_PROJ.items()}
-_TOP_LEVEL_BACK = {v: k for k, v in _TOP_LEVEL.items()}
-_PER_LAYER_BACK = {v: k for k, v in _PER_LAYER.items()}
-_OURS_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
-_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _OURS_EXPERTS = re.compile(r"^layers\.(\d+)\.feed_forward\.experts\.(w[123])$")
 _HF_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _HF_FUSED = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
 
 
-class Qwen3StateDictAdapter:
-    """Maps names, tensors and configs between our Qwen 3 and transformers'. Unknown names fail
-    loudly in both directions: a silently dropped tensor would load as garbage."""
+class Qwen3StateDictAdapter(DecoderHFAdapter[Qwen3Args]):
+    """Maps names, tensors and configs between our Qwen 3 (dense and MoE) and transformers'."""
 
-    # transformers' folder: model.safetensors; 5.x reads `dtype`, 4.x `torch_dtype` from config.json.
-    weights_stem = "model"
-    config_dtype_keys = ("dtype", "torch_dtype")
+    family = "Qwen 3"
+    per_layer = {
+        **DECODER_PER_LAYER,
+        **QK_NORM_PER_LAYER,
+        # MoE router (its name cannot clash with the dense ones: gate vs gate_proj)
+        "feed_forward.router.gate.weight": "mlp.gate.weight",
+    }
+    hf_default_head_dim = 128  # transformers' Qwen 3 default
 
     # -- names ------------------------------------------------------------------------------------
     def hf_name(self, name: str) -> str:
-        if name in _TOP_LEVEL:
-            return _TOP_LEVEL[name]
-        match = _OURS_LAYER.match(name)
-        if match and match.group(2) in _PER_LAYER:
-            return f"model.layers.{match.group(1)}.{_PER_LAYER[match.group(2)]}"
         if _OURS_EXPERTS.match(name):
             raise KeyError(
                 f"Qwen 3 parameter '{name}' stacks one Hugging Face tensor per expert; use hf_names()"
             )
-        raise KeyError(f"no Hugging Face name for Qwen 3 parameter '{name}'")
+        return super().hf_name(name)
 
     def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
         """(HF names, stacking dim or None): the experts' weights are stacks along dim 0."""
@@ -109,16 +90,11 @@ class Qwen3StateDictAdapter:
 
     def our_name_and_index(self, hf_name: str) -> tuple[str, int | None]:
         """(our name, expert index along dim 0, or None when the tensor maps whole)."""
-        if hf_name in _TOP_LEVEL_BACK:
-            return _TOP_LEVEL_BACK[hf_name], None
         expert = _HF_EXPERT.match(hf_name)
         if expert:
             layer, index, proj = expert.groups()
             return f"layers.{layer}.feed_forward.experts.{_EXPERT_PROJ_BACK[proj]}", int(index)
-        match = _HF_LAYER.match(hf_name)
-        if match and match.group(2) in _PER_LAYER_BACK:
-            return f"layers.{match.group(1)}.{_PER_LAYER_BACK[match.group(2)]}", None
-        raise KeyError(f"Hugging Face tensor '{hf_name}' has no Qwen 3 counterpart")
+        return super().our_name(hf_name), None
 
     # -- whole tensors ----------------------------------------------------------------------------
     def to_hf(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -167,28 +143,14 @@ class Qwen3StateDictAdapter:
         return out
 
     # -- config.json ------------------------------------------------------------------------------
-    def to_hf_config(self, args: Qwen3Args) -> dict[str, Any]:
-        moe = isinstance(args, Qwen3MoeArgs)
-        config: dict[str, Any] = {
-            "architectures": ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
-            "model_type": "qwen3_moe" if moe else "qwen3",
-            "vocab_size": args.vocab_size,
-            "hidden_size": args.dim,
-            "intermediate_size": args.ffn_hidden_dim,
-            "num_hidden_layers": args.n_layers,
-            "num_attention_heads": args.n_heads,
-            "num_key_value_heads": args.n_kv_heads,
-            "head_dim": args.head_dim,
-            "hidden_act": "silu",
-            "max_position_embeddings": args.max_seq_len,
-            "rms_norm_eps": args.norm_eps,
-            "rope_theta": args.rope_theta,
-            "rope_scaling": None,
-            "attention_bias": False,
-            "use_sliding_window": False,
-            "tie_word_embeddings": args.tie_embeddings,
-            "use_cache": True,
-        }
+    def hf_model_type(self, args: Qwen3Args) -> str:
+        return "qwen3_moe" if isinstance(args, Qwen3MoeArgs) else "qwen3"
+
+    def hf_architecture(self, args: Qwen3Args) -> str:
+        return "Qwen3MoeForCausalLM" if isinstance(args, Qwen3MoeArgs) else "Qwen3ForCausalLM"
+
+    def feed_forward_config(self, args: Qwen3Args) -> dict[str, Any]:
+        config: dict[str, Any] = {"intermediate_size": args.ffn_hidden_dim, "use_sliding_window": False}
         if isinstance(args, Qwen3MoeArgs):
             config.update(
                 {
@@ -203,73 +165,28 @@ class Qwen3StateDictAdapter:
             )
         return config
 
-    def check_hf_config(self, config: dict[str, Any], args: Qwen3Args) -> list[str]:
-        """Every way `config` (a parsed config.json) disagrees with `args`; empty when they agree.
-        Shapes and what changes the logits; not the context length or the aux-loss coefficient."""
-        moe = isinstance(args, Qwen3MoeArgs)
-        problems: list[str] = []
-        want_type = "qwen3_moe" if moe else "qwen3"
-        if config.get("model_type") != want_type:
-            problems.append(f"model_type is {config.get('model_type')!r}, expected {want_type!r}")
-        heads = config.get("num_attention_heads")
-        found: dict[str, Any] = {
-            "vocab_size": config.get("vocab_size"),
-            "hidden_size": config.get("hidden_size"),
-            "num_hidden_layers": config.get("num_hidden_layers"),
-            "num_attention_heads": heads,
-            "num_key_value_heads": config.get("num_key_value_heads", heads),
-            "head_dim": config.get("head_dim", 128),  # transformers' Qwen 3 default
-            "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
-        }
-        expected: dict[str, Any] = {
-            "vocab_size": args.vocab_size,
-            "hidden_size": args.dim,
-            "num_hidden_layers": args.n_layers,
-            "num_attention_heads": args.n_heads,
-            "num_key_value_heads": args.n_kv_heads,
-            "head_dim": args.head_dim,
-            "tie_word_embeddings": args.tie_embeddings,
-        }
-        if isinstance(args, Qwen3MoeArgs):
-            # transformers 5.x writes num_experts under its alias num_local_experts.
-            found["num_experts"] = config.get("num_experts", config.get("num_local_experts"))
-            found["num_experts_per_tok"] = config.get("num_experts_per_tok")
-            found["moe_intermediate_size"] = config.get("moe_intermediate_size")
-            found["norm_topk_prob"] = bool(config.get("norm_topk_prob", False))
-            expected.update(
-                num_experts=args.num_experts,
-                num_experts_per_tok=args.top_k,
-                moe_intermediate_size=args.moe_hidden_dim,
-                norm_topk_prob=args.norm_topk_prob,
-            )
-            if config.get("decoder_sparse_step", 1) != 1 or config.get("mlp_only_layers"):
-                problems.append("some layers are dense (decoder_sparse_step / mlp_only_layers); ours are all MoE")
-        else:
-            found["intermediate_size"] = config.get("intermediate_size")
-            expected["intermediate_size"] = args.ffn_hidden_dim
-        for key, want in expected.items():
-            if found[key] != want:
-                problems.append(f"{key} is {found[key]!r}, the flavor has {want!r}")
-        if config.get("attention_bias"):
-            problems.append("attention_bias is true; Qwen 3 has no biases")
+    def compared_fields(self, config: dict[str, Any], args: Qwen3Args) -> dict[str, tuple[Any, Any]]:
+        """The shared shapes, and the feed-forward's: the SwiGLU width (dense), the experts (MoE; the
+        intermediate_size a MoE config carries sizes nothing). Not the aux-loss coefficient."""
+        fields = super().compared_fields(config, args)
+        if not isinstance(args, Qwen3MoeArgs):
+            fields["intermediate_size"] = (config.get("intermediate_size"), args.ffn_hidden_dim)
+            return fields
+        # transformers 5.x writes num_experts under its alias num_local_experts.
+        experts = config.get("num_experts", config.get("num_local_experts"))
+        fields["num_experts"] = (experts, args.num_experts)
+        fields["num_experts_per_tok"] = (config.get("num_experts_per_tok"), args.top_k)
+        fields["moe_intermediate_size"] = (config.get("moe_intermediate_size"), args.moe_hidden_dim)
+        fields["norm_topk_prob"] = (bool(config.get("norm_topk_prob", False)), args.norm_topk_prob)
+        return fields
+
+    def family_problems(self, config: dict[str, Any], args: Qwen3Args) -> list[str]:
+        problems = super().family_problems(config, args)
         if config.get("use_sliding_window"):
             problems.append("use_sliding_window is true; this model attends to the whole sequence")
-        if config.get("hidden_act", "silu") != "silu":
-            problems.append(f"hidden_act is {config.get('hidden_act')!r}, expected 'silu'")
-        eps = config.get("rms_norm_eps")
-        if not isinstance(eps, (int, float)) or not math.isclose(eps, args.norm_eps, rel_tol=1e-6):
-            problems.append(f"rms_norm_eps is {eps!r}, the flavor has {args.norm_eps!r}")
-        # transformers 5 writes `rope_parameters` (theta inside); 4.x writes rope_theta + rope_scaling.
-        params = config.get("rope_parameters")
-        if isinstance(params, dict):
-            theta = params.get("rope_theta", config.get("rope_theta"))
-            scaling = params if params.get("rope_type", "default") != "default" else None
-        else:
-            theta, scaling = config.get("rope_theta", 10000.0), config.get("rope_scaling")
-        if not isinstance(theta, (int, float)) or not math.isclose(theta, args.rope_theta, rel_tol=1e-9):
-            problems.append(f"rope_theta is {theta!r}, the flavor has {args.rope_theta!r}")
-        if scaling:
-            problems.append(f"rope scaling is {scaling!r}; Qwen 3 flavors have none")
+        sparse = config.get("decoder_sparse_step", 1) != 1 or config.get("mlp_only_layers")
+        if isinstance(args, Qwen3MoeArgs) and sparse:
+            problems.append("some layers are dense (decoder_sparse_step / mlp_only_layers); ours are all MoE")
         return problems
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,13 +38,14 @@ import models  # noqa: E402
 from models.common.attention import Attention  # noqa: E402
 from models.common.loss import cross_entropy_loss  # noqa: E402
 from models.llama3.model import Llama3Model, build_llama3_block  # noqa: E402
-from models.llama3.parallelize import apply_decoder_tp, block_plan  # noqa: E402
+from models.common.parallelize import apply_decoder_tp, decoder_block_plan  # noqa: E402
 from titan_tpu.distributed.tensor_parallel import loss_context  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
 from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
 
 STEPS = 10
 BASE = [
@@ -148,7 +149,7 @@ def sharded_layers() -> dict[str, float]:
     torch.manual_seed(3)
     block = build_llama3_block(args, 0)
     block.init_weights()
-    sharded_block = parallelize_module(copy.deepcopy(block), tp_mesh, block_plan(block, sequence_parallel=True))
+    sharded_block = parallelize_module(copy.deepcopy(block), tp_mesh, decoder_block_plan(block, sequence_parallel=True))
     xs = torch.randn(2, seq, args.dim)
     cos, sin = torch.randn(seq, args.attn_head_dim), torch.randn(seq, args.attn_head_dim)
     xa = distribute_tensor(xs, tp_mesh, [Shard(1)]).to_local().clone().requires_grad_()
@@ -193,7 +194,7 @@ def single_process_init(config: Any) -> dict[str, torch.Tensor]:
     with torch.device("meta"):
         model = spec.model_cls(args)
     ctx = ParallelContext(ParallelDims(1, 1, 1, 1, 1))
-    model = parallelize_model(model, None, ctx, config, torch.device("cpu"), "cpu", torch.float32)
+    model = parallelize_model(model, None, ctx, config, torch.device("cpu"), torch.float32)
     return {canonical_name(n): p.detach() for n, p in model.named_parameters()}
 
 
@@ -252,23 +253,10 @@ def reference(dump: Path) -> tuple[RunResult, int]:
 
 
 def main(out: Path) -> None:
-    import time
-
-    from titan_tpu.distributed import process_group
-
-    info = process_group.process_info()
-    process_group.init_process_group("gloo", info)
-    results: dict[str, Any] = {"timings_s": {}}
-    start = time.perf_counter()
-    results["sharded_layers"] = sharded_layers()
-    results["timings_s"]["sharded_layers"] = time.perf_counter() - start
-    for name, overrides in LAYOUTS.items():
-        start = time.perf_counter()
-        results[name] = run_layout(name, overrides, out.parent)
-        results["timings_s"][name] = time.perf_counter() - start
-    if info.rank == 0:
-        out.write_text(json.dumps(results, indent=1))
-    process_group.destroy_process_group()
+    run_cases(out, [
+        ("sharded_layers", sharded_layers),
+        *((name, functools.partial(run_layout, name, overrides, out.parent)) for name, overrides in LAYOUTS.items()),
+    ])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from titan_tpu.plan.chips import parse_chips
-from titan_tpu.plan.published import PUBLISHED, PublishedResult
-
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from published_mfu import PUBLISHED, PublishedResult  # noqa: E402
+from titan_tpu.plan.chips import parse_chips  # noqa: E402
+
 CHIPS = re.compile(r"(v4|v5e|v5p|v6e|v7x)-([1-9][0-9]*)")
 # Google names these generations' slices by TensorCores, two per chip.
 NAMED_BY_TENSORCORES = ("v4", "v5p")
@@ -71,14 +74,20 @@ def test_no_configuration_is_recorded_twice() -> None:
 
 
 def test_derived_mfus_divide_by_the_whole_chips_peak() -> None:
-    """The derived MFUs equal the ones worked out by hand from the sources (TFLOP/s per chip over the
-    Cloud TPU peak per chip). Catches a division by a per-device peak (Ironwood runs as two devices a
-    chip: its rows would read twice as high) or by the wrong generation's."""
-    derived = [round(r.mfu_percent, 2) for r in PUBLISHED if r.printed_mfu_percent is None]
-    by_hand = [45.04, 45.70, 44.36, 48.30, 45.98, 49.40, 42.75, 68.53, 52.32, 52.00, 38.92, 54.68, 27.30]
-    assert derived == by_hand
-    per_device = parse_chips("v7x-1").peak_flops_per_device / 1e12
-    assert 100 * 1261.40 / per_device > 100  # the negative control: Ironwood's per-device peak is half
+    """A derived MFU is the printed TFLOP/s per chip over the whole chip's peak: times the peak of
+    all the devices on a chip it gives the printed rate back. Catches a division by a per-device
+    peak (Ironwood runs as two devices a chip: its rows would read twice as high), shown to fail the
+    same comparison."""
+    derived = [r for r in PUBLISHED if r.printed_mfu_percent is None]
+    assert any(r.chips.startswith("v7x") for r in derived)  # the generation the bug shows on
+    for record in derived:
+        cluster = parse_chips(record.chips)
+        chip_peak = cluster.peak_flops_per_device * cluster.devices / cluster.chips
+        printed = record.tflops_per_chip * 1e12  # type: ignore[operator]
+        assert record.mfu_percent / 100 * chip_peak == pytest.approx(printed), record
+        if cluster.devices > cluster.chips:
+            per_device_mfu = 100 * printed / cluster.peak_flops_per_device
+            assert per_device_mfu / 100 * chip_peak != pytest.approx(printed)
 
 
 # Negative controls: one deliberate fault per check, on a copy of a good derived record.

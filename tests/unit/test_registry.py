@@ -9,6 +9,7 @@ import models
 from models.llama3 import Llama3Model
 from models.registry import ModelSpec, get_model_spec, model_names, register_model
 from titan_tpu.config import ConfigError
+from titan_tpu.tasks.registry import task_names
 
 
 def test_importing_models_registers_llama3() -> None:
@@ -26,9 +27,8 @@ def test_unknown_model_lists_names_and_suggests() -> None:
     with pytest.raises(ConfigError) as info:
         get_model_spec("lama3")
     message = str(info.value)
-    assert message.startswith("unknown model 'lama3'; valid: ")
+    assert message.startswith("unknown model 'lama3'; did you mean 'llama3'? valid: ")
     assert "llama3" in message.split("valid: ")[1]
-    assert message.endswith("did you mean 'llama3'?")
 
 
 def test_unknown_model_without_a_close_name_has_no_suggestion() -> None:
@@ -52,7 +52,13 @@ def test_flavor_error_names_the_model() -> None:
     )
     with pytest.raises(ConfigError, match=r"^unknown flavor 'c' for model 'toy'; valid: a, b$"):
         spec.flavor("c")
-    assert spec.default_task == "language_model"
+
+
+def test_every_family_defaults_to_a_task_that_exists() -> None:
+    """`training.task = "auto"` runs the family's default_task: a family naming a task that is not
+    registered (a typo, a task renamed) would fail every run that leaves the task to it."""
+    for name in model_names():
+        assert get_model_spec(name).default_task in task_names(), name
 
 
 def test_build_args_applies_checked_overrides_and_builds_that_model() -> None:
@@ -70,7 +76,8 @@ def test_build_args_applies_checked_overrides_and_builds_that_model() -> None:
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"n_layer": 2}, "model.overrides.n_layer is not a field of Llama3Args; valid fields: dim, "),
+        ({"n_layer": 2}, "model.overrides.n_layer is not a field of Llama3Args; did you mean 'n_layers'? "
+                         "valid fields: dim, "),
         ({"dim": 2.5}, "model.overrides.dim: got 2.5, expected an integer"),
         ({"tie_embeddings": 1}, "model.overrides.tie_embeddings: got 1, expected true or false"),
         ({"vocab_size": -1}, "model.overrides.vocab_size: must be >= 1, got -1"),

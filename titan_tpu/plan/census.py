@@ -3,9 +3,10 @@
 The model is built on `meta` through the registry, exactly as the trainer builds it (no memory is
 touched), and each parameter is classified by where it sits in the module tree:
 
-- tensor parallel (tp > 1): the weights `models/llama3/parallelize.py` plans as colwise or rowwise
-  (q/k/v/o, the dense SwiGLU w1/w2/w3, the embedding and the output head) are split over tp; norms,
-  the MoE router and the experts are replicated over tp (Qwen 3 MoE's plan covers attention only);
+- tensor parallel (tp > 1): the weights the family's TP plan (`ModelSpec.tp_plan`, the styles its
+  `parallelize` applies) shards column-wise or row-wise are split over tp along the dimension that
+  style shards (`tp_split_dims`); everything else (norms, and whatever the plan leaves alone, such
+  as Qwen 3 MoE's router and experts) is replicated over tp;
 - expert parallel (ep > 1): every MoE layer's experts are split over ep on the expert dimension, then
   FSDP-sharded over dp_shard / ep on the expert dimension, or on the hidden dimension when there are
   fewer local experts than shards (as `titan_tpu.distributed.expert_parallel.apply_expert_fsdp`);
@@ -21,11 +22,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 import models
 from titan_tpu.config import ConfigError, TrainConfig
@@ -33,20 +36,6 @@ from titan_tpu.distributed.expert_parallel import moe_layers, validate_expert_pa
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.distributed.parallelize import blocks
 
-# Module paths (relative to a block, or the root) that the decoder TP plan splits, and the weight
-# dimension it splits: colwise layers their output rows (dim 0), rowwise layers their input columns
-# (dim 1), the embedding its vocabulary rows (dim 0).
-TP_SPLIT_DIM: dict[str, int] = {
-    "attention.wq": 0,
-    "attention.wk": 0,
-    "attention.wv": 0,
-    "attention.wo": 1,
-    "feed_forward.w1": 0,
-    "feed_forward.w3": 0,
-    "feed_forward.w2": 1,
-    "tok_embeddings": 0,
-    "output": 0,
-}
 ROOT = "root"
 
 
@@ -104,6 +93,28 @@ def build_on_meta(config: TrainConfig) -> tuple[nn.Module, Any]:
     return _meta_model(config.model.name, args), args
 
 
+def tp_split_dims(model: nn.Module, styles: Mapping[str, Any]) -> dict[str, int]:
+    """Parameter name -> the dimension tensor parallelism splits it along, for every parameter a
+    plan's styles shard, by torch's rules: a column-wise Linear splits its output rows (weight and
+    bias dim 0), a row-wise one its input columns (weight dim 1; the bias is replicated); on an
+    Embedding column-wise splits the embedding dim (1), row-wise the vocabulary (0). Other styles
+    (sequence parallel, replicated, input layouts) split no parameter."""
+    split: dict[str, int] = {}
+    for path, style in styles.items():
+        module = model.get_submodule(path)
+        embedding = isinstance(module, nn.Embedding)
+        if isinstance(style, ColwiseParallel):
+            dims = {"weight": 1} if embedding else {"weight": 0, "bias": 0}
+        elif isinstance(style, RowwiseParallel):
+            dims = {"weight": 0} if embedding else {"weight": 1}
+        else:
+            continue
+        for name, _ in module.named_parameters(recurse=False):
+            if name in dims:
+                split[f"{path}.{name}"] = dims[name]
+    return split
+
+
 def _split(shape: list[int], dim: int, degree: int, what: str) -> list[int]:
     if shape[dim] % degree:
         raise ConfigError(f"parallelism: {what} of size {shape[dim]} does not split over {degree} devices")
@@ -118,8 +129,13 @@ def _fsdp_local(shape: list[int], dim: int, degree: int) -> int:
 def census(config: TrainConfig, dims: ParallelDims) -> Census:
     """The model's parameters and one device's share of each under `dims`."""
     model, args = build_on_meta(config)
-    if dims.tp_enabled and models.get_model_spec(config.model.name).parallelize is None:
-        raise ConfigError(f"model '{config.model.name}' has no tensor-parallel plan; set parallelism.tp = 1")
+    tp_split: dict[str, int] = {}
+    if dims.tp_enabled:
+        plan = models.get_model_spec(config.model.name).tp_plan
+        if plan is None:
+            raise ConfigError(f"model '{config.model.name}' has no tensor-parallel plan; set parallelism.tp = 1")
+        parallelism = config.parallelism
+        tp_split = tp_split_dims(model, plan.styles(model, parallelism.sequence_parallel, parallelism.loss_parallel))
     block_ids = {id(block) for block in blocks(model)}
     block_names = [name for name, module in model.named_modules() if id(module) in block_ids]
     expert_params: set[int] = set()
@@ -131,8 +147,6 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
     shares: list[ParamShare] = []
     for name, param in model.named_parameters():
         unit = next((b for b in block_names if name.startswith(b + ".")), ROOT)
-        relative = name[len(unit) + 1 :] if unit != ROOT else name
-        module_path = relative.rsplit(".", 1)[0]
         shape = list(param.shape)
         if id(param) in expert_params:
             local_experts = shape[0] // dims.ep
@@ -142,7 +156,7 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
             shares.append(ParamShare(name, param.numel(), _fsdp_local(shape, fsdp_dim, degree), math.prod(shape),
                                      f"{unit}.experts", degree))  # fmt: skip
             continue
-        if dims.tp_enabled and module_path in TP_SPLIT_DIM:
-            shape = _split(shape, TP_SPLIT_DIM[module_path], dims.tp, name)
+        if name in tp_split:
+            shape = _split(shape, tp_split[name], dims.tp, name)
         shares.append(ParamShare(name, param.numel(), _fsdp_local(shape, 0, fsdp), math.prod(shape), unit, fsdp))
     return Census(args, tuple(shares), len(block_names))

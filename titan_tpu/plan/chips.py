@@ -2,7 +2,7 @@
 
 What COUNT means: chips (GPUs for GPUs), for every generation. Google names v4 and v5p slices by
 TensorCores ("v5p-128" is 64 chips) and v5e / v6e slices by chips; here `v5p-64` is 64 chips, so one
-number means the same hardware on every line of a comparison (titan_tpu/plan/published.py names
+number means the same hardware on every line of a comparison (scripts/published_mfu.py names
 slices the same way). A "device" is what one training process drives, the unit the parallelism
 degrees multiply up to: one chip on v4 and v5p (their two TensorCores are fused into one "megacore"
 device), v5e and v6e (one TensorCore each) and GPUs; on TPU7x (`v7x`) each chip's two TensorCores are

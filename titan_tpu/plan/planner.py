@@ -10,17 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.qwen3.args import Qwen3MoeArgs
+import models
 from titan_tpu.config import ConfigError, TrainConfig
+from titan_tpu.config.batch import split_global_batch
 from titan_tpu.device.dtype import dtype_from_name
 from titan_tpu.distributed.parallel_dims import ParallelDims
-from titan_tpu.plan.activations import ActivationEstimate, Geometry, estimate_activations
+from titan_tpu.plan.activations import ActivationEstimate, Geometry, estimate_activations, lm_head_bytes
 from titan_tpu.plan.census import Census, census
 from titan_tpu.plan.chips import Cluster
 from titan_tpu.plan.memory import Fit, MemoryEstimate, Precision, check_fit, estimate_memory
 from titan_tpu.plan.roofline import COMPUTE_EFFICIENCY, StepEstimate, StepShape, estimate_step
 from titan_tpu.plan.workload import Workload, workload
-from titan_tpu.run_setup import split_global_batch
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,13 @@ def plan_memory(config: TrainConfig, devices: int) -> MemoryPlan:
         sequence_parallel=parallelism.sequence_parallel,
         loss_parallel=parallelism.loss_parallel,
     )
-    activations = estimate_activations(model.args, model.n_blocks, geometry, config.activation_checkpoint)
+    spec = models.get_model_spec(config.model.name)
+    if spec.block_activations is None:
+        raise ConfigError(f"model '{config.model.name}' has no activation estimate (ModelSpec.block_activations)")
+    args = model.args
+    head = lm_head_bytes(args.vocab_size, args.dim, geometry) if work.unit == "tokens" else (0.0, 0.0)
+    block = spec.block_activations(args, geometry)
+    activations = estimate_activations(block, model.n_blocks, geometry, config.activation_checkpoint, head)
     memory = estimate_memory(model, activations, layout.precision, sharded=dims.fsdp_enabled)
     return MemoryPlan(layout, model, work, activations, memory)
 
@@ -99,7 +105,8 @@ def make_plan(config: TrainConfig, cluster: Cluster, compute_efficiency: float =
             f"parallelism.dp_replicate: {cluster.name} is {cluster.slices} slices and only dp_replicate "
             f"crosses slices (over DCN), so dp_replicate must be a multiple of {cluster.slices}"
         )
-    moe_top_k = args.top_k if isinstance(args, Qwen3MoeArgs) else 0
+    routing = models.get_model_spec(config.model.name).expert_routing
+    moe_top_k = routing(args).top_k if routing is not None else 0
     shape = StepShape(
         devices=dims.world_size,
         dp_shard=dims.dp_shard,

@@ -1,8 +1,10 @@
 """What one training step computes: items (tokens or samples), FLOPs per item from the model family's
 own function (the one the trainer's MFU uses), and the tokens one sample puts through the model.
 
-Language-model tasks (pretraining, GRPO) count tokens with `ModelSpec.flops_per_token(args, seq_len)`.
-The rectified-flow task counts samples with `flux_training_flops_per_sample`, as its
+The task decides (`training.task`, or the family's `ModelSpec.default_task` under "auto"), as it
+does for the trainer's MFU. Language-model tasks (pretraining, GRPO) count tokens with
+`ModelSpec.flops_per_token(args, seq_len)`; a mixture of experts adds what every tp rank repeats
+(`ModelSpec.expert_routing`). The rectified-flow task counts samples with `flux_training_flops_per_sample`, as its
 `flops_per_item` does; the image side comes from `flux.image_size`, the autoencoder's 8x
 downsampling (a FLUX.1 autoencoder folder; 2x for the built-in random one, 1x for "identity") and
 2x2 patches, the text side from `flux.t5_max_length`.
@@ -14,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import models
-from models.flux import FluxArgs, flux_training_flops_per_sample
-from models.qwen3.args import Qwen3MoeArgs
+from models.flux import flux_training_flops_per_sample
+from models.registry import ModelSpec
 from titan_tpu.config import TrainConfig
 
 # Spatial downsampling of the latent autoencoders the rectified-flow task can load.
@@ -37,18 +39,21 @@ class Workload:
     tp_replicated_flops_per_item: float = 0.0
 
 
+def task_name(config: TrainConfig, spec: ModelSpec) -> str:
+    return spec.default_task if config.training.task == "auto" else config.training.task
+
+
 def workload(config: TrainConfig, args: Any) -> Workload:
-    if isinstance(args, FluxArgs):
+    spec = models.get_model_spec(config.model.name)
+    if task_name(config, spec) == "rectified_flow":
         flux = config.flux
         downsample = AUTOENCODER_DOWNSAMPLE.get(flux.autoencoder, FLUX1_AUTOENCODER_DOWNSAMPLE)
         image_tokens = (flux.image_size // downsample // PATCH) ** 2
         flops = flux_training_flops_per_sample(args, image_tokens, flux.t5_max_length)
         return Workload("samples", 1, image_tokens + flux.t5_max_length, flops, flops / 3)
     seq_len = config.training.seq_len
-    flops = models.get_model_spec(config.model.name).flops_per_token(args, seq_len)
+    flops = spec.flops_per_token(args, seq_len)
     # The output head (6 V d per token) runs once; only the blocks are recomputed.
     head = 6.0 * args.vocab_size * args.dim
-    moe = 0.0
-    if isinstance(args, Qwen3MoeArgs):  # router + top_k SwiGLU experts per layer, 6 FLOPs per weight
-        moe = 6.0 * args.n_layers * args.dim * (args.num_experts + 3 * args.top_k * args.moe_hidden_dim)
+    moe = spec.expert_routing(args).training_flops_per_token if spec.expert_routing is not None else 0.0
     return Workload("tokens", seq_len, seq_len, flops, (flops - head) / 3, moe)

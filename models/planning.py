@@ -1,0 +1,60 @@
+"""What the planner (`python -m titan_tpu.plan`) asks a model family through its `ModelSpec`, so a new
+family is planned without the planner knowing it: the bytes one block keeps for backward, how its
+tokens are routed through experts, and its tensor-parallel plan as data.
+
+Plain arithmetic and types; nothing here builds or runs a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch import nn
+
+FLOAT32 = 4  # bytes: norms, softmaxes and the router keep float32 whatever the compute dtype
+
+
+class ActivationGeometry(Protocol):
+    """What a block's activations per token depend on (the planner's `Geometry` is one)."""
+
+    act_bytes: int  # bytes per element of the compute dtype
+
+    @property
+    def tp(self) -> int: ...
+
+    @property
+    def t_sp(self) -> int:
+        """tp with sequence parallelism (the residual stream is split over the sequence), else 1."""
+        ...
+
+
+@dataclass(frozen=True)
+class BlockActivations:
+    """Bytes per token one block holds, by activation-checkpointing mode."""
+
+    full: float  # everything a non-checkpointed block keeps
+    selective_op: float  # kept under op-level selective checkpointing
+    checkpointed: float  # a checkpointed block's input
+    # What the block's backward holds beyond its activations: the gradients of its widest intermediate,
+    # of its output (arriving) and of its input (leaving).
+    backward: float
+
+
+@dataclass(frozen=True)
+class ExpertRouting:
+    """A mixture-of-experts family's routing, for the planner's step time."""
+
+    top_k: int  # experts each token is sent to, in every MoE block
+    # Training FLOPs per token of the MoE layers (router and the top_k experts of every layer): they
+    # are not tensor-parallel, so every tp rank repeats them.
+    training_flops_per_token: float
+
+
+class TensorParallelPlan(Protocol):
+    """A family's tensor-parallel plan as data: module path in the (unwrapped) model -> the
+    `torch.distributed.tensor.parallel` style the family's `parallelize` gives it. The planner reads
+    which weights it splits, and along which dimension, from these styles."""
+
+    def styles(self, model: nn.Module, sequence_parallel: bool, loss_parallel: bool) -> Mapping[str, Any]: ...
