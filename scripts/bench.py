@@ -34,6 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa: E402
+
+skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
+
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 
 
@@ -67,7 +71,7 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
             "model": f"{config.model.name}/{config.model.flavor}",
             "processes": trainer.process.world_size,
             "device": trainer.device.name(),
-            "dtype": config.training.dtype,
+            "dtype": trainer.resolved.compute_dtype,
             "threads": torch.get_num_threads(),
             "steps": steps,
             f"{unit}_per_sec_per_process": round(items_per_sec, 1),
@@ -211,8 +215,11 @@ def matrix(args: argparse.Namespace, overrides: list[str]) -> int:
     """Every (config x layout) case, one JSON line each to stdout and <out>/bench.jsonl."""
     configs = [name.strip() for name in args.matrix.split(",") if name.strip()]
     layouts = parse_layouts(args.layouts or "1")
+    from titan_tpu.registered_names import check_registered_names
+
     for name in configs:
-        load_config(name, overrides)  # a misspelled config or override stops here, before any case runs
+        # A misspelled config, override, model or task name stops here, before any case runs.
+        check_registered_names(load_config(name, overrides))
     args.out.mkdir(parents=True, exist_ok=True)
     failed = 0
     with open(args.out / RESULTS_FILE, "w", encoding="utf-8") as results:

@@ -24,6 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa: E402
+
+skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
+
 import torch  # noqa: E402
 
 from models.common.attention_kernels import attention_kernel  # noqa: E402

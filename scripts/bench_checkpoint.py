@@ -24,6 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa: E402
+
+skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
+
 import torch  # noqa: E402
 
 from models.common.loss import cross_entropy_loss  # noqa: E402

@@ -25,9 +25,9 @@ for path in (ROOT, ROOT / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from titan_tpu.device.tpu_runtime import skip_tpu_metadata_lookup_without_chips  # noqa: E402
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa: E402
 
-skip_tpu_metadata_lookup_without_chips()
+skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

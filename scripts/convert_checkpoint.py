@@ -35,16 +35,21 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa: E402
+
+skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
+
 import torch  # noqa: E402
 
 import models  # noqa: E402
 from titan_tpu.checkpoint import CheckpointManager, layout  # noqa: E402
-from titan_tpu.checkpoint.hf import check_hf_config, load_hf_weights  # noqa: E402
+from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights  # noqa: E402
 from titan_tpu.checkpoint.hf_export import export_checkpoint_to_hf  # noqa: E402
 from titan_tpu.device.dtype import DTYPES  # noqa: E402
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.config.sections import CheckpointConfig  # noqa: E402
 from titan_tpu.metrics.progress import Progress  # noqa: E402
+from titan_tpu.registered_names import check_registered_names  # noqa: E402
 
 
 def _spec_and_args(model: str, flavor: str):  # type: ignore[no-untyped-def]
@@ -114,6 +119,7 @@ def _resolve(opts: argparse.Namespace) -> tuple[Path, str, str, str]:
         raise ConfigError(f"{opts.overrides[0]}: unrecognised argument (overrides need --config)")
     if opts.config is not None:
         config = load_config(opts.config, opts.overrides)
+        check_registered_names(config)
         folder = folder or Path(config.job.dump_folder) / config.checkpoint.folder
         model = model or config.model.name
         flavor = flavor or config.model.flavor

@@ -1,11 +1,26 @@
 """Test-wide set-up.
 
-torch_tpu (installed with the `tpu` extra) starts libtpu at the first device query or backward pass;
-on a machine without TPUs libtpu would spend minutes asking a cloud metadata server for chips. The
-device layer switches that lookup off for runs; the tests do the same before anything touches a
-device (the environment is inherited by the multi-process tests' workers).
+torch_tpu (installed with the `tpu` extra) is loaded by every `import torch` and starts libtpu at the
+first device query or backward pass. On a machine without TPU device files neither can find a chip:
+the load costs each test process and worker about 5 s, and libtpu would spend minutes asking a cloud
+metadata server for chips. So, before anything here imports torch, both are switched off on such a
+machine, as the entry points do (the multi-process tests' workers inherit the environment). Tests of
+torch_tpu itself import it explicitly. On a TPU host nothing changes.
 """
 
-from titan_tpu.device.tpu_runtime import skip_tpu_metadata_lookup_without_chips
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
 
-skip_tpu_metadata_lookup_without_chips()
+skip_tpu_backend_without_chips()
+
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """The test trains in this process on one intra-op thread; see tests/one_thread.py."""
+    from tests.one_thread import one_intra_op_thread  # here, so collecting torch-free tests loads no torch
+
+    with one_intra_op_thread():
+        yield

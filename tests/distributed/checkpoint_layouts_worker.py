@@ -21,11 +21,9 @@ Each resumed segment keeps the state it loaded (gathered, before any step) and i
 
 from __future__ import annotations
 
-import gc
-import json
+import functools
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +40,11 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from parity import capture_states, full_state, train_and_capture  # noqa: E402
-from titan_tpu.checkpoint.hf import local_block  # noqa: E402
+from titan_tpu.checkpoint.hf_import import local_block  # noqa: E402
 from titan_tpu.checkpoint.hf_export import export_model_to_hf  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
-from titan_tpu.distributed import process_group  # noqa: E402
 from titan_tpu.trainer import Trainer  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
 
 LLAMA, MOE = "llama3_debug", "qwen3_moe_debug"
 # A constant learning rate after 2 warmup steps: a run told to stop at step 5 then takes exactly
@@ -167,26 +165,11 @@ def hf_import_export(work: Path, name: str) -> dict[str, Any]:
 
 
 def main(work: Path) -> None:
-    process_group.init_process_group("gloo", process_group.process_info())
-    result: dict[str, Any] = {"timings_s": {}}
-
-    def timed(name: str, part: Any, *args: Any) -> Any:
-        start = time.perf_counter()
-        value = part(work, *args)
-        result["timings_s"][name] = round(time.perf_counter() - start, 1)
-        return value
-
-    for tag in CHAINS:
-        timed(f"{tag}_chain", chain, tag)
-    timed("async_fsdp4", async_checkpoints)
-    for name in HF_RUNS:
-        result[name] = timed(name, hf_import_export, name)
-    if is_writer():
-        (work / "result.json").write_text(json.dumps(result))
-    process_group.destroy_process_group()
-    # Free the process groups before the interpreter exits: left to its final garbage collection, a
-    # gloo thread can still be releasing a finished collective's tensor then, and aborts the process.
-    gc.collect()
+    run_cases(work / "result.json", [
+        *((f"{tag}_chain", functools.partial(chain, work, tag)) for tag in CHAINS),
+        ("async_fsdp4", functools.partial(async_checkpoints, work)),
+        *((name, functools.partial(hf_import_export, work, name)) for name in HF_RUNS),
+    ])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -21,9 +21,8 @@ the test.
 from __future__ import annotations
 
 import copy
-import json
+import functools
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from titan_tpu.distributed.expert_parallel import _ScaleGrad, apply_expert_paral
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
 from parallel_worker import single_process_init  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
 
 CONFIG = "qwen3_moe_debug"
 STEPS = 10
@@ -194,23 +194,12 @@ def reference(dump: Path) -> RunResult:
 
 
 def main(out: Path) -> None:
-    from titan_tpu.distributed import process_group
-
-    info = process_group.process_info()
-    process_group.init_process_group("gloo", info)
-    results: dict[str, Any] = {"timings_s": {}}
-    for collapse in (False, True):
-        start = time.perf_counter()
-        key = "moe_layer_collapsed" if collapse else "moe_layer"
-        results[key] = moe_layer(collapse)
-        results["timings_s"][key] = time.perf_counter() - start
-    for name, overrides in [*LAYOUTS.items(), MISSCALED_LAYOUT, BF16_LAYOUT]:
-        start = time.perf_counter()
-        results[name] = run_layout(name, overrides, out.parent)
-        results["timings_s"][name] = time.perf_counter() - start
-    if info.rank == 0:
-        out.write_text(json.dumps(results, indent=1))
-    process_group.destroy_process_group()
+    run_cases(out, [
+        ("moe_layer", functools.partial(moe_layer, False)),
+        ("moe_layer_collapsed", functools.partial(moe_layer, True)),
+        *((name, functools.partial(run_layout, name, overrides, out.parent))
+          for name, overrides in [*LAYOUTS.items(), MISSCALED_LAYOUT, BF16_LAYOUT]),
+    ])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def build(*overrides: str, config_name: str = "llama3_debug") -> nn.Module:
     with torch.device("meta"):
         model = spec.model_cls(args)
     ctx = ParallelContext(ParallelDims(1, 1, 1, 1, 1))
-    return parallelize_model(model, None, ctx, config, torch.device("cpu"), "cpu", torch.float32)
+    return parallelize_model(model, None, ctx, config, torch.device("cpu"), torch.float32)
 
 
 def loss_and_grads(

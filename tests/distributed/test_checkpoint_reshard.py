@@ -26,7 +26,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from models.qwen3 import QWEN3_MOE_FLAVORS, QWEN3_STATE_DICT_ADAPTER
-from titan_tpu.checkpoint.hf import hf_tensor_index
+from titan_tpu.checkpoint.hf_import import hf_tensor_index
+from tests.one_thread import one_intra_op_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("checkpoint_layouts_worker.py")
@@ -66,12 +67,8 @@ def last_segment(work: Path, tag: str) -> tuple[dict[str, torch.Tensor], RunResu
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # see test_checkpoint_resume.py
-    try:
+    with one_intra_op_thread():
         return _run_chains(tmp_path_factory.mktemp("layouts"))
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run_chains(work: Path) -> dict[str, Any]:

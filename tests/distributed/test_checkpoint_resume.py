@@ -10,11 +10,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from titan_tpu.checkpoint import layout
 from titan_tpu.config import load_config
@@ -29,16 +27,7 @@ KILL_WORKER = Path(__file__).with_name("checkpoint_kill_worker.py")
 BASE = [*launch.DETERMINISTIC_DEBUG_RUN, "--checkpoint.enable=true", "--training.steps=20"]
 
 
-@pytest.fixture(autouse=True)
-def quiet_process() -> Iterator[None]:
-    # One intra-op thread: on a busy 2-core machine OpenMP threads spin against each other (a 20-step
-    # run takes a minute instead of a second); torchrun workers get one thread too. The Trainer turns
-    # deterministic algorithms on for the whole process; leave the process as found.
-    threads, enabled = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(enabled)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/one_thread.py says why
 
 
 def torchrun(nproc: int, dump: Path, *args: str) -> dict[int, float]:

@@ -17,12 +17,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 from titan_tpu.checkpoint import layout
 from titan_tpu.config import load_config
@@ -137,17 +135,6 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> HostRun:
     tmp = tmp_path_factory.mktemp("two_hosts")
     args = [*BASE, *TWO_HOSTS, f"--job.dump_folder={tmp / 'dump'}"]
     return two_host_run(tmp, ROOT / "train.py", *args)
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    # The in-process run: one intra-op thread like each torchrun worker; the Trainer turns
-    # deterministic algorithms on for the whole process, so leave the process as found.
-    threads, enabled = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(enabled)
 
 
 def loss_mismatches(got: dict[int, float], want: dict[int, float], rtol: float) -> dict[int, tuple[float, float]]:

@@ -4,7 +4,6 @@ folder, and the seed checkpoint."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,16 +23,7 @@ BASE = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def quiet_process() -> Iterator[None]:
-    # One intra-op thread: on a busy 2-core machine OpenMP threads spin against each other (a 20-step
-    # run takes a minute instead of a second); torchrun workers get one thread too. The Trainer turns
-    # deterministic algorithms on for the whole process; leave the process as found.
-    threads, enabled = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(enabled)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/one_thread.py says why
 
 
 def make_trainer(dump: Path, *overrides: str) -> Trainer:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,24 +81,42 @@ def test_more_local_ranks_than_devices_is_one_config_error(monkeypatch: pytest.M
 
 
 @pytest.mark.parametrize(
-    "version, autoload, message",
+    "version, device_files, autoload, message",
     [
-        (None, None, r"the torch_tpu package is not installed \(pip install -e '.\[tpu\]'\)"),
-        ("0.2.0", "0", "TORCH_DEVICE_BACKEND_AUTOLOAD=0 kept torch_tpu 0.2.0 from loading"),
-        ("0.2.0", None, "torch_tpu 0.2.0 sees no TPU chip on this host"),
+        (None, True, None, r"the torch_tpu package is not installed \(pip install -e '.\[tpu\]'\)"),
+        ("0.2.0", False, None, r"torch_tpu 0.2.0 is installed but this host has no TPU device files \(/dev/accel"),
+        ("0.2.0", True, "0", "TORCH_DEVICE_BACKEND_AUTOLOAD=0 kept torch_tpu 0.2.0 from loading"),
+        ("0.2.0", True, "false", "TORCH_DEVICE_BACKEND_AUTOLOAD=false kept torch_tpu 0.2.0 from loading"),
+        ("0.2.0", True, None, "torch_tpu 0.2.0 sees no TPU chip on this host"),
     ],
 )
-def test_forced_tpu_without_one_names_the_reason(
-    monkeypatch: pytest.MonkeyPatch, version: str | None, autoload: str | None, message: str
+def test_no_tpu_names_the_reason(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    version: str | None,
+    device_files: bool,
+    autoload: str | None,
+    message: str,
 ) -> None:
+    """Catches a reason that blames the wrong thing: the autoload switch on a host that has no TPU
+    at all (where the entry points switch it off themselves), or "no chip" where the user's own
+    switch (torch loads backends only for "1") kept torch_tpu out."""
     pretend_accelerator(monkeypatch, None)
     monkeypatch.setattr(select, "torch_tpu_version", lambda: version)
+    monkeypatch.setattr(select, "host_has_tpu_device_files", lambda: device_files)
     if autoload is None:
         monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
     else:
         monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", autoload)
     with pytest.raises(ConfigError, match=f"device.type = 'tpu' was requested but {message}"):
         device_layer.resolve_device_type("tpu")
+    with caplog.at_level(logging.WARNING, logger="titan_tpu.device"):
+        assert device_layer.resolve_device_type("auto") == "cpu"
+    warnings = [record.getMessage() for record in caplog.records]
+    if version is None:
+        assert warnings == []  # without torch_tpu there is nothing to explain
+    else:
+        assert len(warnings) == 1 and re.match(f"device: {message}.*; using the CPU$", warnings[0]), warnings
 
 
 def test_missing_cuda_and_unknown_type_are_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:

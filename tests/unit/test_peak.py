@@ -37,16 +37,23 @@ def test_unknown_device_gets_no_peak(monkeypatch: pytest.MonkeyPatch, name: str)
     assert host_peak_flops(named(monkeypatch, "tpu", name), torch.bfloat16) is None
 
 
-def test_v7_peak_is_per_device_half_the_chip(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch_tpu names a v7 "TPU v7" and exposes each of its two TensorCores as a device; the
-    published 2307 TFLOP/s is the chip's, so each rank's MFU divides by half of it."""
-    assert host_peak_flops(named(monkeypatch, "tpu", "TPU v7"), torch.bfloat16) == pytest.approx(2307e12 / 2)
+# The names torch_tpu reports for the TPU generations titan_tpu runs on.
+TPU_NAMES = ("TPU v4", "TPU v5e", "TPU v5p", "TPU v6e", "TPU v7")
+
+
+def test_every_tpu_generation_finds_its_own_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug caught: a generation whose runtime name matches no entry (MFU silently missing on it) or
+    another generation's entry (a general key such as "tpu v5" listed before "tpu v5p")."""
+    peaks = {name: host_peak_flops(named(monkeypatch, "tpu", name), torch.bfloat16) for name in TPU_NAMES}
+    assert None not in peaks.values(), peaks
+    assert len(set(peaks.values())) == len(TPU_NAMES), peaks
 
 
 def test_float32_on_an_accelerator_gets_no_peak(monkeypatch: pytest.MonkeyPatch) -> None:
     """The table holds bf16 tensor-core peaks; dividing an fp32 run by one would understate MFU."""
-    assert host_peak_flops(named(monkeypatch, "cuda", "NVIDIA H200"), torch.bfloat16) == 989e12
-    assert host_peak_flops(named(monkeypatch, "cuda", "NVIDIA H200"), torch.float32) is None
+    h200 = named(monkeypatch, "cuda", "NVIDIA H200")
+    assert host_peak_flops(h200, torch.bfloat16) == table_peak_flops("NVIDIA H200") is not None
+    assert host_peak_flops(h200, torch.float32) is None
 
 
 @pytest.mark.parametrize(
@@ -162,7 +169,7 @@ def test_peak_is_measured_again_only_when_a_cpu_window_beats_it(monkeypatch: pyt
     probes: list[torch.dtype] = []
     monkeypatch.setattr(peak, "cpu_peak_flops", lambda dtype: probes.append(dtype) or 5e9)
     assert peak.peak_covering(4e9, 3e9, "cpu", torch.float32) == 4e9 and probes == []
-    assert peak.peak_covering(989e12, 2e15, "cuda", torch.bfloat16) == 989e12 and probes == []
+    assert peak.peak_covering(1e15, 2e15, "cuda", torch.bfloat16) == 1e15 and probes == []
     assert peak.peak_covering(None, 3e9, "cpu", torch.float32) is None and probes == []
     assert peak.peak_covering(2e9, 3e9, "cpu", torch.float32) == 5e9 and probes == [torch.float32]
     assert peak.peak_covering(2e9, 9e9, "cpu", torch.float32) == 5e9  # still beaten: left visible

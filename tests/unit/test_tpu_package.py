@@ -2,8 +2,9 @@
 error, the compile backend, and every torch_tpu function the project calls, checked by signature
 so that a rename in a new release fails here rather than on a TPU.
 
-Importing torch_tpu is what `import torch` already does in an environment that has it (torch's
-backend autoload); without chips it renames nothing, so these tests run in the test process.
+On a host with TPU device files `import torch` loads torch_tpu (torch's backend autoload); elsewhere
+the test set-up switches that off, as the entry points do, and this module imports torch_tpu itself,
+which installs `torch.tpu` and without chips renames nothing, so these tests run in the test process.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch  # noqa: E402
 
 from titan_tpu.config import ConfigError  # noqa: E402
 from titan_tpu.device import TORCH_TPU_CALLS, resolve_device_type, torch_tpu_function  # noqa: E402
+from titan_tpu.device.tpu_runtime import host_has_tpu_device_files  # noqa: E402
 from titan_tpu.distributed.compile import resolve_backend  # noqa: E402
 
 pytestmark = pytest.mark.tpu
@@ -29,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROJECT_SOURCES = ["titan_tpu", "models", "scripts"]
 chips_visible = torch.accelerator.current_accelerator(check_available=True) is not None
 needs_no_chip = pytest.mark.skipif(chips_visible, reason="this host has an accelerator; the no-chip path cannot run")
+needs_no_tpu_host = pytest.mark.skipif(host_has_tpu_device_files(), reason="this host has TPU device files")
 
 
 def torch_tpu_version() -> str:
@@ -38,17 +41,20 @@ def torch_tpu_version() -> str:
 
 
 @needs_no_chip
+@needs_no_tpu_host
 def test_auto_falls_back_to_cpu_with_one_line(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="titan_tpu.device"):
         assert resolve_device_type("auto") == "cpu"
     assert [r.getMessage() for r in caplog.records] == [
-        f"device: torch_tpu {torch_tpu_version()} is installed but sees no TPU chip; using the CPU"
+        f"device: torch_tpu {torch_tpu_version()} is installed but this host has no TPU device files "
+        "(/dev/accel[0-9]*, /dev/vfio/[0-9]*); using the CPU"
     ]
 
 
 @needs_no_chip
+@needs_no_tpu_host
 def test_forced_tpu_without_chips_is_one_config_error() -> None:
-    with pytest.raises(ConfigError, match=r"device.type = 'tpu' was requested but .* sees no TPU chip on this host"):
+    with pytest.raises(ConfigError, match=r"device.type = 'tpu' was requested but .* has no TPU device files"):
         resolve_device_type("tpu")
 
 

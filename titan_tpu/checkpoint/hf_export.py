@@ -1,9 +1,9 @@
 """Our weights out to a Hugging Face folder that `transformers.AutoModelForCausalLM.from_pretrained`
 (or, for FLUX.1, diffusers' `FluxTransformer2DModel.from_pretrained`) loads: `config.json` from the
 flavor plus `model.safetensors` (or shards with the index; diffusers' file names where the adapter's
-`weights_stem` says so, `titan_tpu.checkpoint.hf.HFFiles`), names and layout from the model family's
-adapter (`titan_tpu.checkpoint.hf.HFParts`: stacked tensors such as Qwen 3 MoE experts are written one
-HF tensor per slice).
+`weights_stem` says so, `titan_tpu.checkpoint.hf_format.HFFiles`), names and layout from the model
+family's adapter (`hf_format.HFParts`: stacked tensors such as Qwen 3 MoE experts are written one HF
+tensor per slice). In: `titan_tpu.checkpoint.hf_import`.
 
 From a live model: one tensor at a time is gathered (`full_tensor()` for DTensors, all ranks in the same
 order), cast to the export dtype, split into its HF tensors and written by rank 0 into shards of
@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from titan_tpu.checkpoint import layout
-from titan_tpu.checkpoint.hf import (
+from titan_tpu.checkpoint.hf_format import (
     CONFIG_FILE,
     TRANSFORMERS_FILES,
     HFFiles,

@@ -4,7 +4,8 @@ Detection, device count, set-device, synchronisation and memory statistics go th
 device-generic `torch.accelerator` API. That is the supported way into TPUs: the `torch_tpu`
 package (PyPI `torch-tpu`) is loaded by `import torch` through torch's backend entry point and, on a
 host with chips, renames PrivateUse1 to "tpu", registers `torch.tpu` and the process-group backends
-"tpu" and "tpu_dist". Its own `torch.tpu.device_count()`, `is_available()`, `set_device()`,
+"tpu" and "tpu_dist". On a host without TPU device files the entry points switch that autoload off
+(`tpu_runtime`), since no chip can be seen there. Its own `torch.tpu.device_count()`, `is_available()`, `set_device()`,
 `synchronize()` and `current_device()` are internal to PyTorch and raise when user code calls them.
 From `torch.tpu` this module calls only `get_device_name` and `get_device_properties` (public,
 marked experimental), through `torch.get_device_module`, and hands out `torch.tpu.ops.splash_sdpa`.
@@ -25,7 +26,12 @@ import torch
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.device import memory
 from titan_tpu.device.tpu_api import TPU_INSTALL_HINT, torch_tpu_function
-from titan_tpu.device.tpu_runtime import skip_tpu_metadata_lookup_without_chips
+from titan_tpu.device.tpu_runtime import (
+    AUTOLOAD_VARIABLE,
+    TPU_DEVICE_FILES,
+    host_has_tpu_device_files,
+    skip_tpu_metadata_lookup_without_chips,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +44,6 @@ _BACKENDS: dict[str, str] = {
     "cuda": "cpu:gloo,cuda:nccl",
     "cpu": "gloo",
 }
-_AUTOLOAD_VARIABLE = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 
 
 def accelerator_type() -> str | None:
@@ -71,8 +76,8 @@ def resolve_device_type(requested: str) -> DeviceType:
             return found  # type: ignore[return-value]
         if found is not None:
             logger.warning("device: torch.accelerator reports %r, which titan_tpu does not drive; using the CPU", found)
-        elif (version := torch_tpu_version()) is not None:
-            logger.warning("device: torch_tpu %s is installed but sees no TPU chip; using the CPU", version)
+        elif torch_tpu_version() is not None:
+            logger.warning("device: %s; using the CPU", _why_no_tpu())
         return "cpu"
     if requested not in _BACKENDS:
         raise ConfigError(f"device.type: got {requested!r}, expected one of auto, tpu, cuda, cpu")
@@ -85,11 +90,19 @@ def resolve_device_type(requested: str) -> DeviceType:
 def _why_missing(device_type: str) -> str:
     if device_type == "cuda":
         return "torch.accelerator sees no GPU (is this a CPU build of PyTorch?)"
+    return _why_no_tpu()
+
+
+def _why_no_tpu() -> str:
     version = torch_tpu_version()
     if version is None:
         return f"the torch_tpu package is not installed ({TPU_INSTALL_HINT})"
-    if os.environ.get(_AUTOLOAD_VARIABLE) == "0":
-        return f"{_AUTOLOAD_VARIABLE}=0 kept torch_tpu {version} from loading with torch; unset it"
+    if not host_has_tpu_device_files():
+        files = ", ".join(TPU_DEVICE_FILES)
+        return f"torch_tpu {version} is installed but this host has no TPU device files ({files})"
+    autoload = os.environ.get(AUTOLOAD_VARIABLE, "1")
+    if autoload != "1":  # torch loads backends only when it is exactly "1"
+        return f"{AUTOLOAD_VARIABLE}={autoload} kept torch_tpu {version} from loading with torch; unset it"
     return f"torch_tpu {version} sees no TPU chip on this host (torch.accelerator reports none)"
 
 

@@ -45,5 +45,8 @@ def torch_tpu_function(path: str) -> Callable[..., Any]:
     `torch_tpu_function("torch.tpu.ops.splash_sdpa")`. Needs torch_tpu installed."""
     if path not in TORCH_TPU_CALLS:
         raise KeyError(f"{path} is not in TORCH_TPU_CALLS; add it there (with its keywords) before calling it")
+    # `torch.tpu` exists once torch_tpu is imported; `import torch` does that only where the backend
+    # autoload ran (not on hosts without TPU device files, see tpu_runtime).
+    importlib.import_module("torch_tpu")
     module_path, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module_path), name)

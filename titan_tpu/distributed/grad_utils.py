@@ -25,6 +25,9 @@ def _group_by_mesh(parameters: Iterable[torch.Tensor]) -> list[list[torch.Tensor
 
 
 def _total_norm(groups: list[list[torch.Tensor]], norm_type: float) -> torch.Tensor:
+    """The norm of all gradients together, as if they were one unsharded vector: each group's norm
+    is reduced over its mesh, and the groups are combined here. Plain tensors are taken as they are
+    (replicated, or a single process)."""
     norms: list[torch.Tensor] = []
     for params in groups:
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)  # type: ignore[misc]
@@ -38,13 +41,6 @@ def _total_norm(groups: list[list[torch.Tensor]], norm_type: float) -> torch.Ten
     if math.isinf(norm_type):
         return stacked.max()
     return torch.linalg.vector_norm(stacked, norm_type)
-
-
-def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
-    """The norm of all gradients together, as if they were one unsharded vector: each group's norm
-    is reduced over its mesh, and the groups are combined here. Plain tensors are taken as they are
-    (replicated, or a single process)."""
-    return _total_norm(_group_by_mesh(parameters), norm_type)
 
 
 def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

@@ -17,6 +17,7 @@ import shlex
 import sys
 
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
 from titan_tpu.launch.command import LaunchOptions, rendezvous_port, torchrun_argv
 from titan_tpu.launch.dns import HostNotResolved, wait_for_host
 from titan_tpu.launch.environment import read_placement, torch_tpu_node_rank
@@ -150,6 +151,9 @@ def launch(argv: list[str]) -> int:
 
 
 def main() -> None:
+    # Before anything imports torch: on a host without TPU device files, torch would load torch_tpu
+    # for nothing, here and in every worker, which inherits the setting.
+    skip_tpu_backend_without_chips()
     # The launcher's own lines at INFO; libraries that log at import time stay at WARNING, and
     # torchrun's agent keeps its own level (LOGLEVEL), at which it reports failures and restarts.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
