@@ -39,22 +39,12 @@ from models.qwen3.moe import MoEFeedForward  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.expert_parallel import _ScaleGrad, apply_expert_parallel  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
-from parallel_worker import single_process_init  # noqa: E402
+from parallel_worker import layout_run, single_process_init  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
 
 CONFIG = "qwen3_moe_debug"
-STEPS = 10
-BASE = [
-    "--training.seq_len=32",
-    "--training.global_batch_size=8",
-    "--training.local_batch_size=-1",
-    "--training.dtype=float32",
-    f"--training.steps={STEPS}",
-    "--metrics.log_freq=1",
-    "--data.shuffle_buffer=16",
-    "--lr_scheduler.warmup_steps=2",
-]
+BASE = layout_run(global_batch_size=8)
 LAYOUTS: dict[str, list[str]] = {
     # With torch.compile (aot_eager): the MoE blocks compile their traceable parts around the
     # expert-parallel hooks and the experts' own FSDP group.

@@ -48,16 +48,24 @@ from parity import RunResult, train_and_capture  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
 
 STEPS = 10
-BASE = [
-    "--training.seq_len=32",
-    "--training.global_batch_size=4",
-    "--training.local_batch_size=-1",
-    "--training.dtype=float32",
-    f"--training.steps={STEPS}",
-    "--metrics.log_freq=1",
-    "--data.shuffle_buffer=16",
-    "--lr_scheduler.warmup_steps=2",
-]
+
+
+def layout_run(global_batch_size: int) -> list[str]:
+    """train.py arguments of a layout-parity run: a short float32 run, logged every step, that each
+    layout and the single process train alike (the expert-parallel worker uses it too)."""
+    return [
+        "--training.seq_len=32",
+        f"--training.global_batch_size={global_batch_size}",
+        "--training.local_batch_size=-1",
+        "--training.dtype=float32",
+        f"--training.steps={STEPS}",
+        "--metrics.log_freq=1",
+        "--data.shuffle_buffer=16",
+        "--lr_scheduler.warmup_steps=2",
+    ]
+
+
+BASE = layout_run(global_batch_size=4)
 LAYOUTS: dict[str, list[str]] = {
     "fsdp4": ["--parallelism.dp_shard=4"],
     "hsdp2x2": ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"],

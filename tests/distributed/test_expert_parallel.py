@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import expert_parallel_worker  # noqa: E402
+from parallel_worker import STEPS  # noqa: E402
 from launch import torchrun  # noqa: E402
 from parity import RunResult, assert_matches_single_process, compare  # noqa: E402
 
@@ -69,7 +70,7 @@ def test_sharded_moe_layer_matches_one_device(results: dict[str, Any], case: str
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(expert_parallel_worker.LAYOUTS))
 def test_parity_with_single_process(results: dict[str, Any], layout: str) -> None:
-    assert_matches_single_process(results[layout]["run"], results["single"], expert_parallel_worker.STEPS, layout)
+    assert_matches_single_process(results[layout]["run"], results["single"], STEPS, layout)
 
 
 @pytest.mark.slow
@@ -120,7 +121,7 @@ def test_bf16_experts_are_gathered_in_bf16_and_train(results: dict[str, Any]) ->
     rel = [abs(a - b) / abs(b) for a, b in zip(bf16, fp32)]
     print(f"\n{name}: losses {[round(x, 4) for x in bf16]}; float32 {[round(x, 4) for x in fp32]}; "
           f"max relative difference {max(rel):.2e}")
-    assert len(rel) == expert_parallel_worker.STEPS and all(math.isfinite(x) for x in bf16)
+    assert len(rel) == STEPS and all(math.isfinite(x) for x in bf16)
     assert max(rel) <= 5e-2
     assert bf16[-1] < bf16[0]
 
