@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.trained_losses import trained_losses
 from titan_tpu.checkpoint import layout
 from titan_tpu.config import load_config
 from titan_tpu.trainer import Trainer
@@ -59,13 +60,7 @@ def test_fsdp2_resume_is_bitwise_exact(tmp_path: Path) -> None:
 
 
 def in_process(dump: Path, *args: str) -> tuple[int, dict[int, float]]:
-    trainer = Trainer(load_config(BASE[1], [*BASE[2:], f"--job.dump_folder={dump}", *args]))
-    start = trainer.step
-    try:
-        records = trainer.train()
-    finally:
-        trainer.close()
-    return start, {r.step: r.loss for r in records}
+    return trained_losses(Trainer(load_config(BASE[1], [*BASE[2:], f"--job.dump_folder={dump}", *args])))
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trained_losses import trained_losses
 from titan_tpu.checkpoint import layout
 from titan_tpu.config import load_config
 from titan_tpu.trainer import Trainer
@@ -31,13 +32,7 @@ def make_trainer(dump: Path, *overrides: str) -> Trainer:
 
 
 def train(dump: Path, *overrides: str) -> tuple[int, dict[int, float]]:
-    trainer = make_trainer(dump, *overrides)
-    start = trainer.step
-    try:
-        records = trainer.train()
-    finally:
-        trainer.close()
-    return start, {r.step: r.loss for r in records}
+    return trained_losses(make_trainer(dump, *overrides))
 
 
 def test_resume_is_bitwise_exact_and_automatic(tmp_path: Path) -> None:
