@@ -1,8 +1,8 @@
-"""Model families. Importing this package registers every family with `models.registry`."""
+"""Model families. Importing this package registers every family with `titan_tpu.models.registry`."""
 
-import models.flux  # noqa: F401  (registers "flux")
-import models.llama3  # noqa: F401  (registers "llama3")
-import models.qwen3  # noqa: F401  (registers "qwen3" and "qwen3_moe")
-from models.registry import ModelSpec, get_model_spec, model_names, register_model
+import titan_tpu.models.flux  # noqa: F401  (registers "flux")
+import titan_tpu.models.llama3  # noqa: F401  (registers "llama3")
+import titan_tpu.models.qwen3  # noqa: F401  (registers "qwen3" and "qwen3_moe")
+from titan_tpu.models.registry import ModelSpec, get_model_spec, model_names, register_model
 
 __all__ = ["ModelSpec", "get_model_spec", "model_names", "register_model"]

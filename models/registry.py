@@ -9,8 +9,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from models.common.loss import cross_entropy_loss
-from models.planning import ActivationGeometry, BlockActivations, ExpertRouting, TensorParallelPlan
+from titan_tpu.models.common.loss import cross_entropy_loss
+from titan_tpu.models.planning import ActivationGeometry, BlockActivations, ExpertRouting, TensorParallelPlan
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.values import check, did_you_mean, is_supported, to_toml_value
 
@@ -22,7 +22,7 @@ class StateDictAdapter(Protocol):
     """A family's map to and from Hugging Face transformers (or diffusers) folders: what
     titan_tpu/checkpoint/hf_import.py and hf_export.py read and write through (the `StateDictAdapter`
     of hf_format.py there is this protocol's checkpoint-side twin; the checkpoint layer may not
-    import models)."""
+    import titan_tpu.models)."""
 
     weights_stem: str  # "model" (transformers), "diffusion_pytorch_model" (diffusers)
     config_dtype_keys: tuple[str, ...]  # the dtype keys an exported config.json carries
@@ -117,7 +117,7 @@ class ModelSpec:
             raise ConfigError(f"model.overrides {applied} on {self.name} {flavor}: {e}") from None
 
 
-# The registry is the one piece of module state: families add themselves when `models` is imported.
+# The registry is the one piece of module state: families add themselves when `titan_tpu.models` is imported.
 _REGISTRY: dict[str, ModelSpec] = {}
 
 

@@ -30,7 +30,7 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 
 import torch  # noqa: E402
 
-from models.common.attention_kernels import attention_kernel  # noqa: E402
+from titan_tpu.models.common.attention_kernels import attention_kernel  # noqa: E402
 from titan_tpu.device.dtype import DTYPES  # noqa: E402
 from titan_tpu.device.memory import peak_rss_gib  # noqa: E402
 
@@ -56,7 +56,7 @@ class StepFn:
         kernel = attention_kernel(args.kernel)
         self.tokens = args.batch * args.seq
         if args.model:
-            from models.llama3 import Llama3Args, Llama3Model
+            from titan_tpu.models.llama3 import Llama3Args, Llama3Model
 
             model_args = Llama3Args(
                 dim=args.heads * args.head_dim, n_layers=args.layers, n_heads=args.heads,

@@ -32,8 +32,8 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from models.common.chunked_cross_entropy import chunk_tokens, chunked_cross_entropy  # noqa: E402
-from models.common.loss import IGNORE_INDEX  # noqa: E402
+from titan_tpu.models.common.chunked_cross_entropy import chunk_tokens, chunked_cross_entropy  # noqa: E402
+from titan_tpu.models.common.loss import IGNORE_INDEX  # noqa: E402
 from plan_measure import LiveTensorPeak  # noqa: E402
 
 

@@ -41,7 +41,7 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 
 import torch  # noqa: E402
 
-import models  # noqa: E402
+from titan_tpu import models  # noqa: E402
 from titan_tpu.checkpoint import CheckpointManager, layout  # noqa: E402
 from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights  # noqa: E402
 from titan_tpu.checkpoint.hf_export import export_checkpoint_to_hf  # noqa: E402

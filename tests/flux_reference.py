@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from diffusers import FluxTransformer2DModel
 
-from models.flux import FluxArgs, FluxModel
-from models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
+from titan_tpu.models.flux import FluxArgs, FluxModel
+from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
 
 
 def diffusers_model(args: FluxArgs) -> FluxTransformer2DModel:

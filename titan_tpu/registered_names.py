@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import models
-from models.registry import ModelSpec
+from titan_tpu import models
+from titan_tpu.models.registry import ModelSpec
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.tasks.registry import require_task, task_names
 

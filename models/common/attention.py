@@ -3,11 +3,11 @@
 import torch
 from torch import nn
 
-from models.common.attention_kernels import AttentionKernel, SdpaAttention, masked_attention
-from models.common.init import trunc_normal_std_
-from models.common.kv_cache import LayerKVCache
-from models.common.norms import RMSNorm
-from models.common.rope import apply_rotary_emb
+from titan_tpu.models.common.attention_kernels import AttentionKernel, SdpaAttention, masked_attention
+from titan_tpu.models.common.init import trunc_normal_std_
+from titan_tpu.models.common.kv_cache import LayerKVCache
+from titan_tpu.models.common.norms import RMSNorm
+from titan_tpu.models.common.rope import apply_rotary_emb
 
 
 class Attention(nn.Module):

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from models.common.blocked_attention import blocked_causal_attention
+from titan_tpu.models.common.blocked_attention import blocked_causal_attention
 
 
 class AttentionKernel(Protocol):

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from models.common.precision import autocast_dtype
+from titan_tpu.models.common.precision import autocast_dtype
 
 
 def _scaled_block_rows(x: torch.Tensor, start: int, stop: int, scale: float) -> torch.Tensor:

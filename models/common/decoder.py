@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.common.attention import Attention
-from models.common.decoder_args import DecoderArgs
-from models.common.init import trunc_normal_std_
-from models.common.kv_cache import KVCache, padded_causal_mask
-from models.common.norms import RMSNorm
-from models.common.rope import RotaryEmbedding
-from models.common.transformer import TransformerBlock, depth_scaled_init_std
+from titan_tpu.models.common.attention import Attention
+from titan_tpu.models.common.decoder_args import DecoderArgs
+from titan_tpu.models.common.init import trunc_normal_std_
+from titan_tpu.models.common.kv_cache import KVCache, padded_causal_mask
+from titan_tpu.models.common.norms import RMSNorm
+from titan_tpu.models.common.rope import RotaryEmbedding
+from titan_tpu.models.common.transformer import TransformerBlock, depth_scaled_init_std
 
 
 def decoder_block(

@@ -2,7 +2,7 @@
 convention is in titan_tpu/plan/activations.py). a = bytes of the compute dtype, t = tp, t_sp = t
 with sequence parallelism else 1.
 
-Attention and the two RMSNorms are the same in every family built from `models.common`; the
+Attention and the two RMSNorms are the same in every family built from `titan_tpu.models.common`; the
 feed-forward is the family's (`swiglu_activations` for a dense SwiGLU).
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.common.decoder_args import DecoderArgs
-from models.planning import FLOAT32, ActivationGeometry, BlockActivations
+from titan_tpu.models.common.decoder_args import DecoderArgs
+from titan_tpu.models.planning import FLOAT32, ActivationGeometry, BlockActivations
 
 
 @dataclass(frozen=True)

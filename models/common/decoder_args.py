@@ -1,10 +1,10 @@
-"""The arguments every decoder-only family built from `models.common` shares, and their checks."""
+"""The arguments every decoder-only family built from `titan_tpu.models.common` shares, and their checks."""
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from models.common.attention_kernels import AttentionKernel, SdpaAttention
-from models.common.rope import RopeScaling
+from titan_tpu.models.common.attention_kernels import AttentionKernel, SdpaAttention
+from titan_tpu.models.common.rope import RopeScaling
 
 
 @dataclass(frozen=True)

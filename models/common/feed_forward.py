@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.common.init import trunc_normal_std_
+from titan_tpu.models.common.init import trunc_normal_std_
 
 
 def llama_ffn_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:

@@ -1,6 +1,6 @@
 """FLOP accounting shared by the decoder-only families."""
 
-from models.common.decoder_args import DecoderArgs
+from titan_tpu.models.common.decoder_args import DecoderArgs
 
 
 def decoder_training_flops_per_token(

@@ -1,6 +1,6 @@
 """Our decoder <-> a Hugging Face transformers causal LM laid out like `LlamaForCausalLM`: the names,
 config.json out and config.json checked in, written once for every family built from
-`models.common`. A family subclasses `DecoderHFAdapter` with its model type, its extra per-layer
+`titan_tpu.models.common`. A family subclasses `DecoderHFAdapter` with its model type, its extra per-layer
 names and the config keys of its feed-forward.
 
 No q/k permutation: our rotary embedding uses the same half-rotation layout as transformers (Meta's
@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
-from models.common.decoder_args import DecoderArgs
+from titan_tpu.models.common.decoder_args import DecoderArgs
 
 T = TypeVar("T")
 # The family's argument class, so its hooks read its own fields with their types.

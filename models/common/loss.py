@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from models.common.chunked_cross_entropy import chunked_cross_entropy
+from titan_tpu.models.common.chunked_cross_entropy import chunked_cross_entropy
 
 # Labels with this value (padding, prompt tokens in fine-tuning) contribute nothing to the loss.
 IGNORE_INDEX = -100

@@ -1,4 +1,4 @@
-"""Tensor (+ sequence) parallel plan of the decoders built from `models.common`, in two parts: the
+"""Tensor (+ sequence) parallel plan of the decoders built from `titan_tpu.models.common`, in two parts: the
 top-level plan (embedding, final norm, head) and a per-block plan, which a family picks or filters
 (a dense block splits its SwiGLU; Qwen 3 MoE's experts are not tensor-parallel).
 
@@ -32,8 +32,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from models.common.decoder import DecoderLM
-from models.common.transformer import TransformerBlock
+from titan_tpu.models.common.decoder import DecoderLM
+from titan_tpu.models.common.transformer import TransformerBlock
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.distributed.parallel_dims import ParallelContext
 from titan_tpu.distributed.tensor_parallel import ReplicateParallel, install_logits_layout, to_replicated_dtensor

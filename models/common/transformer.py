@@ -5,9 +5,9 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from models.common.attention import Attention
-from models.common.kv_cache import LayerKVCache
-from models.common.norms import RMSNorm
+from titan_tpu.models.common.attention import Attention
+from titan_tpu.models.common.kv_cache import LayerKVCache
+from titan_tpu.models.common.norms import RMSNorm
 
 
 class InitializableFeedForward(Protocol):

@@ -1,6 +1,6 @@
 """Parameter count and training FLOPs of FLUX.1, computed from the args alone (no model)."""
 
-from models.flux.args import FluxArgs
+from titan_tpu.models.flux.args import FluxArgs
 
 
 def _linear(fan_in: int, fan_out: int) -> int:

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.common.norms import RMSNorm
-from models.common.rope import rope_inv_freq
+from titan_tpu.models.common.norms import RMSNorm
+from titan_tpu.models.common.rope import rope_inv_freq
 
 # FLUX.1 normalises with eps 1e-6 everywhere (the QK RMSNorms and the affine-free LayerNorms).
 NORM_EPS = 1e-6

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.flux.args import FluxArgs
-from models.flux.layers import (
+from titan_tpu.models.flux.args import FluxArgs
+from titan_tpu.models.flux.layers import (
     GeluMLP,
     HeadProjections,
     MLPEmbedder,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, TypeVar
 
-from models.flux.args import FluxArgs
+from titan_tpu.models.flux.args import FluxArgs
 
 T = TypeVar("T")
 

@@ -1,13 +1,13 @@
 """Llama 3 family: registers the "llama3" ModelSpec."""
 
-from models.common.decoder_activations import dense_decoder_activations
-from models.common.loss import cross_entropy_loss
-from models.common.parallelize import DENSE_DECODER_TP, parallelize_dense_decoder
-from models.llama3.args import LLAMA3_FLAVORS, Llama3Args
-from models.llama3.flops import llama3_flops_per_token, llama3_param_count
-from models.llama3.model import Llama3Model
-from models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
-from models.registry import ModelSpec, register_model
+from titan_tpu.models.common.decoder_activations import dense_decoder_activations
+from titan_tpu.models.common.loss import cross_entropy_loss
+from titan_tpu.models.common.parallelize import DENSE_DECODER_TP, parallelize_dense_decoder
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS, Llama3Args
+from titan_tpu.models.llama3.flops import llama3_flops_per_token, llama3_param_count
+from titan_tpu.models.llama3.model import Llama3Model
+from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
+from titan_tpu.models.registry import ModelSpec, register_model
 
 LLAMA3_SPEC = ModelSpec(
     name="llama3",

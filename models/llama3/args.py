@@ -2,9 +2,9 @@
 
 from dataclasses import dataclass
 
-from models.common.decoder_args import DecoderArgs
-from models.common.feed_forward import llama_ffn_hidden_dim
-from models.common.rope import RopeScaling
+from titan_tpu.models.common.decoder_args import DecoderArgs
+from titan_tpu.models.common.feed_forward import llama_ffn_hidden_dim
+from titan_tpu.models.common.rope import RopeScaling
 
 
 @dataclass(frozen=True)

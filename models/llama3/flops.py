@@ -1,7 +1,7 @@
 """Parameter count and training FLOPs per token of Llama 3, computed from the args alone (no model)."""
 
-from models.common.flops import decoder_flops_per_token, decoder_param_count
-from models.llama3.args import Llama3Args
+from titan_tpu.models.common.flops import decoder_flops_per_token, decoder_param_count
+from titan_tpu.models.llama3.args import Llama3Args
 
 
 def llama3_param_count(args: Llama3Args, include_embedding: bool = True) -> int:

@@ -1,13 +1,13 @@
 """Llama 3 (3.1 / 3.2 shapes), single-device; parallelism is applied from outside.
 
-The shared decoder (`models.common.decoder`) with a dense SwiGLU in every block; module names are
+The shared decoder (`titan_tpu.models.common.decoder`) with a dense SwiGLU in every block; module names are
 listed there.
 """
 
-from models.common.decoder import DecoderLM, decoder_block
-from models.common.feed_forward import FeedForward
-from models.common.transformer import TransformerBlock
-from models.llama3.args import Llama3Args
+from titan_tpu.models.common.decoder import DecoderLM, decoder_block
+from titan_tpu.models.common.feed_forward import FeedForward
+from titan_tpu.models.common.transformer import TransformerBlock
+from titan_tpu.models.llama3.args import Llama3Args
 
 
 def build_llama3_block(args: Llama3Args, layer_id: int) -> TransformerBlock:

@@ -1,13 +1,13 @@
 """Llama 3 <-> Hugging Face transformers `LlamaForCausalLM`: the shared decoder adapter
-(`models.common.hf_adapter`, which also says why no q/k permutation is needed) with Llama's dense
+(`titan_tpu.models.common.hf_adapter`, which also says why no q/k permutation is needed) with Llama's dense
 SwiGLU config keys."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from models.common.hf_adapter import DecoderHFAdapter
-from models.llama3.args import Llama3Args
+from titan_tpu.models.common.hf_adapter import DecoderHFAdapter
+from titan_tpu.models.llama3.args import Llama3Args
 
 
 class Llama3StateDictAdapter(DecoderHFAdapter[Llama3Args]):

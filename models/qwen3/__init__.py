@@ -1,15 +1,15 @@
 """Qwen 3 family: registers "qwen3" (dense) and "qwen3_moe" (mixture of experts)."""
 
-from models.common.decoder_activations import dense_decoder_activations
-from models.common.loss import cross_entropy_loss
-from models.common.parallelize import DENSE_DECODER_TP
-from models.qwen3.activations import qwen3_moe_block_activations
-from models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
-from models.qwen3.flops import qwen3_flops_per_token, qwen3_moe_routing, qwen3_param_count
-from models.qwen3.model import MoEOutput, Qwen3Model, Qwen3MoeModel, moe_loss
-from models.qwen3.parallelize import QWEN3_MOE_TP_PLAN, parallelize_qwen3, parallelize_qwen3_moe
-from models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER, Qwen3StateDictAdapter
-from models.registry import ModelSpec, register_model
+from titan_tpu.models.common.decoder_activations import dense_decoder_activations
+from titan_tpu.models.common.loss import cross_entropy_loss
+from titan_tpu.models.common.parallelize import DENSE_DECODER_TP
+from titan_tpu.models.qwen3.activations import qwen3_moe_block_activations
+from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
+from titan_tpu.models.qwen3.flops import qwen3_flops_per_token, qwen3_moe_routing, qwen3_param_count
+from titan_tpu.models.qwen3.model import MoEOutput, Qwen3Model, Qwen3MoeModel, moe_loss
+from titan_tpu.models.qwen3.parallelize import QWEN3_MOE_TP_PLAN, parallelize_qwen3, parallelize_qwen3_moe
+from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER, Qwen3StateDictAdapter
+from titan_tpu.models.registry import ModelSpec, register_model
 
 QWEN3_SPEC = ModelSpec(
     name="qwen3",

@@ -4,9 +4,9 @@ models/common/decoder_activations.py). The dense Qwen 3 block is the shared dens
 
 from __future__ import annotations
 
-from models.common.decoder_activations import FeedForwardActivations, decoder_block_activations
-from models.planning import FLOAT32, ActivationGeometry, BlockActivations
-from models.qwen3.args import Qwen3MoeArgs
+from titan_tpu.models.common.decoder_activations import FeedForwardActivations, decoder_block_activations
+from titan_tpu.models.planning import FLOAT32, ActivationGeometry, BlockActivations
+from titan_tpu.models.qwen3.args import Qwen3MoeArgs
 
 
 def moe_activations(args: Qwen3MoeArgs, g: ActivationGeometry) -> FeedForwardActivations:

@@ -9,9 +9,9 @@ every layer (no dense-only layers), with the top-k weights renormalised (`norm_t
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from models.common.decoder_args import DecoderArgs
+from titan_tpu.models.common.decoder_args import DecoderArgs
 
-# How the experts' matmuls run; see `models.qwen3.moe.GroupedExperts`.
+# How the experts' matmuls run; see `titan_tpu.models.qwen3.moe.GroupedExperts`.
 ExpertImpl = Literal["auto", "grouped_mm", "padded_bmm", "loop"]
 
 

@@ -1,6 +1,6 @@
 """Qwen 3, dense and mixture-of-experts, single-device; parallelism is applied from outside.
 
-Qwen 3 is the shared decoder (`models.common.decoder`, module names listed there) with a per-head
+Qwen 3 is the shared decoder (`titan_tpu.models.common.decoder`, module names listed there) with a per-head
 RMSNorm on q and k before the rotation (QK-norm, `Qwen3Args.qk_norm`), an explicit head_dim of 128,
 rope theta 1e6 without frequency scaling, and tied embeddings at the small sizes. The MoE variant
 swaps each block's SwiGLU for `MoEFeedForward`: feed_forward is {router.gate, experts.{w1, w2, w3}}
@@ -12,12 +12,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from models.common.decoder import DecoderLM, decoder_block
-from models.common.feed_forward import FeedForward
-from models.common.loss import cross_entropy_loss
-from models.common.transformer import TransformerBlock
-from models.qwen3.args import Qwen3Args, Qwen3MoeArgs
-from models.qwen3.moe import MoEFeedForward, RouterStats, load_balancing_loss
+from titan_tpu.models.common.decoder import DecoderLM, decoder_block
+from titan_tpu.models.common.feed_forward import FeedForward
+from titan_tpu.models.common.loss import cross_entropy_loss
+from titan_tpu.models.common.transformer import TransformerBlock
+from titan_tpu.models.qwen3.args import Qwen3Args, Qwen3MoeArgs
+from titan_tpu.models.qwen3.moe import MoEFeedForward, RouterStats, load_balancing_loss
 
 
 class MoETransformerBlock(TransformerBlock):

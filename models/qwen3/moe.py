@@ -20,7 +20,7 @@ probabilities of e, both summed over every layer and token (R = n_layers * T row
     aux = E * sum_e (C_e / R) * (P_e / R)
 
 It is not the mean of per-layer losses, so each layer returns its (C, P) and the model sums them
-(how its gradient reaches each layer: `models.qwen3.model._AuxLossGradient`).
+(how its gradient reaches each layer: `titan_tpu.models.qwen3.model._AuxLossGradient`).
 """
 
 from typing import ClassVar, NamedTuple
@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.common.init import trunc_normal_std_
-from models.common.precision import autocast_dtype
-from models.qwen3.args import ExpertImpl
+from titan_tpu.models.common.init import trunc_normal_std_
+from titan_tpu.models.common.precision import autocast_dtype
+from titan_tpu.models.qwen3.args import ExpertImpl
 
 
 class RouterStats(NamedTuple):

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from models.common.parallelize import (
+from titan_tpu.models.common.parallelize import (
     DecoderTPPlan,
     attention_block_plan,
     check_tp_divisibility,
     parallelize_dense_decoder,
 )
-from models.qwen3.model import Qwen3MoeModel
+from titan_tpu.models.qwen3.model import Qwen3MoeModel
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.distributed.expert_parallel import (
     parallelize_moe,

@@ -18,7 +18,7 @@ per expert. transformers 5.x keeps them fused in memory instead: `mlp.experts.ga
 [E, 2*hidden, dim] (gate rows first) and `mlp.experts.down_proj` [E, dim, hidden]. Our stacked
 [E, out, in] weights are the per-expert tensors stacked along dim 0 (no transpose).
 
-The shared decoder adapter (`models.common.hf_adapter`) does the one-to-one names and config.json;
+The shared decoder adapter (`titan_tpu.models.common.hf_adapter`) does the one-to-one names and config.json;
 this one adds QK-norm and the router to the names, the stacked experts (`hf_tensors`, `hf_names`
 and their inverse `our_name_and_index`; `to_hf` / `from_hf` stack and unstack them, and from_hf also
 reads transformers 5.x's fused in-memory layout), and the MoE config keys.
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from models.common.hf_adapter import DECODER_PER_LAYER, QK_NORM_PER_LAYER, DecoderHFAdapter
-from models.qwen3.args import Qwen3Args, Qwen3MoeArgs
+from titan_tpu.models.common.hf_adapter import DECODER_PER_LAYER, QK_NORM_PER_LAYER, DecoderHFAdapter
+from titan_tpu.models.qwen3.args import Qwen3Args, Qwen3MoeArgs
 
 # Our stacked expert weight -> the per-expert projection in HF files.
 _EXPERT_PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from models.qwen3.moe import MoEFeedForward  # noqa: E402
+from titan_tpu.models.qwen3.moe import MoEFeedForward  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.expert_parallel import _ScaleGrad, apply_expert_parallel  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402

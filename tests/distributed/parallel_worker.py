@@ -34,11 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import models  # noqa: E402
-from models.common.attention import Attention  # noqa: E402
-from models.common.loss import cross_entropy_loss  # noqa: E402
-from models.llama3.model import Llama3Model, build_llama3_block  # noqa: E402
-from models.common.parallelize import apply_decoder_tp, decoder_block_plan  # noqa: E402
+from titan_tpu import models  # noqa: E402
+from titan_tpu.models.common.attention import Attention  # noqa: E402
+from titan_tpu.models.common.loss import cross_entropy_loss  # noqa: E402
+from titan_tpu.models.llama3.model import Llama3Model, build_llama3_block  # noqa: E402
+from titan_tpu.models.common.parallelize import apply_decoder_tp, decoder_block_plan  # noqa: E402
 from titan_tpu.distributed.tensor_parallel import loss_context  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402

@@ -17,8 +17,8 @@ from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import parallelize_model
 from titan_tpu.distributed.sharded_init import canonical_name
 
-import models
-from models.qwen3.moe import GroupedExperts
+from titan_tpu import models
+from titan_tpu.models.qwen3.moe import GroupedExperts
 
 SEQ = 32
 

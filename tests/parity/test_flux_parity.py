@@ -12,8 +12,8 @@ import pytest
 import torch
 from diffusers import FluxTransformer2DModel
 
-from models.flux import FLUX_FLAVORS, FluxArgs, FluxModel, flux_param_count
-from models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
+from titan_tpu.models.flux import FLUX_FLAVORS, FluxArgs, FluxModel, flux_param_count
+from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
 from tests.flux_reference import diffusers_model, inputs, random_diffusers_model, randomize, run_diffusers, run_ours
 
 # Small but with every axis exercised: 3-axis rope with unequal axes, several heads, both block kinds.

@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from models.common.rope import RopeScaling, rope_inv_freq
-from models.llama3 import Llama3Args, Llama3Model
-from models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
+from titan_tpu.models.common.rope import RopeScaling, rope_inv_freq
+from titan_tpu.models.llama3 import Llama3Args, Llama3Model
+from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
 
 # original_max_position is small so that the Llama 3.1 frequency scaling changes most frequencies, and
 # the longest sequence runs well past it.

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from models.common.loss import IGNORE_INDEX
+from titan_tpu.models.common.loss import IGNORE_INDEX
 from titan_tpu.checkpoint.hf_import import load_hf_weights
-from models.qwen3 import QWEN3_STATE_DICT_ADAPTER, Qwen3Args, Qwen3Model, Qwen3MoeArgs, Qwen3MoeModel, moe_loss
+from titan_tpu.models.qwen3 import QWEN3_STATE_DICT_ADAPTER, Qwen3Args, Qwen3Model, Qwen3MoeArgs, Qwen3MoeModel, moe_loss
 
 SEQ_LENS = (7, 64, 200)
 

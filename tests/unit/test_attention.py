@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from models.common.attention import Attention
-from models.common.attention_kernels import (
+from titan_tpu.models.common.attention import Attention
+from titan_tpu.models.common.attention_kernels import (
     AttentionKernel,
     BlockedAttention,
     SdpaAttention,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from models.common.attention_kernels import AttentionKernel, BlockedAttention, SdpaAttention
+from titan_tpu.models.common.attention_kernels import AttentionKernel, BlockedAttention, SdpaAttention
 
 KERNELS: dict[str, Callable[[], AttentionKernel]] = {
     "sdpa": SdpaAttention,

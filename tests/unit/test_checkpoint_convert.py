@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from models.llama3 import LLAMA3_FLAVORS, Llama3Model
-from models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER as ADAPTER
-from models.qwen3 import QWEN3_MOE_FLAVORS, QWEN3_STATE_DICT_ADAPTER, Qwen3MoeModel
+from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Model
+from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER as ADAPTER
+from titan_tpu.models.qwen3 import QWEN3_MOE_FLAVORS, QWEN3_STATE_DICT_ADAPTER, Qwen3MoeModel
 from titan_tpu.checkpoint import layout
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.checkpoint.storage import read_metadata_file

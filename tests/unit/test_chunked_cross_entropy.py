@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.common.chunked_cross_entropy import ChunkedCrossEntropy, chunk_tokens, chunked_cross_entropy  # noqa: E402
-from models.common.loss import IGNORE_INDEX, cross_entropy_loss  # noqa: E402
+from titan_tpu.models.common.chunked_cross_entropy import ChunkedCrossEntropy, chunk_tokens, chunked_cross_entropy  # noqa: E402
+from titan_tpu.models.common.loss import IGNORE_INDEX, cross_entropy_loss  # noqa: E402
 from plan_measure import LiveTensorPeak  # noqa: E402
 
 TOKENS, VOCAB = 100, 64

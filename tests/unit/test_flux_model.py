@@ -9,9 +9,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-import models
-from models.flux import FLUX_FLAVORS, FluxModel, flux_param_count, flux_training_flops_per_sample
-from models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
+from titan_tpu import models
+from titan_tpu.models.flux import FLUX_FLAVORS, FluxModel, flux_param_count, flux_training_flops_per_sample
+from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
 from tests.flux_reference import inputs, run_ours
 from titan_tpu.distributed.parallelize import blocks
 

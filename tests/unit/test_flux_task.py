@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-import models
+from titan_tpu import models
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.loader import load_config
 from titan_tpu.config.task_sections import FluxConfig

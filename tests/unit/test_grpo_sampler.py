@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from models.qwen3 import QWEN3_FLAVORS, Qwen3Model
+from titan_tpu.models.qwen3 import QWEN3_FLAVORS, Qwen3Model
 from titan_tpu.tasks.grpo.sampler import SamplingParams, generate, pick_tokens, row_uniforms
 
 PAD = 0

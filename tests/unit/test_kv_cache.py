@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.common.decoder import DecoderLM
-from models.common.kv_cache import KVCache, padded_causal_mask
-from models.llama3 import LLAMA3_FLAVORS, Llama3Model
-from models.qwen3 import QWEN3_FLAVORS, Qwen3Model
+from titan_tpu.models.common.decoder import DecoderLM
+from titan_tpu.models.common.kv_cache import KVCache, padded_causal_mask
+from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Model
+from titan_tpu.models.qwen3 import QWEN3_FLAVORS, Qwen3Model
 
 PROMPTS = [[5, 17, 99, 3, 42], [7, 8, 9], [1, 2, 3, 4, 5, 6, 7]]
 NEW_TOKENS = 5

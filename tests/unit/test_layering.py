@@ -45,14 +45,15 @@ class Rule:
     forbidden: tuple[str, ...]  # module prefixes: "torch.distributed" also forbids its submodules
     why: str
     exempt: tuple[str, ...] = ()
-    no_private_names: bool = False  # no `_name` (or `_module`) from titan_tpu / models, but its own
+    allowed: tuple[str, ...] = ()  # module prefixes inside a forbidden one that the layer may import
+    no_private_names: bool = False  # no `_name` (or `_module`) from titan_tpu, but its own package's
 
 
 RULES = (
     Rule(
         "config",
         ("titan_tpu/config/**/*.py",),
-        ("torch", "numpy", "models", *_ENGINE),
+        ("torch", "numpy", "titan_tpu.models", *_ENGINE),
         "the ground floor: `train.py --help` and the plain config errors answer before torch loads, "
         "and every layer reads it; the entry points check registry names after loading",
     ),
@@ -61,10 +62,11 @@ RULES = (
         ("models/**/*.py",),
         ("torch.distributed", "titan_tpu"),
         "model files are single-device; parallelism is applied from outside by parallelize.py",
+        allowed=("titan_tpu.models",),
         exempt=("models/__init__.py", "models/registry.py", "models/*/__init__.py", "models/*/parallelize.py"),
     ),
     Rule(
-        "models",
+        "titan_tpu.models",
         ("models/**/*.py",),
         _engine_except("titan_tpu.distributed"),
         "the engine finds models through the registry, never the other way round; a family's "
@@ -73,19 +75,19 @@ RULES = (
     Rule(
         "device",
         ("titan_tpu/device/**/*.py",),
-        ("models", *_engine_except("titan_tpu.device")),
+        ("titan_tpu.models", *_engine_except("titan_tpu.device")),
         "the bottom of the engine: everything else asks it about the hardware",
     ),
     Rule(
         "distributed",
         ("titan_tpu/distributed/**/*.py",),
-        ("models", *_engine_except("titan_tpu.device", "titan_tpu.distributed")),
+        ("titan_tpu.models", *_engine_except("titan_tpu.device", "titan_tpu.distributed")),
         "meshes, FSDP, TP, EP work on any nn.Module handed in; they know no model, data or loop",
     ),
     Rule(
         "data",
         ("titan_tpu/data/**/*.py",),
-        ("torch.distributed", "models", *_engine_except("titan_tpu.data")),
+        ("torch.distributed", "titan_tpu.models", *_engine_except("titan_tpu.data")),
         "the pipeline gets its data-parallel rank and size as plain ints, so it runs and is "
         "tested without a process group",
     ),
@@ -110,19 +112,19 @@ RULES = (
     Rule(
         "checkpoint",
         ("titan_tpu/checkpoint/**/*.py",),
-        ("models", *_engine_except("titan_tpu.device", "titan_tpu.distributed", "titan_tpu.checkpoint")),
+        ("titan_tpu.models", *_engine_except("titan_tpu.device", "titan_tpu.distributed", "titan_tpu.checkpoint")),
         "it saves the Stateful objects it is handed and converts through the adapter it is handed",
     ),
     Rule(
         "metrics",
         ("titan_tpu/metrics/**/*.py",),
-        ("models", *_engine_except("titan_tpu.device", "titan_tpu.metrics")),
+        ("titan_tpu.models", *_engine_except("titan_tpu.device", "titan_tpu.metrics")),
         "a record in, lines out; the trainer computes what goes into the record",
     ),
     Rule(
         "optim",
         ("titan_tpu/optim.py",),
-        ("models", *_engine_except("titan_tpu.optim")),
+        ("titan_tpu.models", *_engine_except("titan_tpu.optim")),
         "optimizers and schedules are built from parameters and a config section alone",
     ),
     Rule(
@@ -152,7 +154,7 @@ RULES = (
     Rule(
         "launch",
         ("titan_tpu/launch/**/*.py",),
-        ("models", "titan_tpu.plan", *_engine_except("titan_tpu.device")),
+        ("titan_tpu.models", "titan_tpu.plan", *_engine_except("titan_tpu.device")),
         "the launcher runs on each host before any training process exists; it only asks the device "
         "layer how many devices the host has",
     ),
@@ -169,11 +171,25 @@ RULES = (
         ("train", "scripts", "tests"),
         "the installed package works without the repository's entry point, scripts and tests",
     ),
+    Rule(
+        "one import name",
+        ("titan_tpu/**/*.py", "models/**/*.py", "train.py", "scripts/**/*.py", "tests/**/*.py"),
+        ("models", "train_configs"),
+        "the models and the shipped configs are installed as titan_tpu.models and "
+        "titan_tpu.train_configs; a top-level `models` works only from the repository root, and is "
+        "any other project's package elsewhere",
+    ),
 )
+
+
+# Folders at the repository root that are installed under another name (setup.py).
+INSTALLED_AS = {"models": "titan_tpu.models", "train_configs": "titan_tpu.train_configs"}
 
 
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[0] in INSTALLED_AS:
+        parts[:1] = INSTALLED_AS[parts[0]].split(".")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -214,7 +230,7 @@ def _within(name: str, prefix: str) -> bool:
 
 
 def _private(target: str, name: str, own_package: str) -> bool:
-    if not (_within(target, "titan_tpu") or _within(target, "models")) or _within(target, own_package):
+    if not _within(target, "titan_tpu") or _within(target, own_package):
         return False
     return name.startswith("_") or any(part.startswith("_") for part in target.split("."))
 
@@ -239,7 +255,10 @@ def violations(rule: Rule, root: Path) -> list[str]:
         for line, target, name in imports_of(source, module, is_package):
             candidates = [target, f"{target}.{name}"] if name else [target]
             for prefix in rule.forbidden:
-                if any(_within(candidate, prefix) for candidate in candidates):
+                if any(
+                    _within(candidate, prefix) and not any(_within(candidate, a) for a in rule.allowed)
+                    for candidate in candidates
+                ):
                     found.append(f"{where}:{line}: {rule.layer} imports {candidates[-1]} ({rule.why})")
                     break
             if rule.no_private_names and _private(target, name, own_package):
@@ -259,7 +278,7 @@ def test_importing_the_config_loads_no_torch() -> None:
     of titan_tpu outside the configuration loads either: the bug this catches is the loader importing
     the tasks' own section modules (titan_tpu.tasks.rectified_flow.config), a layer above it."""
     probe = (
-        "import sys, titan_tpu.config; print(sorted(m for m in sys.modules if m in ('torch', 'numpy', 'models') "
+        "import sys, titan_tpu.config; print(sorted(m for m in sys.modules if m in ('torch', 'numpy') "
         "or m.startswith('titan_tpu.') and not m.startswith('titan_tpu.config')))"
     )
     result = subprocess.run(
@@ -276,9 +295,11 @@ def test_checker_flags_a_synthetic_bad_tree(tmp_path: Path) -> None:
         "models/toy/model.py": "import torch\nfrom torch.distributed.tensor import DTensor\n",
         "models/toy/args.py": "def f():\n    from titan_tpu import trainer\n",
         "models/toy/parallelize.py": "from titan_tpu.distributed import fsdp\nfrom titan_tpu.data import loader\n",
+        "models/toy/flops.py": "from titan_tpu.models.common.flops import f\nfrom models.common import g\n",
+        "scripts/tool.py": "import torch\nimport models\n",
         "titan_tpu/config/extra.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",
         "titan_tpu/config/late.py": (
-            "def check():\n    import models\nclass C:\n    from titan_tpu.tasks import base\n"
+            "def check():\n    import titan_tpu.models\nclass C:\n    from titan_tpu.tasks import base\n"
             "from titan_tpu.tasks.flow.config import Section\nfrom titan_tpu.tasks.flow.configs import X\n"
         ),
         "titan_tpu/data/documents.py": "from . import sources\n",
@@ -298,6 +319,8 @@ def test_checker_flags_a_synthetic_bad_tree(tmp_path: Path) -> None:
         "models/toy/model.py:2",
         "models/toy/args.py:2",
         "models/toy/parallelize.py:2",
+        "models/toy/flops.py:2",
+        "scripts/tool.py:2",
         "titan_tpu/config/extra.py:3",
         "titan_tpu/config/late.py:2",
         "titan_tpu/config/late.py:4",

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import models  # noqa: E402
+from titan_tpu import models  # noqa: E402
 from plan_measure import LiveTensorPeak, measure_state, within  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.optim import build_optimizer  # noqa: E402

@@ -23,15 +23,15 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-import models.registry
-from models.common.decoder import DecoderLM, decoder_block
-from models.common.decoder_activations import FeedForwardActivations, decoder_block_activations
-from models.common.decoder_args import DecoderArgs
-from models.common.flops import decoder_flops_per_token
-from models.common.parallelize import DecoderTPPlan, attention_block_plan
-from models.common.transformer import TransformerBlock
-from models.planning import ActivationGeometry, BlockActivations
-from models.registry import ModelSpec
+import titan_tpu.models.registry
+from titan_tpu.models.common.decoder import DecoderLM, decoder_block
+from titan_tpu.models.common.decoder_activations import FeedForwardActivations, decoder_block_activations
+from titan_tpu.models.common.decoder_args import DecoderArgs
+from titan_tpu.models.common.flops import decoder_flops_per_token
+from titan_tpu.models.common.parallelize import DecoderTPPlan, attention_block_plan
+from titan_tpu.models.common.transformer import TransformerBlock
+from titan_tpu.models.planning import ActivationGeometry, BlockActivations
+from titan_tpu.models.registry import ModelSpec
 from titan_tpu.config import load_config
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.plan.census import census
@@ -111,7 +111,7 @@ def hand_count_per_device(args: ToyArgs, tp: int) -> int:
 @pytest.fixture
 def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
     """The family registered for this test only, as its own package's __init__ would register it."""
-    monkeypatch.setitem(models.registry._REGISTRY, SPEC.name, SPEC)
+    monkeypatch.setitem(titan_tpu.models.registry._REGISTRY, SPEC.name, SPEC)
 
 
 def toy_config(*extra: str):  # noqa: ANN201 (a TrainConfig)

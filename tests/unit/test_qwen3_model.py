@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import get_model_spec
-from models.common.loss import cross_entropy_loss
-from models.qwen3 import (
+from titan_tpu.models import get_model_spec
+from titan_tpu.models.common.loss import cross_entropy_loss
+from titan_tpu.models.qwen3 import (
     QWEN3_FLAVORS,
     QWEN3_MOE_FLAVORS,
     MoEOutput,
@@ -25,7 +25,7 @@ from models.qwen3 import (
     moe_loss,
     qwen3_param_count,
 )
-from models.qwen3.moe import GroupedExperts, MoEFeedForward, load_balancing_loss
+from titan_tpu.models.qwen3.moe import GroupedExperts, MoEFeedForward, load_balancing_loss
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,7 +87,7 @@ def test_235b_meta_build_is_cheap() -> None:
     script = textwrap.dedent(
         """
         import json, time, torch
-        from models.qwen3 import QWEN3_MOE_FLAVORS, Qwen3MoeModel
+        from titan_tpu.models.qwen3 import QWEN3_MOE_FLAVORS, Qwen3MoeModel
         from titan_tpu.device.memory import peak_rss_gib
         start = time.perf_counter()
         with torch.device("meta"):

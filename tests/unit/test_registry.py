@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-import models
-from models.llama3 import Llama3Model
-from models.registry import ModelSpec, get_model_spec, model_names, register_model
+from titan_tpu import models
+from titan_tpu.models.llama3 import Llama3Model
+from titan_tpu.models.registry import ModelSpec, get_model_spec, model_names, register_model
 from titan_tpu.config import ConfigError
 from titan_tpu.tasks.registry import task_names
 

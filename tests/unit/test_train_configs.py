@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import models
+from titan_tpu import models
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.config.loader import CONFIG_DIR
 from titan_tpu.registered_names import check_registered_names

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import models
+from titan_tpu import models
 from titan_tpu.config import ConfigError, ResolvedConfig, TrainConfig, load_config, write_resolved_config
 from titan_tpu.config.batch import split_global_batch
 from titan_tpu.trainer import Trainer, TrainingStopped

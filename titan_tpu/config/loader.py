@@ -11,6 +11,7 @@ changed afterwards (what a run resolves from it goes into titan_tpu/config/resol
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import sys
 import typing
 from pathlib import Path
@@ -47,7 +48,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "train_configs"
+# The shipped configs: the repository's train_configs/, installed as the data package
+# titan_tpu.train_configs (setup.py). Asking the import system where it lies, instead of walking up
+# from this file, finds it in an editable install and in site-packages alike, without running it.
+CONFIG_DIR = Path(importlib.util.find_spec("titan_tpu.train_configs").origin).parent
 
 
 @dataclasses.dataclass

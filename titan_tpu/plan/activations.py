@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.common.chunked_cross_entropy import chunk_tokens
-from models.common.decoder_activations import norm_activations
-from models.planning import FLOAT32, BlockActivations
+from titan_tpu.models.common.chunked_cross_entropy import chunk_tokens
+from titan_tpu.models.common.decoder_activations import norm_activations
+from titan_tpu.models.planning import FLOAT32, BlockActivations
 from titan_tpu.config.sections import ActivationCheckpointConfig
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-import models
+from titan_tpu import models
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.distributed.expert_parallel import moe_layers, validate_expert_parallel
 from titan_tpu.distributed.parallel_dims import ParallelDims

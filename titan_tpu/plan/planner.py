@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import models
+from titan_tpu import models
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.config.batch import split_global_batch
 from titan_tpu.device.dtype import dtype_from_name

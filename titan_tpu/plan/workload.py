@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import models
-from models.flux import flux_training_flops_per_sample
-from models.registry import ModelSpec
+from titan_tpu import models
+from titan_tpu.models.flux import flux_training_flops_per_sample
+from titan_tpu.models.registry import ModelSpec
 from titan_tpu.config import TrainConfig
 
 # Spatial downsampling of the latent autoencoders the rectified-flow task can load.

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from models.common.attention_kernels import AttentionKernel, SdpaAttention
+from titan_tpu.models.common.attention_kernels import AttentionKernel, SdpaAttention
 
 if TYPE_CHECKING:
-    from models.registry import ModelSpec
+    from titan_tpu.models.registry import ModelSpec
     from titan_tpu.config import TrainConfig
     from titan_tpu.distributed.parallel_dims import ParallelContext
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from models.common.kv_cache import KVCache
+from titan_tpu.models.common.kv_cache import KVCache
 
 
 @dataclass(frozen=True)

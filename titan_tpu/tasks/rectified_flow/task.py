@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from models.flux import FluxArgs, flux_training_flops_per_sample
+from titan_tpu.models.flux import FluxArgs, flux_training_flops_per_sample
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.task_sections import FluxConfig
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
