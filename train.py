@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
         # logging is set up after it, so that libraries' import-time messages do not bury a config error.
         from titan_tpu.registered_names import check_registered_names
 
-        check_registered_names(config)
+        names = check_registered_names(config)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     from titan_tpu.trainer import Trainer, TrainingStopped
 
     try:
-        trainer = Trainer(config)
+        trainer = Trainer(config, names)
         try:
             trainer.train()
         finally:

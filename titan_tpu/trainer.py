@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.common.attention_kernels import AttentionKernel, attention_kernel, splash_block
+from titan_tpu.models.common.attention_kernels import AttentionKernel, attention_kernel, splash_block
 from titan_tpu.checkpoint import CheckpointManager
 from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights
 from titan_tpu.config import ConfigError, ResolvedConfig, TrainConfig, write_resolved_config
@@ -42,7 +42,7 @@ from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 from titan_tpu.metrics.plot import write_run_loss_chart
 from titan_tpu.metrics.progress import Progress
 from titan_tpu.optim import build_lr_scheduler, build_optimizer
-from titan_tpu.registered_names import check_registered_names
+from titan_tpu.registered_names import RegisteredNames, check_registered_names
 from titan_tpu.seeding import seed_everything
 from titan_tpu.tasks.base import TaskContext, TrainingTask
 from titan_tpu.tasks.registry import task_class
@@ -68,9 +68,11 @@ class _Window:
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig):
+    def __init__(self, config: TrainConfig, names: RegisteredNames | None = None):
+        """`names`: the config's names as the entry point already checked them (train.py does, before
+        logging starts); without them the trainer checks them itself."""
         self.config = config  # as loaded, never written: what the run decides goes into self.resolved
-        self.registered = check_registered_names(config)
+        self.registered = names or check_registered_names(config)
         self.process = process_group.process_info()
         self.comm = CommTimeouts(config.comm, self.process.rank)
         try:
