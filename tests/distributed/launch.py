@@ -1,11 +1,16 @@
-"""Run a script under torchrun on this machine's CPU (gloo) and fail with its output if it fails."""
+"""Run a script under torchrun on this machine's CPU (gloo) and fail with its output if it fails; read
+a layout worker's results back."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 # train.py arguments of a tiny float32 deterministic debug Llama run, whose losses the resume and
@@ -33,3 +38,24 @@ def torchrun(nproc: int, script: Path, *args: str, timeout: float = 600) -> subp
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
     return done
+
+
+def launch_layout_worker(
+    worker: Path, out_dir: Path, layouts: dict[str, str], reference: Callable[[Path], Any], timeout: float
+) -> dict[str, Any]:
+    """One 4-process launch of a layout worker, read back: its results.json, with each layout's
+    captured run (`layouts`: result key -> the .pt file the worker saved it in) under "run", and
+    `reference(out_dir)`, the single process run here, under "single". Prints where the time went."""
+    from parity import RunResult
+
+    start = time.perf_counter()
+    torchrun(4, worker, str(out_dir / "results.json"), timeout=timeout)
+    elapsed = time.perf_counter() - start
+    data = json.loads((out_dir / "results.json").read_text())
+    for key, stem in layouts.items():
+        data[key]["run"] = RunResult.load(out_dir / f"{stem}.pt")
+    start = time.perf_counter()
+    data["single"] = reference(out_dir)
+    print(f"\n4-process launch {elapsed:.1f}s, single-process reference {time.perf_counter() - start:.1f}s; "
+          f"per part: { {k: round(v, 1) for k, v in data['timings_s'].items()} }")
+    return data

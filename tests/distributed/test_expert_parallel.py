@@ -16,10 +16,8 @@ The layout rule's error messages are checked without processes.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,26 +32,21 @@ sys.path.insert(0, str(HERE))
 
 import expert_parallel_worker  # noqa: E402
 from parallel_worker import STEPS  # noqa: E402
-from launch import torchrun  # noqa: E402
-from parity import RunResult, assert_matches_single_process, compare  # noqa: E402
+from launch import launch_layout_worker  # noqa: E402
+from parity import assert_matches_single_process, compare  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out_dir = tmp_path_factory.mktemp("expert_parallel")
-    out = out_dir / "results.json"
-    start = time.perf_counter()
-    torchrun(4, HERE / "expert_parallel_worker.py", str(out), timeout=600)
-    elapsed = time.perf_counter() - start
-    data = json.loads(out.read_text())
-    for layout in [*expert_parallel_worker.LAYOUTS, expert_parallel_worker.MISSCALED_LAYOUT[0]]:
-        data[layout]["run"] = RunResult.load(out_dir / f"{layout}.pt")
-    data[expert_parallel_worker.BF16_LAYOUT[0]]["run"] = RunResult.load(out_dir / "ep2_fsdp2_bf16.pt")
-    start = time.perf_counter()
-    data["single"] = expert_parallel_worker.reference(out_dir)
-    print(f"\n4-process launch {elapsed:.1f}s, single-process reference {time.perf_counter() - start:.1f}s; "
-          f"per part: { {k: round(v, 1) for k, v in data['timings_s'].items()} }")
-    return data
+    layouts = {layout: layout for layout in [*expert_parallel_worker.LAYOUTS, expert_parallel_worker.MISSCALED_LAYOUT[0]]}
+    layouts[expert_parallel_worker.BF16_LAYOUT[0]] = "ep2_fsdp2_bf16"
+    return launch_layout_worker(
+        HERE / "expert_parallel_worker.py",
+        tmp_path_factory.mktemp("expert_parallel"),
+        layouts,
+        expert_parallel_worker.reference,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow

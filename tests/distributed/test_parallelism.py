@@ -18,9 +18,7 @@ results:
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,26 +28,22 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import parallel_worker  # noqa: E402
-from launch import torchrun  # noqa: E402
-from parity import RunResult, assert_matches_single_process, assert_parity  # noqa: E402
+from launch import launch_layout_worker  # noqa: E402
+from parity import assert_matches_single_process, assert_parity  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out_dir = tmp_path_factory.mktemp("parallel")
-    out = out_dir / "results.json"
-    start = time.perf_counter()
-    torchrun(4, HERE / "parallel_worker.py", str(out), timeout=900)
-    elapsed = time.perf_counter() - start
-    data = json.loads(out.read_text())
-    for layout in parallel_worker.LAYOUTS:
-        data[layout]["run"] = RunResult.load(out_dir / f"{layout}.pt")
-    start = time.perf_counter()
-    data["single"], data["single_state_bytes"] = parallel_worker.reference(out_dir)
-    print(f"\n4-process launch {elapsed:.1f}s, single-process reference {time.perf_counter() - start:.1f}s; "
-          f"per part: { {k: round(v, 1) for k, v in data['timings_s'].items()} }")
+    data = launch_layout_worker(
+        HERE / "parallel_worker.py",
+        tmp_path_factory.mktemp("parallel"),
+        {layout: layout for layout in parallel_worker.LAYOUTS},
+        parallel_worker.reference,
+        timeout=900,
+    )
+    data["single"], data["single_state_bytes"] = data["single"]
     return data
 
 
