@@ -11,6 +11,7 @@ from torch import nn
 
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.planning import ActivationGeometry, BlockActivations, ExpertRouting, TensorParallelPlan
+from titan_tpu.models.common.tunable import Tunable
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.values import check, did_you_mean, is_supported, to_toml_value
 
@@ -67,6 +68,8 @@ class ModelSpec:
     tp_plan: TensorParallelPlan | None = None
     block_activations: Callable[[Any, ActivationGeometry], BlockActivations] | None = None
     expert_routing: Callable[[Any], ExpertRouting] | None = None
+    # The model-args fields whose "auto" is measured at start-up (models/common/tunable.py).
+    tunables: tuple[Tunable, ...] = ()
 
     def flavor(self, name: str) -> Any:
         if name not in self.flavors:

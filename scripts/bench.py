@@ -38,6 +38,7 @@ from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa:
 
 skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
 
+from scripts.bench_kernels import kernel_table  # noqa: E402
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 
 
@@ -81,6 +82,9 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
             "peak_memory_gib": round(trainer.device.peak_memory_gib(), 3),
             "step_time_s": round(elapsed / steps, 4),
             "final_loss": round(float(loss), 4),
+            # What each "auto" kernel became, and among which candidates (titan_tpu/kernels/).
+            "kernels": {choice.field: choice.pick for choice in trainer.kernels},
+            "kernel_candidates": {choice.field: list(choice.times_ms) for choice in trainer.kernels},
         }
         return record if trainer.is_writer else None
     finally:
@@ -243,6 +247,7 @@ def main() -> int:
     parser.add_argument("--matrix", default="", help="comma-separated configs, run for every layout")
     parser.add_argument("--layouts", default="", help=f"comma-separated layouts for --matrix: {LAYOUT_HELP}")
     parser.add_argument("--out", type=Path, default=Path("bench_results"), help="--matrix writes <out>/bench.jsonl")
+    parser.add_argument("--kernels", action="store_true", help="every kernel candidate forced in turn, beside auto")
     parser.add_argument("--case-timeout", type=float, default=3600.0, help="seconds one --matrix case may take")
     args, overrides = parser.parse_known_args()
     try:
@@ -250,6 +255,8 @@ def main() -> int:
             raise ConfigError("--layouts: only with --matrix CONFIGS")
         if args.matrix:
             return matrix(args, overrides)
+        if args.kernels:
+            return kernel_table(args.config, args.steps, args.warmup, overrides, measure)
         if args.nproc:
             passthrough = [f"--steps={args.steps}", f"--warmup={args.warmup}", *overrides]
             scaling(args.config, [int(n) for n in args.nproc.split(",")], passthrough)

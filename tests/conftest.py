@@ -8,9 +8,17 @@ machine, as the entry points do (the multi-process tests' workers inherit the en
 torch_tpu itself import it explicitly. On a TPU host nothing changes.
 """
 
+import os
+import tempfile
+
 from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
+from titan_tpu.kernels.cache import CACHE_ENV
 
 skip_tpu_backend_without_chips()
+
+# Measured kernel choices (titan_tpu/kernels/) go to a folder of this session's own, inherited by the
+# multi-process tests' workers: the suite neither reads nor fills the user's cache.
+os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="titan_tpu_kernels_")
 
 from collections.abc import Iterator  # noqa: E402
 

@@ -23,14 +23,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from titan_tpu.models.common.attention_kernels import AttentionKernel, attention_kernel, splash_block
+from titan_tpu.models.common.tunable import KernelShape
 from titan_tpu.checkpoint import CheckpointManager
 from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights
-from titan_tpu.config import ConfigError, ResolvedConfig, TrainConfig, write_resolved_config
+from titan_tpu.config import ResolvedConfig, TrainConfig, write_resolved_config
 from titan_tpu.config.batch import split_global_batch
-from titan_tpu.device import Device, dtype_name, host_peak_flops, native_bf16, resolve_compute_dtype, select_device
-from titan_tpu.device.attention_choice import choose_attention
+from titan_tpu.device import Device, dtype_name, host_peak_flops, resolve_compute_dtype, select_device
 from titan_tpu.device.peak import peak_covering
+from titan_tpu.kernels.for_run import choose_run_kernels, requested_attention
 from titan_tpu.distributed import process_group
 from titan_tpu.distributed.comm_timeouts import CommTimeouts
 from titan_tpu.distributed.grad_utils import clip_grad_norm_, sum_over
@@ -141,33 +141,19 @@ class Trainer:
             grad_accum_steps=self.grad_accum_steps,
             dump_folder=self.dump_folder,
             is_writer=self.is_writer,
-            attention=self._attention_kernel(),
+            attention=requested_attention(config.model.attention_block),
         )
         self.task: TrainingTask = task_class(self.registered.task)(context)
-        self.model_args = self.task.model_args(self.spec.build_args(config.model.flavor, config.model.overrides))
-
-    def _attention_kernel(self) -> AttentionKernel:
-        """The causal attention kernel for this device, dtype and sequence length (or the one
-        `model.attention_block` names)."""
-        config = self.config
-        name = choose_attention(
-            self.device.type,
-            self.compute_dtype,
-            config.model.attention_block,
-            splash_tiles=splash_block(config.training.seq_len) is not None,
-            native_bf16_matmul=native_bf16(self.device.type),
+        args = self.task.model_args(self.spec.build_args(config.model.flavor, config.model.overrides))
+        dims = self.parallel.dims
+        shape = KernelShape(
+            self.device.torch_device, self.compute_dtype, self.local_batch_size, config.training.seq_len,
+            tp=dims.tp, ep=dims.ep, splash_op=self.device.splash_attention_op(),
+        )  # fmt: skip
+        # The kernels "auto" left to measurement, what each became and the candidates' times.
+        self.model_args, self.kernels = choose_run_kernels(
+            self.spec.tunables, args, shape, self.device, config, self.is_writer
         )
-        splash_op = self.device.splash_attention_op() if name == "splash" else None
-        if name == "splash" and splash_op is None:
-            # torch_tpu's splash kernel is a Pallas kernel and needs jax, which the tpu extra leaves out.
-            logger.warning("attention: splash needs jax (pip install jax); using sdpa")
-            name = "sdpa"
-        if self.is_writer:
-            logger.info("attention: %s", name)
-        try:
-            return attention_kernel(name, splash_op=splash_op)
-        except ValueError as error:
-            raise ConfigError(f"model.attention_block: {error}") from None
 
     def _setup_model(self) -> None:
         """On meta, then TP/SP -> AC -> compile -> FSDP -> materialise + init (identical weights on

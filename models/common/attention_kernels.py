@@ -7,8 +7,8 @@ The output is [B, H, S, D] in q's dtype, scaled by 1/sqrt(D), with a causal mask
 Kernels are small frozen values (hashable, printable), so they can sit in a frozen model-args
 dataclass. A kernel is chosen by name ("sdpa", "blocked:128", "splash") through `attention_kernel`;
 the TPU kernel is an op the caller hands in (model code imports no device library), so a test can hand
-in a stand-in with the same signature. Which one a run uses ("auto") is the device layer's
-decision: `titan_tpu/device/attention_choice.py`.
+in a stand-in with the same signature. Which one a run uses ("auto") is measured at start-up, among
+the candidates `attention_tunable.py` lists for the device (titan_tpu/kernels/).
 """
 
 from __future__ import annotations
@@ -124,12 +124,27 @@ class SplashAttention:
         )
 
 
-KERNEL_NAMES = ("sdpa", "blocked:<block>", "splash")
+@dataclass(frozen=True)
+class AutoAttention:
+    """The kernel a run has not chosen yet: `model.attention_block = -1` puts it into the model
+    arguments, and the trainer replaces it with the measured pick (models/common/attention_tunable.py)
+    before the model is built. Called, it fails: a model must never run with it."""
+
+    name: str = field(default="auto", init=False)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("attention kernel 'auto' was never replaced by a measured kernel")
+
+
+KERNEL_NAMES = ("auto", "sdpa", "blocked:<block>", "splash")
 
 
 def attention_kernel(name: str, splash_op: Callable[..., Any] | None = None) -> AttentionKernel:
     """The kernel called `name`: "sdpa", "blocked:N" (N-token query blocks) or "splash" (needs the
-    TPU op `torch.tpu.ops.splash_sdpa`, passed as `splash_op` by the device layer)."""
+    TPU op `torch.tpu.ops.splash_sdpa`, passed as `splash_op` by the device layer), or "auto" (the
+    placeholder the measured choice replaces)."""
+    if name == "auto":
+        return AutoAttention()
     if name == "sdpa":
         return SdpaAttention()
     if name == "splash":

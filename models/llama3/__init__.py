@@ -1,5 +1,6 @@
 """Llama 3 family: registers the "llama3" ModelSpec."""
 
+from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.models.common.decoder_activations import dense_decoder_activations
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.common.parallelize import DENSE_DECODER_TP, parallelize_dense_decoder
@@ -19,6 +20,7 @@ LLAMA3_SPEC = ModelSpec(
     state_dict_adapter=LLAMA3_STATE_DICT_ADAPTER,
     tp_plan=DENSE_DECODER_TP,
     block_activations=dense_decoder_activations,
+    tunables=(ATTENTION,),
 )
 register_model(LLAMA3_SPEC)
 

@@ -1,10 +1,12 @@
 """Qwen 3 family: registers "qwen3" (dense) and "qwen3_moe" (mixture of experts)."""
 
+from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.models.common.decoder_activations import dense_decoder_activations
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.common.parallelize import DENSE_DECODER_TP
 from titan_tpu.models.qwen3.activations import qwen3_moe_block_activations
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
+from titan_tpu.models.qwen3.experts_tunable import EXPERTS
 from titan_tpu.models.qwen3.flops import qwen3_flops_per_token, qwen3_moe_routing, qwen3_param_count
 from titan_tpu.models.qwen3.model import MoEOutput, Qwen3Model, Qwen3MoeModel, moe_loss
 from titan_tpu.models.qwen3.parallelize import QWEN3_MOE_TP_PLAN, parallelize_qwen3, parallelize_qwen3_moe
@@ -21,6 +23,7 @@ QWEN3_SPEC = ModelSpec(
     state_dict_adapter=QWEN3_STATE_DICT_ADAPTER,
     tp_plan=DENSE_DECODER_TP,
     block_activations=dense_decoder_activations,
+    tunables=(ATTENTION,),
 )
 QWEN3_MOE_SPEC = ModelSpec(
     name="qwen3_moe",
@@ -33,6 +36,7 @@ QWEN3_MOE_SPEC = ModelSpec(
     tp_plan=QWEN3_MOE_TP_PLAN,
     block_activations=qwen3_moe_block_activations,
     expert_routing=qwen3_moe_routing,
+    tunables=(ATTENTION, EXPERTS),
 )
 register_model(QWEN3_SPEC)
 register_model(QWEN3_MOE_SPEC)

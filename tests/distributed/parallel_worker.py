@@ -46,6 +46,9 @@ from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
+from tests.kernel_fakes import SHAPE, FakeArgs, FakeClock, FakeKernel, fake_tunable  # noqa: E402
+from titan_tpu.kernels.choose import choose_kernels  # noqa: E402
+from titan_tpu.kernels.measure import measure  # noqa: E402
 
 STEPS = 10
 
@@ -106,6 +109,20 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def grads_diff(sharded: nn.Module, reference: nn.Module) -> float:
     ref = dict(reference.named_parameters())
     return max(max_diff(p.grad, ref[n].grad) for n, p in sharded.named_parameters())
+
+
+def kernel_picks() -> dict[str, list[str]]:
+    """Every rank's fake kernels cost what its rank says (kernel "a" is fastest on rank 0 only), so
+    ranks deciding alone would disagree ("own"); choose_kernels has them all run rank 0's pick."""
+    rank = dist.get_rank()
+    kernels = {"a": FakeKernel(0.001 if rank == 0 else 0.003), "b": FakeKernel(0.002)}
+    clock = FakeClock()
+    tunable = fake_tunable(kernels, clock)
+    _, [choice] = choose_kernels([tunable], FakeArgs(), SHAPE, "fake", deterministic=False, cache=None, timer=clock)
+    own = measure(tunable, FakeArgs(), SHAPE, kernels, synchronize=lambda: None, timer=clock).pick
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (choice.pick, own))
+    return {"picks": [pick for pick, _ in gathered], "own": [own for _, own in gathered]}
 
 
 def sharded_layers() -> dict[str, float]:
@@ -263,6 +280,7 @@ def reference(dump: Path) -> tuple[RunResult, int]:
 def main(out: Path) -> None:
     run_cases(out, [
         ("sharded_layers", sharded_layers),
+        ("kernel_picks", kernel_picks),
         *((name, functools.partial(run_layout, name, overrides, out.parent)) for name, overrides in LAYOUTS.items()),
     ])  # fmt: skip
 

@@ -13,7 +13,8 @@ results:
 - sharded layers: column-/row-wise linears, attention (tp 4) and a sequence-parallel block, forward
   and backward, within 1e-5 of the unsharded modules;
 - memory: with FSDP 4, each rank's parameter + gradient + optimizer-state bytes are at most 30% of
-  the single process's.
+  the single process's;
+- kernel choice: every rank runs rank 0's measured pick although their own timings disagree.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ def test_sharded_layers_match_unsharded(results: dict[str, Any]) -> None:
     assert set(diffs) >= {"colwise_linear_forward", "rowwise_linear_backward", "attention_forward",
                           "attention_backward", "sp_block_forward", "sp_block_backward"}
     assert max(diffs.values()) <= 1e-5
+
+
+def test_every_rank_runs_rank_0s_kernel_pick(results: dict[str, Any]) -> None:
+    """Kernel choice (titan_tpu/kernels/) on 4 ranks whose own timings disagree."""
+    assert results["kernel_picks"]["own"] == ["a", "b", "b", "b"]  # the control: alone, they differ
+    assert results["kernel_picks"]["picks"] == ["a", "a", "a", "a"]
 
 
 def test_fsdp4_memory_is_a_quarter(results: dict[str, Any]) -> None:

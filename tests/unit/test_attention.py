@@ -8,21 +8,27 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
+
 
 import pytest
 import torch
 
 from titan_tpu.models.common.attention import Attention
 from titan_tpu.models.common.attention_kernels import (
+    AutoAttention,
     AttentionKernel,
     BlockedAttention,
     SdpaAttention,
     SplashAttention,
     attention_kernel,
-    splash_block,
 )
-from titan_tpu.device.attention_choice import choose_attention
+from titan_tpu.config import ConfigError
+from titan_tpu.kernels.for_run import requested_attention
+from titan_tpu.models.common.attention_tunable import ATTENTION
+from titan_tpu.models.common.tunable import KernelShape
+from titan_tpu.models.llama3 import LLAMA3_FLAVORS
 
 
 def reference_attention(
@@ -185,26 +191,28 @@ def test_kernel_names() -> None:
     assert attention_kernel("sdpa").name == "sdpa"
     assert isinstance(attention_kernel("splash", splash_op=splash_stand_in([])), SplashAttention)
     for bad in ("flash", "blocked:", "blocked:0", "blocked:x"):
-        with pytest.raises(ValueError, match="known: sdpa, blocked:<block>, splash"):
+        with pytest.raises(ValueError, match="known: auto, sdpa, blocked:<block>, splash"):
             attention_kernel(bad)
     with pytest.raises(ValueError, match="needs the TPU op"):
         attention_kernel("splash")
 
 
-def test_choose_attention() -> None:
-    def choose(device: str, dtype: torch.dtype, requested: int, seq_len: int = 2048, native: bool = False) -> str:
-        tiles = splash_block(seq_len) is not None
-        return choose_attention(device, dtype, requested, splash_tiles=tiles, native_bf16_matmul=native)
+def test_attention_block_names_the_kernel_and_auto_has_candidates_per_device() -> None:
+    """-1 leaves the kernel to measurement (titan_tpu/kernels/) among the device's candidates."""
+    assert requested_attention(-1) == AutoAttention()
+    assert requested_attention(0).name == "sdpa" and requested_attention(64).name == "blocked:64"
+    with pytest.raises(ConfigError, match="-1 \\(auto\\), 0 \\(SDPA\\)"):
+        requested_attention(-2)
 
-    # Explicit requests win everywhere; "auto" follows the measured rule in choose_attention's doc.
-    assert choose("cpu", torch.bfloat16, requested=0) == "sdpa"
-    assert choose("tpu", torch.bfloat16, requested=64) == "blocked:64"
-    assert choose("tpu", torch.bfloat16, requested=-1) == "splash"
-    assert choose("tpu", torch.bfloat16, requested=-1, seq_len=1000) == "sdpa"
-    assert choose("cuda", torch.bfloat16, requested=-1) == "sdpa"
-    assert choose("cpu", torch.float32, requested=-1) == "sdpa"
-    assert choose("cpu", torch.bfloat16, requested=-1) == "sdpa"
-    assert choose("cpu", torch.bfloat16, requested=-1, seq_len=256, native=True) == "blocked:128"
-    assert choose("cpu", torch.float32, requested=-1, seq_len=256, native=True) == "sdpa"
-    with pytest.raises(ValueError, match="-1 \\(auto\\)"):
-        choose("cpu", torch.float32, requested=-2, seq_len=256)
+    def candidates(device: str, seq_len: int = 2048, splash: bool = False) -> list[str]:
+        shape = KernelShape(
+            SimpleNamespace(type=device), torch.bfloat16, 1, seq_len, splash_op=splash_stand_in([]) if splash else None
+        )
+        return list(ATTENTION.candidates(LLAMA3_FLAVORS["debug"], shape))
+
+    assert candidates("cpu") == ["sdpa", "blocked:64", "blocked:128", "blocked:256", "blocked:512"]
+    assert candidates("cpu", seq_len=100) == ["sdpa", "blocked:64"]
+    assert candidates("tpu", splash=True) == ["sdpa", "splash"]
+    assert candidates("tpu", seq_len=1000, splash=True) == ["sdpa"]  # no 128-multiple tiles
+    assert candidates("tpu") == ["sdpa"]  # no splash op (no jax)
+    assert candidates("cuda") == ["sdpa"]  # SDPA is the GPUs' flash kernel

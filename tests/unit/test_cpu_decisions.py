@@ -1,6 +1,8 @@
-"""Every kind of training step under both decisions `auto` makes on a CPU, whatever this machine's own
-CPU is: float32 with SDPA (no native bf16) and bf16 with the blocked attention kernel (AVX512-BF16 or
-AMX). Tiny shapes, so the bf16 decision stays quick on CPUs that emulate bf16.
+"""Every kind of training step under both dtypes `auto` picks on a CPU, whatever this machine's own
+CPU is: float32 (no native bf16) and bf16 (AVX512-BF16 or AMX). The attention kernel is measured at
+start-up (titan_tpu/kernels/), so either dtype may get SDPA or the blocked kernel; here float32 runs
+SDPA and bf16 the blocked kernel, forced, so that both paths run whatever the timings say. Tiny
+shapes, so the bf16 decision stays quick on CPUs that emulate bf16.
 
 Bugs caught: a crash that only the bf16 decision reaches (the blocked kernel's backward, handed a
 float32 gradient by Qwen 3's QK-norm path under autocast, crashed every GRPO run on bf16 CPUs while
@@ -36,6 +38,7 @@ RUNS = {
     ],
 }  # fmt: skip
 EXPECTED = {"fp32": (torch.float32, "sdpa"), "bf16": (torch.bfloat16, "blocked:128")}
+FORCED_ATTENTION = {"fp32": "--model.attention_block=0", "bf16": "--model.attention_block=128"}
 # Cosine similarity of the first step's gradient, bf16 decision against float32, every parameter.
 # Measured here: 0.99985 or more; a model with other initial weights (the negative control): below 0.
 GRADIENT_COSINE = 0.99
@@ -53,14 +56,17 @@ class TokenSumReward:
 
 def _trainer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str, decision: str, *extra: str) -> Trainer:
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: DECISIONS[decision])
-    overrides = [*RUNS[config], f"--job.dump_folder={tmp_path / decision}", "--metrics.log_freq=1", *extra]
+    overrides = [
+        *RUNS[config], FORCED_ATTENTION[decision], f"--job.dump_folder={tmp_path / decision}", "--metrics.log_freq=1",
+        *extra,
+    ]  # fmt: skip
     trainer = Trainer(load_config(config, overrides))
     if config.startswith("grpo"):
         trainer.task.rewards = WeightedRewards([TokenSumReward()], [1.0])  # type: ignore[attr-defined]
     dtype, kernel = EXPECTED[decision]
     assert trainer.compute_dtype == dtype
     if not config.startswith("flux"):
-        assert trainer.task.ctx.attention.name == kernel
+        assert trainer.model_args.attention.name == kernel
     return trainer
 
 

@@ -27,6 +27,7 @@ _ENGINE = (
     "titan_tpu.checkpoint",
     "titan_tpu.metrics",
     "titan_tpu.optim",
+    "titan_tpu.kernels",
     "titan_tpu.tasks",
     "titan_tpu.trainer",
     "titan_tpu.seeding",
@@ -126,6 +127,13 @@ RULES = (
         ("titan_tpu/optim.py",),
         ("titan_tpu.models", *_engine_except("titan_tpu.optim")),
         "optimizers and schedules are built from parameters and a config section alone",
+    ),
+    Rule(
+        "kernels",
+        ("titan_tpu/kernels/**/*.py",),
+        _engine_except("titan_tpu.device", "titan_tpu.kernels"),
+        "it times the kernels a model family lists as tunable on the device it is handed; it knows "
+        "no data, checkpoint, metrics, optimizer, task or trainer",
     ),
     Rule(
         "tasks",

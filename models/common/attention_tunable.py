@@ -1,0 +1,83 @@
+"""The causal attention kernel as a measured choice: SDPA everywhere, plain-matmul blocks on CPUs,
+the splash kernel on TPUs (see `tunable.py` for how a choice is measured).
+
+Why measured: which kernel is fastest depends on the CPU kind, the dtype and the sequence length,
+and a fixed rule tuned on one machine was 2.5x off on the next (blocked:128 in bf16 against SDPA on
+an AMX Xeon, after it had been the faster one on the AVX512-BF16 CPU it was tuned on).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from titan_tpu.models.common.attention_kernels import attention_kernel, splash_block
+from titan_tpu.models.common.tunable import KernelRun, KernelShape, Tunable, forward_backward
+
+# Query-block sizes of the blocked kernel worth timing on a CPU: multiples of its matmul tiles, up
+# to where a block's float32 scores (block x seq_len) leave the caches.
+CPU_BLOCKS = (64, 128, 256, 512)
+# The correctness check's sequence length: long enough that every candidate block size runs in
+# several blocks, short enough to cost milliseconds.
+CHECK_SEQ_LEN = 1024
+
+
+def _candidates(args: Any, shape: KernelShape) -> dict[str, Any]:
+    names = ["sdpa"]
+    if shape.device.type == "cpu":
+        names += [f"blocked:{block}" for block in CPU_BLOCKS if block < shape.seq_len]
+    if shape.device.type == "tpu" and shape.splash_op is not None and splash_block(shape.seq_len):
+        names.append("splash")
+    return {name: attention_kernel(name, splash_op=shape.splash_op) for name in names}
+
+
+def _heads(args: Any, shape: KernelShape) -> tuple[int, int]:
+    return args.n_heads // shape.tp, max(1, args.n_kv_heads // shape.tp)
+
+
+def _workload(args: Any, shape: KernelShape) -> KernelRun:
+    heads, kv_heads = _heads(args, shape)
+    generator = torch.Generator().manual_seed(0)
+
+    def make(n: int) -> torch.Tensor:
+        return torch.randn(shape.batch, n, shape.seq_len, args.attn_head_dim, generator=generator)
+
+    q, k, v = make(heads), make(kv_heads), make(kv_heads)
+
+    def run(kernel: Any, dtype: torch.dtype) -> list[torch.Tensor]:
+        inputs = (t.to(device=shape.device, dtype=dtype) for t in (q, k, v))
+        return forward_backward(kernel, *inputs)
+
+    return run
+
+
+def _check_shape(shape: KernelShape) -> KernelShape:
+    seq_len = min(shape.seq_len, CHECK_SEQ_LEN)
+    if shape.splash_op is not None and splash_block(shape.seq_len) and not splash_block(seq_len):
+        seq_len = shape.seq_len
+    return KernelShape(shape.device, shape.dtype, 1, seq_len, shape.tp, shape.ep, shape.splash_op)
+
+
+def _key(args: Any, shape: KernelShape) -> tuple[int, ...]:
+    return (shape.batch, *_heads(args, shape), shape.seq_len, args.attn_head_dim)
+
+
+def _config_override(name: str) -> str:
+    block = {"sdpa": "0"}.get(name, name.partition(":")[2])
+    if not block:
+        raise ValueError(f"attention kernel '{name}' has no model.attention_block value")
+    return f"--model.attention_block={block}"
+
+
+ATTENTION = Tunable(
+    field="attention",
+    is_auto=lambda args: args.attention.name == "auto",
+    candidates=_candidates,
+    reference="sdpa",
+    fallback="sdpa",
+    workload=_workload,
+    check_shape=_check_shape,
+    key=_key,
+    config_override=_config_override,
+)

@@ -1,0 +1,74 @@
+"""A kernel decision a model leaves to measurement: what a run's "auto" may become, and how to time it.
+
+A family lists its tunables on its `ModelSpec`; the engine (titan_tpu/kernels/) times every candidate
+at the run's shapes, checks it against a float32 reference, and writes the fastest correct one into
+the model arguments before the model is built. The model code only says what the candidates are and
+how one forward and backward of them runs: it measures nothing and knows no device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """What a kernel is measured at: this rank's share of one micro-batch."""
+
+    device: torch.device
+    dtype: torch.dtype  # the run's compute dtype
+    batch: int  # sequences per micro-batch on this rank
+    seq_len: int
+    tp: int = 1  # tensor-parallel degree: heads and expert widths are split by it
+    ep: int = 1  # expert-parallel degree: experts are split by it
+    # The TPU's splash attention op, when the device has it (the device layer hands it in).
+    splash_op: Callable[..., torch.Tensor] | None = None
+
+
+# run(value, dtype) -> the output and the input gradients of one forward and backward, with `value`
+# (a candidate) in the model; inputs are made once, from a fixed seed, in `dtype`.
+KernelRun = Callable[[Any, torch.dtype], list[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """One model-args field whose "auto" value is decided by measurement.
+
+    `candidates(args, shape)`: name -> value for the field, in preference order (the first is what a
+    tie keeps). `reference`: the candidate whose float32 result every candidate is checked against.
+    `fallback`: the value deterministic runs use, since a timing can differ between two runs.
+    `workload(args, shape)`: the run at these shapes; `check_shape(shape)` the smaller shape the
+    correctness check runs at. `key(args, shape)`: the facts the best choice depends on (the cache
+    key, with the device's).
+    """
+
+    field: str
+    is_auto: Callable[[Any], bool]
+    candidates: Callable[[Any, KernelShape], dict[str, Any]]
+    reference: str
+    fallback: str
+    workload: Callable[[Any, KernelShape], KernelRun]
+    check_shape: Callable[[KernelShape], KernelShape]
+    key: Callable[[Any, KernelShape], tuple[int, ...]]
+    # The train.py override that forces a candidate (scripts/bench.py --kernels runs each one).
+    config_override: Callable[[str], str]
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """|got - want| / |want| over the whole tensor (L2), in float32."""
+    want = want.float()
+    return float((got.float() - want).norm() / want.norm().clamp(min=1e-30))
+
+
+def forward_backward(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> list[torch.Tensor]:
+    """fn(*inputs) and the gradient of a fixed random projection of it to every input."""
+    inputs = tuple(x.detach().requires_grad_() for x in inputs)
+    out = fn(*inputs)
+    generator = torch.Generator(device=out.device).manual_seed(1)
+    projection = torch.randn(out.shape, generator=generator, device=out.device, dtype=out.dtype)
+    grads = torch.autograd.grad(out, inputs, projection)
+    return [out.detach(), *grads]

@@ -1,0 +1,46 @@
+"""The kernels of one training run: what the config forces, and the rest measured (`choose.py`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from titan_tpu.config import ConfigError, TrainConfig
+from titan_tpu.device import Device
+from titan_tpu.kernels.cache import KernelCache, cache_folder
+from titan_tpu.kernels.choose import KernelChoice, choose_kernels
+from titan_tpu.models.common.attention_kernels import AttentionKernel, attention_kernel
+from titan_tpu.models.common.tunable import KernelShape, Tunable
+
+logger = logging.getLogger(__name__)
+
+
+def requested_attention(attention_block: int) -> AttentionKernel:
+    """The kernel `model.attention_block` names: -1 "auto" (measured), 0 SDPA, N > 0 blocked with
+    N-token query blocks."""
+    if attention_block < -1:
+        raise ConfigError(
+            f"model.attention_block: -1 (auto), 0 (SDPA) or a query-block size, got {attention_block}"
+        )
+    return attention_kernel({-1: "auto", 0: "sdpa"}.get(attention_block, f"blocked:{attention_block}"))
+
+
+def choose_run_kernels(
+    tunables: Sequence[Tunable], args: Any, shape: KernelShape, device: Device, config: TrainConfig, log: bool
+) -> tuple[Any, list[KernelChoice]]:
+    """`args` with every kernel the config leaves to "auto" measured at this rank's shapes (or read
+    from the cache), the same on every rank, and the choices; `log`: this rank writes their lines."""
+    if device.type == "tpu" and shape.splash_op is None:
+        # torch_tpu's splash kernel is a Pallas kernel and needs jax, which the tpu extra leaves out.
+        logger.warning("attention: splash needs jax (pip install jax); not a candidate")
+    args, choices = choose_kernels(
+        tunables, args, shape, device.name(),
+        deterministic=config.training.deterministic,
+        cache=KernelCache(cache_folder()),
+        synchronize=device.synchronize,
+    )  # fmt: skip
+    if log:
+        for choice in choices:
+            logger.info(choice.describe())
+    return args, choices

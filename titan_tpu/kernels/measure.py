@@ -1,0 +1,86 @@
+"""Timing and checking one tunable's candidates at the run's shapes; picking the fastest correct one."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from titan_tpu.models.common.tunable import KernelShape, Tunable, relative_error
+
+# Timed iterations per candidate after one untimed warm-up (which also builds any kernel caches).
+ITERATIONS = 3
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """The largest relative error (L2 over a tensor) against the float32 reference a candidate may
+    have: a few float32 roundings, or a few bf16 ones (bf16 resolves 2^-8)."""
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 2**-5
+
+
+@dataclass(frozen=True)
+class Measured:
+    pick: str
+    times_ms: dict[str, float | None]  # None: refused (wrong, or failed to run)
+    refused: dict[str, str]  # name -> why
+
+
+def check(tunable: Tunable, args: Any, shape: KernelShape, candidates: dict[str, Any]) -> dict[str, str]:
+    """Candidates that disagree with the reference's float32 result at the check shape (or fail to
+    run there): name -> why."""
+    run = tunable.workload(args, tunable.check_shape(shape))
+    want = run(candidates[tunable.reference], torch.float32)
+    limit = tolerance(shape.dtype)
+    refused: dict[str, str] = {}
+    for name, value in candidates.items():
+        try:
+            got = run(value, shape.dtype)
+        except (RuntimeError, ValueError, NotImplementedError) as error:
+            refused[name] = f"failed: {str(error).splitlines()[0][:120]}"
+            continue
+        error = max(relative_error(g, w) for g, w in zip(got, want))
+        if not error <= limit:  # also refuses nan
+            refused[name] = f"error {error:.2g} > {limit:.2g}"
+    return refused
+
+
+def time_candidate(
+    run: Callable[[Any, torch.dtype], Any],
+    value: Any,
+    dtype: torch.dtype,
+    synchronize: Callable[[], None],
+    timer: Callable[[], float],
+) -> float:
+    """Median seconds of one forward and backward, after a warm-up."""
+    run(value, dtype)
+    synchronize()
+    samples = []
+    for _ in range(ITERATIONS):
+        start = timer()
+        run(value, dtype)
+        synchronize()
+        samples.append(timer() - start)
+    return statistics.median(samples)
+
+
+def measure(
+    tunable: Tunable,
+    args: Any,
+    shape: KernelShape,
+    candidates: dict[str, Any],
+    synchronize: Callable[[], None],
+    timer: Callable[[], float],
+) -> Measured:
+    """Every correct candidate timed; the fastest wins, the earlier one on a tie. With none correct
+    (the reference itself wrong in this dtype) the tunable's fallback is kept."""
+    refused = check(tunable, args, shape, candidates)
+    run = tunable.workload(args, shape)
+    times: dict[str, float | None] = {}
+    for name, value in candidates.items():
+        times[name] = None if name in refused else 1e3 * time_candidate(run, value, shape.dtype, synchronize, timer)
+    timed = [(t, i, name) for i, (name, t) in enumerate(times.items()) if t is not None]
+    pick = min(timed)[2] if timed else tunable.fallback
+    return Measured(pick, times, refused)
