@@ -85,6 +85,7 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
             # What each "auto" kernel became, and among which candidates (titan_tpu/kernels/).
             "kernels": {choice.field: choice.pick for choice in trainer.kernels},
             "kernel_candidates": {choice.field: list(choice.times_ms) for choice in trainer.kernels},
+            "kernel_sources": {choice.field: choice.source for choice in trainer.kernels},
         }
         return record if trainer.is_writer else None
     finally:
@@ -248,6 +249,7 @@ def main() -> int:
     parser.add_argument("--layouts", default="", help=f"comma-separated layouts for --matrix: {LAYOUT_HELP}")
     parser.add_argument("--out", type=Path, default=Path("bench_results"), help="--matrix writes <out>/bench.jsonl")
     parser.add_argument("--kernels", action="store_true", help="every kernel candidate forced in turn, beside auto")
+    parser.add_argument("--repeats", type=int, default=3, help="--kernels: interleaved repeats of every run")
     parser.add_argument("--case-timeout", type=float, default=3600.0, help="seconds one --matrix case may take")
     args, overrides = parser.parse_known_args()
     try:
@@ -256,7 +258,7 @@ def main() -> int:
         if args.matrix:
             return matrix(args, overrides)
         if args.kernels:
-            return kernel_table(args.config, args.steps, args.warmup, overrides, measure)
+            return kernel_table(args.config, args.steps, args.warmup, args.repeats, overrides, measure)
         if args.nproc:
             passthrough = [f"--steps={args.steps}", f"--warmup={args.warmup}", *overrides]
             scaling(args.config, [int(n) for n in args.nproc.split(",")], passthrough)

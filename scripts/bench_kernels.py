@@ -1,16 +1,19 @@
 """`scripts/bench.py --kernels`: a config's training throughput with each kernel candidate forced in
 turn, beside what "auto" picked, for every dtype the machine computes natively.
 
-    python scripts/bench.py --kernels --config llama3_debug --steps 10
+    python scripts/bench.py --kernels --config llama3_debug --steps 10 --repeats 3
 
-Each run is a fresh Trainer in this process, timed like bench.py's single-run mode. One JSON line per
-run, then a Markdown table: per dtype and kernel field, every candidate's tokens/s, auto's pick and
-its tokens/s as a share of the fastest forced candidate's.
+Each run is a fresh Trainer in this process, timed like bench.py's single-run mode. A shared CPU's
+speed drifts by 10-20% over minutes, more than the kernels differ, so the runs are interleaved
+(auto, every candidate, then again) `repeats` times and the medians compared. One JSON line per run,
+then a Markdown table: per dtype and kernel field, every candidate's median tokens/s, auto's pick
+and its median as a share of the fastest forced candidate's.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -23,34 +26,43 @@ def native_dtypes() -> list[str]:
     return ["float32", "bfloat16"] if native_bf16(resolve_device_type("auto")) else ["float32"]
 
 
-def kernel_table(config: str, steps: int, warmup: int, overrides: list[str], measure: Measure) -> int:
+def _run(measure: Measure, config: str, steps: int, warmup: int, overrides: list[str], label: Any) -> dict[str, Any]:
+    record = measure(config, steps, warmup, overrides)
+    assert record is not None, "one process: this rank writes"
+    print(json.dumps({"forced": label, **record}), flush=True)
+    return record
+
+
+def kernel_table(config: str, steps: int, warmup: int, repeats: int, overrides: list[str], measure: Measure) -> int:
     from titan_tpu import models
     from titan_tpu.config import load_config
 
     spec = models.get_model_spec(load_config(config, overrides).model.name)
-    forced_by_field = {t.field: t.config_override for t in spec.tunables}
-    quiet = ["--metrics.log_freq=1000000", *overrides]
+    override_of = {t.field: t.config_override for t in spec.tunables}
     rows: list[str] = []
     for dtype in native_dtypes():
-        base = [*quiet, f"--training.dtype={dtype}"]
-        auto = measure(config, steps, warmup, base)
-        assert auto is not None, "single process: this rank writes"
-        print(json.dumps({"forced": None, **auto}), flush=True)
-        rate_key = next(k for k in auto if k.endswith("_per_sec_per_process"))
-        for field, candidates in auto["kernel_candidates"].items():
-            rates: dict[str, float] = {}
-            for name in candidates:
-                forced = measure(config, steps, warmup, [*base, forced_by_field[field](name)])
-                assert forced is not None
-                print(json.dumps({"forced": {field: name}, **forced}), flush=True)
-                rates[name] = forced[rate_key]
-            pick, best = auto["kernels"][field], max(rates.values())
-            cells = ", ".join(f"{name} {rate:.0f}" for name, rate in rates.items())
+        base = ["--metrics.log_freq=1000000", *overrides, f"--training.dtype={dtype}"]
+        first = _run(measure, config, steps, warmup, base, None)
+        rate_key = next(k for k in first if k.endswith("_per_sec_per_process"))
+        forced = {(f, name): [*base, override_of[f](name)] for f, names in first["kernel_candidates"].items()
+                  for name in names}  # fmt: skip
+        rates: dict[Any, list[float]] = {"auto": [first[rate_key]], **{key: [] for key in forced}}
+        for repeat in range(repeats):
+            if repeat > 0:
+                rates["auto"].append(_run(measure, config, steps, warmup, base, None)[rate_key])
+            for key, run_overrides in forced.items():
+                rates[key].append(_run(measure, config, steps, warmup, run_overrides, dict([key]))[rate_key])
+        median = {key: statistics.median(values) for key, values in rates.items()}
+        auto = median.pop("auto")
+        for field in first["kernel_candidates"]:
+            mine = {name: rate for (f, name), rate in median.items() if f == field}
+            cells = ", ".join(f"{name} {rate:.0f}" for name, rate in mine.items())
             rows.append(
-                f"| {config} | {dtype} | {field} | {cells} | {pick} | {auto[rate_key]:.0f} "
-                f"| {100 * auto[rate_key] / best:.0f}% |"
+                f"| {config} | {dtype} | {field} | {cells} | {first['kernels'][field]} | {auto:.0f} "
+                f"| {100 * auto / max(mine.values()):.0f}% |"
             )
-    print(f"\n| config | dtype | kernel | forced: {rate_key} | auto picks | auto | auto / fastest |")
+    print(f"\n{repeats} interleaved repeats of {steps} steps each, medians:")
+    print(f"| config | dtype | kernel | forced: {rate_key} | auto picks | auto | auto / fastest |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0

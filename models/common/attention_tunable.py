@@ -41,13 +41,18 @@ def _workload(args: Any, shape: KernelShape) -> KernelRun:
     generator = torch.Generator().manual_seed(0)
 
     def make(n: int) -> torch.Tensor:
-        return torch.randn(shape.batch, n, shape.seq_len, args.attn_head_dim, generator=generator)
+        return torch.randn(shape.batch, shape.seq_len, n, args.attn_head_dim, generator=generator)
 
     q, k, v = make(heads), make(kv_heads), make(kv_heads)
 
     def run(kernel: Any, dtype: torch.dtype) -> list[torch.Tensor]:
+        def in_model_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            # As models/common/attention.py hands them over: [B, S, H, D] projections seen as
+            # [B, H, S, D], not contiguous; what a kernel does about that is part of its cost.
+            return kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
         inputs = (t.to(device=shape.device, dtype=dtype) for t in (q, k, v))
-        return forward_backward(kernel, *inputs)
+        return forward_backward(in_model_layout, *inputs)
 
     return run
 
