@@ -6,8 +6,10 @@ turn, beside what "auto" picked, for every dtype the machine computes natively.
 Each run is a fresh Trainer in this process, timed like bench.py's single-run mode. A shared CPU's
 speed drifts by 10-20% over minutes, more than the kernels differ, so the runs are interleaved
 (auto, every candidate, then again) `repeats` times and the medians compared. One JSON line per run,
-then a Markdown table: per dtype and kernel field, every candidate's median tokens/s, auto's pick
-and its median as a share of the fastest forced candidate's.
+then a Markdown table: per dtype and kernel field, every candidate's median tokens/s and MFU, auto's
+pick, and auto's medians as a share of the fastest forced candidate's. The MFU ratio is the one that
+survives drift: each run's MFU is against a matmul peak probed in the same process right after its
+timed steps, so a run that met a slower machine is judged against a slower peak.
 """
 
 from __future__ import annotations
@@ -46,23 +48,25 @@ def kernel_table(config: str, steps: int, warmup: int, repeats: int, overrides: 
         rate_key = next(k for k in first if k.endswith("_per_sec_per_process"))
         forced = {(f, name): [*base, override_of[f](name)] for f, names in first["kernel_candidates"].items()
                   for name in names}  # fmt: skip
-        rates: dict[Any, list[float]] = {"auto": [first[rate_key]], **{key: [] for key in forced}}
+        runs: dict[Any, list[dict[str, Any]]] = {"auto": [first], **{key: [] for key in forced}}
         for repeat in range(repeats):
             if repeat > 0:
-                rates["auto"].append(_run(measure, config, steps, warmup, base, None)[rate_key])
+                runs["auto"].append(_run(measure, config, steps, warmup, base, None))
             for key, run_overrides in forced.items():
-                rates[key].append(_run(measure, config, steps, warmup, run_overrides, dict([key]))[rate_key])
-        median = {key: statistics.median(values) for key, values in rates.items()}
-        auto = median.pop("auto")
+                runs[key].append(_run(measure, config, steps, warmup, run_overrides, dict([key])))
+        rate = {key: statistics.median(r[rate_key] for r in records) for key, records in runs.items()}
+        mfu = {key: statistics.median(r["mfu_percent"] or 0.0 for r in records) for key, records in runs.items()}
         for field in first["kernel_candidates"]:
-            mine = {name: rate for (f, name), rate in median.items() if f == field}
-            cells = ", ".join(f"{name} {rate:.0f}" for name, rate in mine.items())
+            mine = [key for key in forced if key[0] == field]
+            cells = ", ".join(f"{name} {rate[(field, name)]:.0f} ({mfu[(field, name)]:.1f}%)" for _, name in mine)
             rows.append(
-                f"| {config} | {dtype} | {field} | {cells} | {first['kernels'][field]} | {auto:.0f} "
-                f"| {100 * auto / max(mine.values()):.0f}% |"
+                f"| {config} | {dtype} | {field} | {cells} | {first['kernels'][field]} "
+                f"| {rate['auto']:.0f} ({mfu['auto']:.1f}%) | {100 * rate['auto'] / max(rate[k] for k in mine):.0f}% "
+                f"| {100 * mfu['auto'] / max(mfu[k] for k in mine):.0f}% |"
             )
     print(f"\n{repeats} interleaved repeats of {steps} steps each, medians:")
-    print(f"| config | dtype | kernel | forced: {rate_key} | auto picks | auto | auto / fastest |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| config | dtype | kernel | forced: {rate_key} (MFU) | auto picks | auto | auto / fastest "
+          "| auto / fastest, by MFU |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0

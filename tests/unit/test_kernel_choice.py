@@ -146,3 +146,14 @@ def test_expert_candidates_agree_with_the_loop() -> None:
         candidates = EXPERTS.candidates(args, shape)
         assert ("grouped_mm" in candidates) == (dtype == torch.bfloat16)
         assert check(EXPERTS, args, shape, candidates) == {}
+
+
+def test_a_hopeless_candidate_is_timed_once() -> None:
+    """Its warm-up alone is over HOPELESS times the best so far; a merely slower one is timed fully."""
+    clock = FakeClock()
+    [choice] = choose({"a": FakeKernel(0.001), "b": FakeKernel(0.010)}, clock)[1]
+    assert choice.pick == "a" and choice.times_ms["b"] == pytest.approx(10.0)
+    assert clock.reads == 8 + 2  # a: warm-up and 3 timed runs, 2 reads each; b: its warm-up
+    clock = FakeClock()
+    choose({"a": FakeKernel(0.001), "b": FakeKernel(0.003)}, clock)
+    assert clock.reads == 8 + 8

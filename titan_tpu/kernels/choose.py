@@ -63,7 +63,8 @@ def _decide(
     )
     entry = cache.get(key) if cache is not None else None
     if entry is not None and entry["pick"] in candidates and set(entry["times_ms"]) == set(candidates):
-        return KernelChoice(tunable.field, entry["pick"], "cached", entry["times_ms"])
+        times = {name: entry["times_ms"][name] for name in candidates}  # the file keeps them sorted
+        return KernelChoice(tunable.field, entry["pick"], "cached", times)
     start = time.perf_counter()
     measured = measure(tunable, args, shape, candidates, synchronize, timer)
     for name, why in measured.refused.items():

@@ -13,6 +13,10 @@ from titan_tpu.models.common.tunable import KernelShape, Tunable, relative_error
 
 # Timed iterations per candidate after one untimed warm-up (which also builds any kernel caches).
 ITERATIONS = 3
+# A candidate whose warm-up alone takes this many times the best median so far is not timed further:
+# it cannot win, and the slowest candidates (small blocks at long sequences) would cost the most
+# start-up. The margin is wide because a first call also pays one-time costs.
+HOPELESS = 4.0
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -53,10 +57,16 @@ def time_candidate(
     dtype: torch.dtype,
     synchronize: Callable[[], None],
     timer: Callable[[], float],
+    best: float = float("inf"),
 ) -> float:
-    """Median seconds of one forward and backward, after a warm-up."""
+    """Median seconds of one forward and backward, after a warm-up; just the warm-up's time when that
+    is over HOPELESS times `best`, the best median so far."""
+    start = timer()
     run(value, dtype)
     synchronize()
+    warm_up = timer() - start
+    if warm_up > HOPELESS * best:
+        return warm_up
     samples = []
     for _ in range(ITERATIONS):
         start = timer()
@@ -79,8 +89,14 @@ def measure(
     refused = check(tunable, args, shape, candidates)
     run = tunable.workload(args, shape)
     times: dict[str, float | None] = {}
+    best = float("inf")
     for name, value in candidates.items():
-        times[name] = None if name in refused else 1e3 * time_candidate(run, value, shape.dtype, synchronize, timer)
+        if name in refused:
+            times[name] = None
+            continue
+        seconds = time_candidate(run, value, shape.dtype, synchronize, timer, best)
+        best = min(best, seconds)
+        times[name] = 1e3 * seconds
     timed = [(t, i, name) for i, (name, t) in enumerate(times.items()) if t is not None]
     pick = min(timed)[2] if timed else tunable.fallback
     return Measured(pick, times, refused)
