@@ -8,6 +8,7 @@ an AMX Xeon, after it had been the faster one on the AVX512-BF16 CPU it was tune
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -63,7 +64,7 @@ def _check_shape(shape: KernelShape) -> KernelShape:
     seq_len = min(shape.seq_len, CHECK_SEQ_LEN)
     if shape.splash_op is not None and splash_block(shape.seq_len) and not splash_block(seq_len):
         seq_len = shape.seq_len
-    return KernelShape(shape.device, shape.dtype, 1, seq_len, shape.tp, shape.ep, shape.splash_op)
+    return dataclasses.replace(shape, batch=1, seq_len=seq_len)
 
 
 def _key(args: Any, shape: KernelShape) -> tuple[int, ...]:

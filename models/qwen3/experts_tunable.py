@@ -6,6 +6,7 @@ tokens spread over the experts.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -63,7 +64,7 @@ def _workload(args: Any, shape: KernelShape) -> KernelRun:
 
 def _check_shape(shape: KernelShape) -> KernelShape:
     seq_len = max(1, min(shape.seq_len, CHECK_TOKENS))
-    return KernelShape(shape.device, shape.dtype, 1, seq_len, shape.tp, shape.ep, shape.splash_op)
+    return dataclasses.replace(shape, batch=1, seq_len=seq_len)
 
 
 def _key(args: Any, shape: KernelShape) -> tuple[int, ...]:
