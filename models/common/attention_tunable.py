@@ -19,6 +19,11 @@ from titan_tpu.models.common.tunable import KernelRun, KernelShape, Tunable, for
 # Query-block sizes of the blocked kernel worth timing on a CPU: multiples of its matmul tiles, up
 # to where a block's float32 scores (block x seq_len) leave the caches.
 CPU_BLOCKS = (64, 128, 256, 512)
+# Tokens of the micro-batch the candidates are timed on. Fewer sequences than the run's: at sequence
+# 2048 a batch of 8 cost 55 s of start-up for five candidates. Not one sequence of a short run,
+# though: at sequence 256 in bf16 that ranked SDPA first on an AVX512-BF16 CPU where blocks of 64
+# train 1.35x faster, as a batch of 8 had measured.
+MEASURE_TOKENS = 2048
 # The correctness check's sequence length: every block size but the largest runs in several blocks
 # (the largest's code path is the others'), and the check costs a fraction of the timing.
 CHECK_SEQ_LEN = 512
@@ -37,14 +42,17 @@ def _heads(args: Any, shape: KernelShape) -> tuple[int, int]:
     return args.n_heads // shape.tp, max(1, args.n_kv_heads // shape.tp)
 
 
+def _batch(shape: KernelShape) -> int:
+    """Sequences timed: the run's micro-batch, up to MEASURE_TOKENS tokens."""
+    return max(1, min(shape.batch, MEASURE_TOKENS // shape.seq_len))
+
+
 def _workload(args: Any, shape: KernelShape) -> KernelRun:
     heads, kv_heads = _heads(args, shape)
     generator = torch.Generator().manual_seed(0)
 
-    # One sequence: attention's cost is the same for every sequence of a batch, and timing a batch
-    # of 8 at sequence 2048 cost nearly a minute of start-up for five candidates.
     def make(n: int) -> torch.Tensor:
-        return torch.randn(1, shape.seq_len, n, args.attn_head_dim, generator=generator)
+        return torch.randn(_batch(shape), shape.seq_len, n, args.attn_head_dim, generator=generator)
 
     q, k, v = make(heads), make(kv_heads), make(kv_heads)
 
@@ -68,7 +76,7 @@ def _check_shape(shape: KernelShape) -> KernelShape:
 
 
 def _key(args: Any, shape: KernelShape) -> tuple[int, ...]:
-    return (*_heads(args, shape), shape.seq_len, args.attn_head_dim)
+    return (_batch(shape), *_heads(args, shape), shape.seq_len, args.attn_head_dim)
 
 
 def _config_override(name: str) -> str:
