@@ -148,6 +148,7 @@ class Trainer:
         dims = self.parallel.dims
         shape = KernelShape(
             self.device.torch_device, self.compute_dtype, self.local_batch_size, config.training.seq_len,
+            autocast=self.task.ctx.uses_autocast,
             tp=dims.tp, ep=dims.ep, splash_op=self.device.splash_attention_op(),
         )  # fmt: skip
         # The kernels "auto" left to measurement, what each became and the candidates' times.

@@ -23,6 +23,9 @@ class KernelShape:
     dtype: torch.dtype  # the run's compute dtype
     batch: int  # sequences per micro-batch on this rank
     seq_len: int
+    # The run computes under autocast (one process in bf16: float32 weights and residual stream,
+    # matmuls cast), not with bf16 weights (FSDP's mixed precision) or in float32.
+    autocast: bool = False
     tp: int = 1  # tensor-parallel degree: heads and expert widths are split by it
     ep: int = 1  # expert-parallel degree: experts are split by it
     # The TPU's splash attention op, when the device has it (the device layer hands it in).
@@ -30,7 +33,7 @@ class KernelShape:
 
 
 # run(value, dtype) -> the output and the input gradients of one forward and backward, with `value`
-# (a candidate) in the model; inputs are made once, from a fixed seed, in `dtype`.
+# (a candidate) in the model; inputs are made once, from a fixed seed, and handed over in `dtype`.
 KernelRun = Callable[[Any, torch.dtype], list[torch.Tensor]]
 
 
@@ -42,7 +45,9 @@ class Tunable:
     tie keeps). `reference`: the candidate whose float32 result every candidate is checked against.
     `fallback`: the value deterministic runs use, since a timing can differ between two runs.
     `workload(args, shape)`: the run at these shapes; `check_shape(shape)` the smaller shape the
-    correctness check runs at. `key(args, shape)`: the facts the best choice depends on (the cache
+    correctness check runs at. `float32_inputs_under_autocast`: in an autocast run the inputs arrive
+    in float32 (the experts read the residual stream's norm), not in the compute dtype (attention
+    reads the projections' autocast outputs); the measurement hands them over as the run would. `key(args, shape)`: the facts the best choice depends on (the cache
     key, with the device's).
     """
 
@@ -56,6 +61,7 @@ class Tunable:
     key: Callable[[Any, KernelShape], tuple[int, ...]]
     # The train.py override that forces a candidate (scripts/bench.py --kernels runs each one).
     config_override: Callable[[str], str]
+    float32_inputs_under_autocast: bool = False
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

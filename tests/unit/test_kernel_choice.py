@@ -137,12 +137,14 @@ def test_attention_candidates_agree_with_float32_and_a_perturbed_one_is_refused(
     assert list(refused) == ["perturbed"]
 
 
-def test_expert_candidates_agree_with_the_loop() -> None:
+@pytest.mark.parametrize("autocast", [False, True])
+def test_expert_candidates_agree_with_the_loop(autocast: bool) -> None:
+    """Also as one bf16 process computes them: float32 weights and inputs under autocast."""
     args = QWEN3_MOE_FLAVORS["debug_moe"]
     from titan_tpu.kernels.measure import check
 
     for dtype in (torch.float32, torch.bfloat16):
-        shape = KernelShape(torch.device("cpu"), dtype, batch=1, seq_len=64)
+        shape = KernelShape(torch.device("cpu"), dtype, batch=1, seq_len=64, autocast=autocast and dtype != torch.float32)
         candidates = EXPERTS.candidates(args, shape)
         assert ("grouped_mm" in candidates) == (dtype == torch.bfloat16)
         assert check(EXPERTS, args, shape, candidates) == {}
@@ -157,3 +159,24 @@ def test_a_hopeless_candidate_is_timed_once() -> None:
     clock = FakeClock()
     choose({"a": FakeKernel(0.001), "b": FakeKernel(0.003)}, clock)
     assert clock.reads == 8 + 8
+
+
+def test_an_autocast_run_is_measured_under_autocast_with_its_inputs_dtype() -> None:
+    from titan_tpu.kernels.measure import in_run_precision
+
+    seen: list[tuple[torch.dtype, bool]] = []
+    tunable = fake_tunable({"a": FakeKernel(0.0)}, FakeClock())
+    workload = tunable.workload
+
+    def recording(args, shape):
+        run = workload(args, shape)
+        return lambda value, dtype: seen.append((dtype, torch.is_autocast_enabled("cpu"))) or run(value, dtype)
+
+    bf16 = dataclasses.replace(SHAPE, dtype=torch.bfloat16)
+    for float32_inputs in (False, True):
+        t = dataclasses.replace(tunable, workload=recording, float32_inputs_under_autocast=float32_inputs)
+        in_run_precision(t, FakeArgs(), bf16)(FakeKernel(0.0))
+        in_run_precision(t, FakeArgs(), dataclasses.replace(bf16, autocast=True))(FakeKernel(0.0))
+    assert seen == [
+        (torch.bfloat16, False), (torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)
+    ]  # fmt: skip

@@ -32,16 +32,35 @@ class Measured:
     refused: dict[str, str]  # name -> why
 
 
+Run = Callable[[Any], list[torch.Tensor]]
+
+
+def in_run_precision(tunable: Tunable, args: Any, shape: KernelShape) -> Run:
+    """The tunable's workload at `shape`, computed as the run computes: under autocast to its dtype
+    (inputs in float32 or in that dtype, as the tunable says they arrive), else in its dtype."""
+    run = tunable.workload(args, shape)
+    if not shape.autocast:
+        return lambda value: run(value, shape.dtype)
+    inputs = torch.float32 if tunable.float32_inputs_under_autocast else shape.dtype
+
+    def under_autocast(value: Any) -> list[torch.Tensor]:
+        with torch.autocast(shape.device.type, dtype=shape.dtype):
+            return run(value, inputs)
+
+    return under_autocast
+
+
 def check(tunable: Tunable, args: Any, shape: KernelShape, candidates: dict[str, Any]) -> dict[str, str]:
     """Candidates that disagree with the reference's float32 result at the check shape (or fail to
     run there): name -> why."""
-    run = tunable.workload(args, tunable.check_shape(shape))
-    want = run(candidates[tunable.reference], torch.float32)
+    small = tunable.check_shape(shape)
+    want = tunable.workload(args, small)(candidates[tunable.reference], torch.float32)
+    run = in_run_precision(tunable, args, small)
     limit = tolerance(shape.dtype)
     refused: dict[str, str] = {}
     for name, value in candidates.items():
         try:
-            got = run(value, shape.dtype)
+            got = run(value)
         except (RuntimeError, ValueError, NotImplementedError) as error:
             refused[name] = f"failed: {str(error).splitlines()[0][:120]}"
             continue
@@ -52,9 +71,8 @@ def check(tunable: Tunable, args: Any, shape: KernelShape, candidates: dict[str,
 
 
 def time_candidate(
-    run: Callable[[Any, torch.dtype], Any],
+    run: Run,
     value: Any,
-    dtype: torch.dtype,
     synchronize: Callable[[], None],
     timer: Callable[[], float],
     best: float = float("inf"),
@@ -62,7 +80,7 @@ def time_candidate(
     """Median seconds of one forward and backward, after a warm-up; just the warm-up's time when that
     is over HOPELESS times `best`, the best median so far."""
     start = timer()
-    run(value, dtype)
+    run(value)
     synchronize()
     warm_up = timer() - start
     if warm_up > HOPELESS * best:
@@ -70,7 +88,7 @@ def time_candidate(
     samples = []
     for _ in range(ITERATIONS):
         start = timer()
-        run(value, dtype)
+        run(value)
         synchronize()
         samples.append(timer() - start)
     return statistics.median(samples)
@@ -87,14 +105,14 @@ def measure(
     """Every correct candidate timed; the fastest wins, the earlier one on a tie. With none correct
     (the reference itself wrong in this dtype) the tunable's fallback is kept."""
     refused = check(tunable, args, shape, candidates)
-    run = tunable.workload(args, shape)
+    run = in_run_precision(tunable, args, shape)
     times: dict[str, float | None] = {}
     best = float("inf")
     for name, value in candidates.items():
         if name in refused:
             times[name] = None
             continue
-        seconds = time_candidate(run, value, shape.dtype, synchronize, timer, best)
+        seconds = time_candidate(run, value, synchronize, timer, best)
         best = min(best, seconds)
         times[name] = 1e3 * seconds
     timed = [(t, i, name) for i, (name, t) in enumerate(times.items()) if t is not None]

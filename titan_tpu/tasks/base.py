@@ -67,9 +67,14 @@ class TaskContext:
         runs a task's `next_batch`, `loss` and `evaluate` under it, so a batch made with the model
         (GRPO's sampling and rollout log-probabilities) comes from the same policy as the loss: the
         first ratio is then exactly 1."""
-        if self.compute_dtype == torch.float32 or self.parallel.dims.fsdp_enabled:
+        if not self.uses_autocast:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
+    @property
+    def uses_autocast(self) -> bool:
+        """Whether `autocast()` casts: not in float32, and not under FSDP's mixed precision."""
+        return self.compute_dtype != torch.float32 and not self.parallel.dims.fsdp_enabled
 
 
 @dataclass
