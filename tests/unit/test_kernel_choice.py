@@ -64,12 +64,14 @@ def test_a_second_run_reads_the_cache_and_measures_nothing(tmp_path: Path) -> No
     args, [second] = choose(kernels, clock, KernelCache(tmp_path))
     assert (second.pick, second.source, clock.reads, clock.now) == ("b", "cached", 0, 0.0)
     assert args.kernel == kernels["b"]
-    # Another shape is another key: measured, and added beside the first.
-    other = dataclasses.replace(SHAPE, seq_len=16)
-    clock = FakeClock()
-    choose_kernels([fake_tunable(kernels, clock)], FakeArgs(), other, "fake cpu", deterministic=False,
-                   cache=KernelCache(tmp_path), timer=clock)  # fmt: skip
-    assert clock.reads > 0 and len(json.loads((tmp_path / FILE_NAME).read_text())) == 2
+    # Another shape, or the same computed under autocast, is another key: measured, and added.
+    bf16 = dataclasses.replace(SHAPE, dtype=torch.bfloat16)
+    others = [dataclasses.replace(SHAPE, seq_len=16), bf16, dataclasses.replace(bf16, autocast=True)]
+    for entries, other in enumerate(others):
+        clock = FakeClock()
+        choose_kernels([fake_tunable(kernels, clock)], FakeArgs(), other, "fake cpu", deterministic=False,
+                       cache=KernelCache(tmp_path), timer=clock)  # fmt: skip
+        assert clock.reads > 0 and len(json.loads((tmp_path / FILE_NAME).read_text())) == 2 + entries
 
 
 def test_a_cached_pick_that_is_no_longer_a_candidate_is_measured_again(tmp_path: Path) -> None:

@@ -58,7 +58,10 @@ def _decide(
     if len(candidates) == 1:
         return KernelChoice(tunable.field, next(iter(candidates)), "only candidate", {})
     key = json.dumps(
-        {**machine, "field": tunable.field, "dtype": str(shape.dtype), "shape": tunable.key(args, shape)},
+        {
+            **machine, "field": tunable.field, "dtype": str(shape.dtype), "autocast": shape.autocast,
+            "shape": tunable.key(args, shape),
+        },
         sort_keys=True,
     )
     entry = cache.get(key) if cache is not None else None
