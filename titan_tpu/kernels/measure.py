@@ -11,7 +11,8 @@ import torch
 
 from titan_tpu.models.common.tunable import KernelShape, Tunable, relative_error
 
-# Timed iterations per candidate after one untimed warm-up (which also builds any kernel caches).
+# Timed iterations per candidate after one warm-up (which also builds any kernel caches, and is
+# timed only to spot a hopeless candidate).
 ITERATIONS = 3
 # A candidate whose warm-up alone takes this many times the best median so far is not timed further:
 # it cannot win, and the slowest candidates (small blocks at long sequences) would cost the most
