@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader  # 
 from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
+from launch import fixed_kernels  # noqa: E402
 from parity import capture_states, full_state, train_and_capture  # noqa: E402
 from titan_tpu.checkpoint.hf_import import local_block  # noqa: E402
 from titan_tpu.checkpoint.hf_export import export_model_to_hf  # noqa: E402
@@ -94,7 +95,9 @@ def is_writer() -> bool:
 
 
 def trainer_for(config: str, dump: Path, stop: int, *extra: str) -> Trainer:
-    return Trainer(load_config(config, [*ARGS, f"--training.steps={stop}", f"--job.dump_folder={dump}", *extra]))
+    return Trainer(load_config(config, [
+        *ARGS, *fixed_kernels(config), f"--training.steps={stop}", f"--job.dump_folder={dump}", *extra,
+    ]))  # fmt: skip
 
 
 def resume(config: str, source: Path, step: int, stop: int, dump: Path, *layout: str) -> tuple[Trainer, dict]:
@@ -142,7 +145,8 @@ def hf_import_export(work: Path, name: str) -> dict[str, Any]:
     config, tag, layout = HF_RUNS[name]
     READS.clear()
     trainer = Trainer(load_config(config, [
-        *ARGS, "--training.steps=1", "--checkpoint.enable=false", f"--job.dump_folder={work / name}",
+        *ARGS, *fixed_kernels(config), "--training.steps=1", "--checkpoint.enable=false",
+        f"--job.dump_folder={work / name}",
         f"--checkpoint.initial_load_path={work / f'hf_{tag}'}", *layout,
     ]))  # fmt: skip
     mine: dict[str, Any] = {"reads": list(READS)}

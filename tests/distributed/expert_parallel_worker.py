@@ -44,7 +44,7 @@ from parity import RunResult, train_and_capture  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
 
 CONFIG = "qwen3_moe_debug"
-BASE = layout_run(global_batch_size=8)
+BASE = layout_run(CONFIG, global_batch_size=8)
 LAYOUTS: dict[str, list[str]] = {
     # With torch.compile (aot_eager): the MoE blocks compile their traceable parts around the
     # expert-parallel hooks and the experts' own FSDP group.

@@ -59,3 +59,14 @@ def launch_layout_worker(
     print(f"\n4-process launch {elapsed:.1f}s, single-process reference {time.perf_counter() - start:.1f}s; "
           f"per part: { {k: round(v, 1) for k, v in data['timings_s'].items()} }")
     return data
+
+
+def fixed_kernels(config: str) -> list[str]:
+    """train.py arguments that pin the kernels "auto" would measure (titan_tpu/kernels/). Runs on
+    different layouts that are compared with each other must run the same kernels, and measured
+    choices may differ between them: each layout times at its own per-rank shapes, and timings vary
+    from run to run. The choice itself has its own tests."""
+    pinned = ["--model.attention_block=0"]
+    if config.startswith("qwen3_moe"):
+        pinned.append("--model.overrides.expert_impl=padded_bmm")
+    return pinned

@@ -44,6 +44,7 @@ from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
 from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
+from launch import fixed_kernels  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
 from tests.kernel_fakes import SHAPE, FakeArgs, FakeClock, FakeKernel, fake_tunable  # noqa: E402
@@ -53,10 +54,12 @@ from titan_tpu.kernels.measure import measure  # noqa: E402
 STEPS = 10
 
 
-def layout_run(global_batch_size: int) -> list[str]:
-    """train.py arguments of a layout-parity run: a short float32 run, logged every step, that each
-    layout and the single process train alike (the expert-parallel worker uses it too)."""
+def layout_run(config: str, global_batch_size: int) -> list[str]:
+    """train.py arguments of a layout-parity run of `config`: a short float32 run with pinned
+    kernels, logged every step, that each layout and the single process train alike (the
+    expert-parallel worker uses it too)."""
     return [
+        *fixed_kernels(config),
         "--training.seq_len=32",
         f"--training.global_batch_size={global_batch_size}",
         "--training.local_batch_size=-1",
@@ -68,7 +71,7 @@ def layout_run(global_batch_size: int) -> list[str]:
     ]
 
 
-BASE = layout_run(global_batch_size=4)
+BASE = layout_run("llama3_debug", global_batch_size=4)
 LAYOUTS: dict[str, list[str]] = {
     "fsdp4": ["--parallelism.dp_shard=4"],
     "hsdp2x2": ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"],
