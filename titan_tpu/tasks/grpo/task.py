@@ -88,6 +88,9 @@ class GRPOTask(TrainingTask):
         """With beta > 0, the frozen reference: the run's initial weights, built like the policy (same
         seed, same layout) and loaded from checkpoint.initial_load_path when that is set, so a resumed
         run rebuilds the same reference."""
+        # The policy's arguments as built: they carry the kernels the trainer measured after
+        # model_args, which the reference must run too.
+        self.args = model.args
         if self.rl.beta == 0:
             return
         ctx, config = self.ctx, self.ctx.config
