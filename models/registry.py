@@ -45,7 +45,8 @@ class ModelSpec:
     model_cls(args) builds the model; call it under `torch.device("meta")`, then parallelise, then
     `to_empty(device=...)` and `init_weights()`.
     flops_per_token(args, seq_len) returns TRAINING (forward + backward) FLOPs per token.
-    loss_fn(model_output, labels[B, S]) returns the scalar mean loss, ignoring labels == -100.
+    loss_fn(model_output, labels[B, S], chunk_elements) returns the scalar mean loss, ignoring labels
+    == -100; chunk_elements is the cross-entropy's chunk (the args' `loss_chunk_elements`, measured).
     parallelize(model, ctx) applies the family's tensor / expert parallelism (its parallelize.py);
     state_dict_adapter maps its weights and config to Hugging Face's.
     default_task names the training task (titan_tpu/tasks/registry.py) that `training.task = "auto"`
@@ -61,7 +62,7 @@ class ModelSpec:
     model_cls: type[nn.Module]
     flavors: Mapping[str, Any]
     flops_per_token: Callable[[Any, int], float]
-    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] = cross_entropy_loss
+    loss_fn: Callable[[Any, torch.Tensor, int], torch.Tensor] = cross_entropy_loss
     parallelize: Callable[..., nn.Module] | None = None
     state_dict_adapter: StateDictAdapter | None = None
     default_task: str = "language_model"

@@ -5,8 +5,8 @@ turn, beside what "auto" picked, for every dtype the machine computes natively.
 
 Each run is a fresh Trainer in this process, timed like bench.py's single-run mode. A shared CPU's
 speed drifts by 10-20% over minutes, more than the kernels differ, so the runs are interleaved
-(auto, every candidate, then again) `repeats` times and the medians compared. One JSON line per run,
-then a Markdown table: per dtype and kernel field, every candidate's median tokens/s and MFU, auto's
+(auto, every candidate, then again, each round starting one run later) `repeats` times after one
+uncounted run, and the medians compared. One JSON line per run, then a Markdown table: per dtype and kernel field, every candidate's median tokens/s and MFU, auto's
 pick, and auto's medians as a share of the fastest forced candidate's. The MFU ratio is the one that
 survives drift: each run's MFU is against a matmul peak probed in the same process right after its
 timed steps, so a run that met a slower machine is judged against a slower peak.
@@ -44,19 +44,25 @@ def kernel_table(config: str, steps: int, warmup: int, repeats: int, overrides: 
     rows: list[str] = []
     for dtype in native_dtypes():
         base = ["--metrics.log_freq=1000000", *overrides, f"--training.dtype={dtype}"]
-        first = _run(measure, config, steps, warmup, base, None)
+        # Learns the candidates, and is not counted: a process's first run pays one-time costs
+        # (allocator, thread pool, the measurement itself) that no forced run would pay.
+        first = _run(measure, config, steps, warmup, base, "auto (not counted)")
         rate_key = next(k for k in first if k.endswith("_per_sec_per_process"))
-        forced = {(f, name): [*base, override_of[f](name)] for f, names in first["kernel_candidates"].items()
-                  for name in names}  # fmt: skip
-        runs: dict[Any, list[dict[str, Any]]] = {"auto": [first], **{key: [] for key in forced}}
+        # Fields with one candidate (or forced by the overrides) have nothing to compare.
+        measured = {f: names for f, names in first["kernel_candidates"].items() if len(names) > 1}
+        forced = {(f, name): [*base, override_of[f](name)] for f, names in measured.items() for name in names}
+        order: list[Any] = ["auto", *forced]
+        runs: dict[Any, list[dict[str, Any]]] = {key: [] for key in order}
         for repeat in range(repeats):
-            if repeat > 0:
-                runs["auto"].append(_run(measure, config, steps, warmup, base, None))
-            for key, run_overrides in forced.items():
-                runs[key].append(_run(measure, config, steps, warmup, run_overrides, dict([key])))
+            # Each round starts one run later, so no configuration always meets the same moment
+            # of the machine's drift.
+            shift = repeat % len(order)
+            for key in order[shift:] + order[:shift]:
+                run_overrides, label = (base, None) if key == "auto" else (forced[key], dict([key]))
+                runs[key].append(_run(measure, config, steps, warmup, run_overrides, label))
         rate = {key: statistics.median(r[rate_key] for r in records) for key, records in runs.items()}
         mfu = {key: statistics.median(r["mfu_percent"] or 0.0 for r in records) for key, records in runs.items()}
-        for field in first["kernel_candidates"]:
+        for field in measured:
             mine = [key for key in forced if key[0] == field]
             cells = ", ".join(f"{name} {rate[(field, name)]:.0f} ({mfu[(field, name)]:.1f}%)" for _, name in mine)
             rows.append(

@@ -59,4 +59,5 @@ def fake_tunable(kernels: dict[str, FakeKernel], clock: FakeClock) -> Tunable:
         check_shape=lambda shape: shape,
         key=lambda args, shape: (shape.batch, shape.seq_len),
         config_override=lambda name: f"--fake={name}",
+        name_of=lambda args: str(args.kernel),
     )

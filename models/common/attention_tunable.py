@@ -96,4 +96,5 @@ ATTENTION = Tunable(
     check_shape=_check_shape,
     key=_key,
     config_override=_config_override,
+    name_of=lambda args: args.attention.name,
 )

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from titan_tpu.models.common.attention_kernels import AttentionKernel, SdpaAttention
+from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS
 from titan_tpu.models.common.rope import RopeScaling
 
 
@@ -35,6 +36,10 @@ class DecoderArgs:
     head_dim: int | None = None
     # The causal attention kernel (models/common/attention_kernels.py); the run picks it for its device.
     attention: AttentionKernel = SdpaAttention()
+    # Float32 elements per chunk of the cross-entropy (models/common/chunked_cross_entropy.py), at most
+    # its memory budget; -1 is "auto": the trainer measures it (loss_tunable.py), and a model used
+    # outside a run takes the budget.
+    loss_chunk_elements: int = -1
 
     def __post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads != 0:
@@ -44,6 +49,11 @@ class DecoderArgs:
         if self.head_dim is None and self.dim % self.n_heads != 0:
             raise ValueError(
                 f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}) unless head_dim is given"
+            )
+        if not (self.loss_chunk_elements == -1 or 0 < self.loss_chunk_elements <= CHUNK_ELEMENTS):
+            raise ValueError(
+                f"loss_chunk_elements must be -1 (auto) or 1..{CHUNK_ELEMENTS} (the loss's memory budget), "
+                f"got {self.loss_chunk_elements}"
             )
         if self.attn_head_dim % 2 != 0:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.attn_head_dim}")

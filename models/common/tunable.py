@@ -28,6 +28,9 @@ class KernelShape:
     autocast: bool = False
     tp: int = 1  # tensor-parallel degree: heads and expert widths are split by it
     ep: int = 1  # expert-parallel degree: experts are split by it
+    # The task's loss runs the chunked cross-entropy eagerly: not compiled, not on vocab-sharded
+    # logits (which take F.cross_entropy), not another task's loss.
+    eager_loss: bool = True
     # The TPU's splash attention op, when the device has it (the device layer hands it in).
     splash_op: Callable[..., torch.Tensor] | None = None
 
@@ -61,6 +64,8 @@ class Tunable:
     key: Callable[[Any, KernelShape], tuple[int, ...]]
     # The train.py override that forces a candidate (scripts/bench.py --kernels runs each one).
     config_override: Callable[[str], str]
+    # The name of the value the field holds: what the log says a config forced.
+    name_of: Callable[[Any], str]
     float32_inputs_under_autocast: bool = False
 
 

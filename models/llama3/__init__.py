@@ -3,6 +3,7 @@
 from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.models.common.decoder_activations import dense_decoder_activations
 from titan_tpu.models.common.loss import cross_entropy_loss
+from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
 from titan_tpu.models.common.parallelize import DENSE_DECODER_TP, parallelize_dense_decoder
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS, Llama3Args
 from titan_tpu.models.llama3.flops import llama3_flops_per_token, llama3_param_count
@@ -20,7 +21,7 @@ LLAMA3_SPEC = ModelSpec(
     state_dict_adapter=LLAMA3_STATE_DICT_ADAPTER,
     tp_plan=DENSE_DECODER_TP,
     block_activations=dense_decoder_activations,
-    tunables=(ATTENTION,),
+    tunables=(ATTENTION, LOSS_CHUNKS),
 )
 register_model(LLAMA3_SPEC)
 

@@ -3,6 +3,7 @@
 from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.models.common.decoder_activations import dense_decoder_activations
 from titan_tpu.models.common.loss import cross_entropy_loss
+from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
 from titan_tpu.models.common.parallelize import DENSE_DECODER_TP
 from titan_tpu.models.qwen3.activations import qwen3_moe_block_activations
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
@@ -23,7 +24,7 @@ QWEN3_SPEC = ModelSpec(
     state_dict_adapter=QWEN3_STATE_DICT_ADAPTER,
     tp_plan=DENSE_DECODER_TP,
     block_activations=dense_decoder_activations,
-    tunables=(ATTENTION,),
+    tunables=(ATTENTION, LOSS_CHUNKS),
 )
 QWEN3_MOE_SPEC = ModelSpec(
     name="qwen3_moe",
@@ -36,7 +37,7 @@ QWEN3_MOE_SPEC = ModelSpec(
     tp_plan=QWEN3_MOE_TP_PLAN,
     block_activations=qwen3_moe_block_activations,
     expert_routing=qwen3_moe_routing,
-    tunables=(ATTENTION, EXPERTS),
+    tunables=(ATTENTION, EXPERTS, LOSS_CHUNKS),
 )
 register_model(QWEN3_SPEC)
 register_model(QWEN3_MOE_SPEC)

@@ -87,5 +87,6 @@ EXPERTS = Tunable(
     check_shape=_check_shape,
     key=_key,
     config_override=lambda name: f"--model.overrides.expert_impl={name}",
+    name_of=lambda args: args.expert_impl,
     float32_inputs_under_autocast=True,
 )

@@ -14,6 +14,7 @@ import torch
 
 from titan_tpu.models.common.decoder import DecoderLM, decoder_block
 from titan_tpu.models.common.feed_forward import FeedForward
+from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.common.transformer import TransformerBlock
 from titan_tpu.models.qwen3.args import Qwen3Args, Qwen3MoeArgs
@@ -162,7 +163,7 @@ class Qwen3MoeModel(Qwen3Model):
         return MoEOutput(self.logits(h), aux_loss, self.args.router_aux_loss_coef)
 
 
-def moe_loss(output: MoEOutput, labels: torch.Tensor) -> torch.Tensor:
+def moe_loss(output: MoEOutput, labels: torch.Tensor, chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
     """Training loss of the MoE model, as transformers' Qwen3MoeForCausalLM forms it with labels:
     mean next-token cross-entropy + router_aux_loss_coef * load-balancing loss."""
-    return cross_entropy_loss(output.logits, labels) + output.aux_loss_coef * output.aux_loss
+    return cross_entropy_loss(output.logits, labels, chunk_elements) + output.aux_loss_coef * output.aux_loss

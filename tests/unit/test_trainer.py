@@ -75,9 +75,9 @@ def poison_loss(trainer: Trainer, at_call: int) -> None:
     real_loss = trainer.task.loss_fn
     calls = {"n": 0}
 
-    def loss_fn(output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def loss_fn(output: torch.Tensor, labels: torch.Tensor, chunk_elements: int) -> torch.Tensor:
         calls["n"] += 1
-        loss = real_loss(output, labels)
+        loss = real_loss(output, labels, chunk_elements)
         return loss * float("nan") if calls["n"] == at_call else loss
 
     trainer.task.loss_fn = loss_fn

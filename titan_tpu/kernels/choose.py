@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 class KernelChoice:
     field: str
     pick: str
-    source: str  # "measured", "cached", "only candidate", "deterministic"
+    source: str  # "measured in N s", "cached", "only candidate", "deterministic", "forced by the config"
     times_ms: dict[str, float | None]  # empty unless measured or cached
 
     def describe(self) -> str:
@@ -92,8 +92,9 @@ def choose_kernels(
     """`args` with every auto tunable field set to its pick, and the choices (for the log).
     Collective when a process group is up: every rank calls it at the same point."""
     auto = [t for t in tunables if t.is_auto(args)]
+    forced = [KernelChoice(t.field, t.name_of(args), "forced by the config", {}) for t in tunables if not t.is_auto(args)]
     if not auto:
-        return args, []
+        return args, forced
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     choices: list[Any] = [None]
     if not distributed or dist.get_rank() == 0:
@@ -108,4 +109,4 @@ def choose_kernels(
         dist.broadcast_object_list(choices, src=0)
     picked: list[KernelChoice] = choices[0]
     values = {c.field: t.candidates(args, shape)[c.pick] for t, c in zip(auto, picked)}
-    return dataclasses.replace(args, **values), picked
+    return dataclasses.replace(args, **values), forced + picked

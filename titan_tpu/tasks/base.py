@@ -90,6 +90,9 @@ class TrainingTask(ABC):
     """Base class: the optional parts have neutral defaults; the abstract ones must be implemented."""
 
     unit: str = "items"
+    # The loss is the model family's chunked cross-entropy (`ModelSpec.loss_fn`), whose chunk the run
+    # measures; other tasks' losses leave it at its default and the measurement is skipped.
+    chunked_loss: bool = False
 
     def __init__(self, ctx: TaskContext) -> None:
         self.ctx = ctx

@@ -36,6 +36,7 @@ class LanguageModelTask(TrainingTask):
     mixture-of-experts models)."""
 
     unit = "tokens"
+    chunked_loss = True
 
     def __init__(self, ctx: TaskContext) -> None:
         super().__init__(ctx)
@@ -56,6 +57,8 @@ class LanguageModelTask(TrainingTask):
 
     def setup(self, model: nn.Module) -> None:
         ctx = self.ctx
+        # The loss's chunk, as the run chose it (titan_tpu/kernels/ replaced "auto" in model.args).
+        self.loss_chunk_elements: int = model.args.loss_chunk_elements
         self.dataloader = build_dataloader(
             ctx.config.data,
             self.tokenizer,
@@ -80,7 +83,7 @@ class LanguageModelTask(TrainingTask):
         device = self.ctx.device
         input_ids = batch["input_ids"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True)
-        return TaskLoss(self.loss_fn(model(input_ids), labels), items=labels.numel())
+        return TaskLoss(self.loss_fn(model(input_ids), labels, self.loss_chunk_elements), items=labels.numel())
 
     def flops_per_item(self) -> float:
         return self.ctx.spec.flops_per_token(self.args, self.seq_len)
