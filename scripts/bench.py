@@ -52,9 +52,11 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
     config = load_config(config_name, [f"--training.steps={steps + warmup}", *overrides])
     trainer = Trainer(config)
     try:
+        start = time.perf_counter()
         for _ in range(warmup):
             trainer.train_step()
         trainer.device.synchronize()
+        warmup_s = time.perf_counter() - start  # with compile.enable, mostly compiling
         trainer.device.reset_peak_memory()
         items = 0
         start = time.perf_counter()
@@ -81,6 +83,7 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
             "mfu_percent": round(100 * flops_per_sec / peak, 2) if peak else None,
             "peak_memory_gib": round(trainer.device.peak_memory_gib(), 3),
             "step_time_s": round(elapsed / steps, 4),
+            "warmup_s": round(warmup_s, 2),
             "final_loss": round(float(loss), 4),
             # What each "auto" kernel became, and among which candidates (titan_tpu/kernels/).
             "kernels": {choice.field: choice.pick for choice in trainer.kernels},

@@ -42,6 +42,17 @@ class ByteTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [list(text.encode("utf-8")) for text in texts]
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """The ids and, per id, the [start, end) of the character it encodes (a character of
+        several UTF-8 bytes gives each of its bytes that character's span)."""
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        for i, char in enumerate(text):
+            encoded = char.encode("utf-8")
+            ids += encoded
+            offsets += [(i, i + 1)] * len(encoded)
+        return ids, offsets
+
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
@@ -90,6 +101,11 @@ class HFTokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """The ids and, per id, the [start, end) of the characters it covers in `text`."""
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        return encoding.ids, [tuple(span) for span in encoding.offsets]  # type: ignore[misc]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
