@@ -66,8 +66,10 @@ class Attention(nn.Module):
         kv_cache: LayerKVCache | None = None,
         start_pos: int = 0,
         attn_mask: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x [B, S, dim] -> [B, S, dim]; cos/sin [S, head_dim] are the rotary tables at x's positions.
+        """x [B, S, dim] -> [B, S, dim]; cos/sin [S, head_dim] (or [B, S, head_dim]) are the rotary
+        tables at x's positions; `document_ids` [B, S] keeps packed documents apart (documents.py).
 
         Without cache or mask this is the training path: the causal kernel. `kv_cache` stores this
         call's keys and values at slots start_pos:start_pos+S and attends over all slots up to there;
@@ -89,7 +91,9 @@ class Attention(nn.Module):
                 raise ValueError("Attention with a kv_cache needs the attn_mask its KVCache.advance made")
             k, v = kv_cache.update(k, v, start_pos)
         if attn_mask is None:
-            out = self.kernel(q, k, v)
+            out = self.kernel(q, k, v, document_ids)
         else:
+            if document_ids is not None:
+                raise ValueError("document_ids are for training; a padded or cached batch masks by attn_mask")
             out = masked_attention(q, k, v, attn_mask)
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))

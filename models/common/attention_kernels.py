@@ -22,14 +22,18 @@ import torch
 import torch.nn.functional as F
 
 from titan_tpu.models.common.blocked_attention import blocked_causal_attention
+from titan_tpu.models.common.documents import document_causal_mask
 
 
 class AttentionKernel(Protocol):
-    """Causal attention over [B, H, S, D] queries and [B, H_kv, S, D] keys and values."""
+    """Causal attention over [B, H, S, D] queries and [B, H_kv, S, D] keys and values; with
+    `document_ids` [B, S], within each packed document only (models/common/documents.py)."""
 
     name: str
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -59,8 +63,14 @@ class SdpaAttention:
 
     name: str = field(default="sdpa", init=False)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return _grouped_sdpa(q, k, v, is_causal=True)
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if document_ids is None:
+            return _grouped_sdpa(q, k, v, is_causal=True)
+        # An explicit [B, 1, S, S] mask: SDPA has no segment ids (its fused CPU and CUDA kernels take
+        # a mask); the blocked kernel keeps this O(S) per row.
+        return _grouped_sdpa(q, k, v, attn_mask=document_causal_mask(document_ids))
 
 
 @dataclass(frozen=True)
@@ -76,8 +86,10 @@ class BlockedAttention:
             raise ValueError(f"blocked attention needs a positive block size, got {self.block}")
         object.__setattr__(self, "name", f"blocked:{self.block}")
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return blocked_causal_attention(q, k, v, self.block)
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return blocked_causal_attention(q, k, v, self.block, document_ids)
 
 
 # The splash kernel tiles queries and keys in blocks of 512 by default and needs every block to be a
@@ -101,7 +113,13 @@ class SplashAttention:
     op: Callable[..., torch.Tensor] = field(compare=False)
     name: str = field(default="splash", init=False)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if document_ids is not None:
+            # torch_tpu 0.2's splash_sdpa takes no segment ids; the measured choice leaves splash out
+            # of document-masked runs, so only a forced choice gets here.
+            raise ValueError("splash attention (torch_tpu 0.2) takes no segment ids; with data.document_mask use 'sdpa'")
         seq_len = q.shape[2]
         block = splash_block(seq_len)
         if block is None:
@@ -132,7 +150,9 @@ class AutoAttention:
 
     name: str = field(default="auto", init=False)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         raise RuntimeError("attention kernel 'auto' was never replaced by a measured kernel")
 
 

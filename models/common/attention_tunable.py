@@ -33,7 +33,8 @@ def _candidates(args: Any, shape: KernelShape) -> dict[str, Any]:
     names = ["sdpa"]
     if shape.device.type == "cpu":
         names += [f"blocked:{block}" for block in CPU_BLOCKS if block < shape.seq_len]
-    if shape.device.type == "tpu" and shape.splash_op is not None and splash_block(shape.seq_len):
+    # torch_tpu 0.2's splash kernel takes no segment ids, so document-masked runs leave it out.
+    if shape.device.type == "tpu" and shape.splash_op is not None and splash_block(shape.seq_len) and not shape.document_mask:
         names.append("splash")
     return {name: attention_kernel(name, splash_op=shape.splash_op) for name in names}
 
@@ -55,12 +56,16 @@ def _workload(args: Any, shape: KernelShape) -> KernelRun:
         return torch.randn(_batch(shape), shape.seq_len, n, args.attn_head_dim, generator=generator)
 
     q, k, v = make(heads), make(kv_heads), make(kv_heads)
+    # Packed documents: four per row, as a stand-in for the run's (which the data decides).
+    documents = None
+    if shape.document_mask:
+        documents = (torch.arange(shape.seq_len) * 4 // shape.seq_len).expand(_batch(shape), -1).to(shape.device)
 
     def run(kernel: Any, dtype: torch.dtype) -> list[torch.Tensor]:
         def in_model_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             # As models/common/attention.py hands them over: [B, S, H, D] projections seen as
             # [B, H, S, D], not contiguous; what a kernel does about that is part of its cost.
-            return kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+            return kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), documents).transpose(1, 2)
 
         inputs = (t.to(device=shape.device, dtype=dtype) for t in (q, k, v))
         return forward_backward(in_model_layout, *inputs)
@@ -76,7 +81,7 @@ def _check_shape(shape: KernelShape) -> KernelShape:
 
 
 def _key(args: Any, shape: KernelShape) -> tuple[int, ...]:
-    return (_batch(shape), *_heads(args, shape), shape.seq_len, args.attn_head_dim)
+    return (_batch(shape), *_heads(args, shape), shape.seq_len, args.attn_head_dim, int(shape.document_mask))
 
 
 def _config_override(name: str) -> str:

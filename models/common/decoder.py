@@ -16,6 +16,7 @@ from torch import nn
 
 from titan_tpu.models.common.attention import Attention
 from titan_tpu.models.common.decoder_args import DecoderArgs
+from titan_tpu.models.common.documents import document_positions
 from titan_tpu.models.common.init import trunc_normal_std_
 from titan_tpu.models.common.kv_cache import KVCache, padded_causal_mask
 from titan_tpu.models.common.norms import RMSNorm
@@ -87,13 +88,15 @@ class DecoderLM(nn.Module):
         cache: KVCache | None = None,
         start_pos: int = 0,
         key_padding_mask: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens [B, S] -> logits [B, S, vocab_size] in the parameters' dtype (the loss upcasts).
 
         Training passes tokens only. Generation passes a `KVCache` and the slot of tokens[:, 0]
         (`start_pos`): prefill the prompts at 0, then feed one token per call. `key_padding_mask`
         [B, S] marks real tokens (True) of left-padded rows, with or without a cache; the convention
-        is in kv_cache.py.
+        is in kv_cache.py. `document_ids` [B, S] (training) keeps packed documents apart: positions
+        restart at each document and attention stays inside it (documents.py).
         """
         if cache is None and start_pos != 0:
             raise ValueError(f"start_pos {start_pos} needs a KVCache holding the earlier positions")
@@ -101,9 +104,12 @@ class DecoderLM(nn.Module):
         cos, sin = self.rope(start_pos + tokens.shape[1])
         cos, sin = cos[start_pos:], sin[start_pos:]
         if cache is None and key_padding_mask is None:
+            cos, sin, extra = self.document_rotary(cos, sin, document_ids)
             for layer in self.layers.values():
-                h = layer(h, cos, sin)
+                h = layer(h, cos, sin, **extra)
             return self.logits(h)
+        if document_ids is not None:
+            raise ValueError("document_ids are for training, without a KVCache or key_padding_mask")
         if cache is None:
             attn_mask = padded_causal_mask(key_padding_mask)  # type: ignore[arg-type]
         else:
@@ -112,6 +118,18 @@ class DecoderLM(nn.Module):
             layer_cache = cache.layer(name) if cache is not None else None
             h = layer(h, cos, sin, kv_cache=layer_cache, start_pos=start_pos, attn_mask=attn_mask)
         return self.logits(h)
+
+    @staticmethod
+    def document_rotary(
+        cos: torch.Tensor, sin: torch.Tensor, document_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """The rotary tables at each token's position in its document ([B, S, head_dim]) and the
+        blocks' keyword for packed documents; unchanged tables and no keyword without documents, so
+        the plain training call stays (h, cos, sin)."""
+        if document_ids is None:
+            return cos, sin, {}
+        positions = document_positions(document_ids)
+        return cos[positions], sin[positions], {"document_ids": document_ids}
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         h = self.norm(h)

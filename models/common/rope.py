@@ -103,11 +103,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, S, H, D] by cos/sin [S, D].
+    """Rotate x [B, S, H, D] by cos/sin [S, D], or [B, S, D] when each row has its own positions
+    (packed documents).
 
     Done in float32 and cast back: in bf16 the angle of late positions loses precision fast.
     """
     x32 = x.float()
-    cos = cos[None, :, None, :].float()
-    sin = sin[None, :, None, :].float()
+    per_row = cos.dim() == 3
+    cos = (cos[:, :, None, :] if per_row else cos[None, :, None, :]).float()
+    sin = (sin[:, :, None, :] if per_row else sin[None, :, None, :]).float()
     return (x32 * cos + _rotate_half(x32) * sin).type_as(x)

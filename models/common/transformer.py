@@ -64,12 +64,14 @@ class TransformerBlock(nn.Module):
         kv_cache: LayerKVCache | None = None,
         start_pos: int = 0,
         attn_mask: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The cache and mask arguments serve generation and padded batches (see `Attention.forward`);
-        training passes only x, cos, sin."""
+        training passes x, cos, sin, and `document_ids` for packed documents."""
         # Keywords, not positions: tensor-parallel plans (PrepareModuleInput) lay out the positional
         # inputs x, cos, sin only.
         h = x + self.attention(
-            self.attention_norm(x), cos, sin, kv_cache=kv_cache, start_pos=start_pos, attn_mask=attn_mask
-        )
+            self.attention_norm(x), cos, sin, kv_cache=kv_cache, start_pos=start_pos, attn_mask=attn_mask,
+            document_ids=document_ids,
+        )  # fmt: skip
         return h + self.feed_forward(self.ffn_norm(h))

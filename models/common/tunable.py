@@ -28,6 +28,8 @@ class KernelShape:
     autocast: bool = False
     tp: int = 1  # tensor-parallel degree: heads and expert widths are split by it
     ep: int = 1  # expert-parallel degree: experts are split by it
+    # Packed documents are kept apart (data.document_mask): attention takes document ids.
+    document_mask: bool = False
     # The task's loss runs the chunked cross-entropy eagerly: not compiled, not on vocab-sharded
     # logits (which take F.cross_entropy), not another task's loss.
     eager_loss: bool = True

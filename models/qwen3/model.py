@@ -26,9 +26,9 @@ class MoETransformerBlock(TransformerBlock):
     model can form the load-balancing loss over all layers (no state is stashed on modules)."""
 
     def forward(  # type: ignore[override]
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, document_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, RouterStats]:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+        h = x + self.attention(self.attention_norm(x), cos, sin, document_ids=document_ids)
         out, stats = self.feed_forward(self.ffn_norm(h))
         return h + out, stats
 
@@ -139,13 +139,14 @@ class Qwen3MoeModel(Qwen3Model):
         # single process's on the same global batch (the Qwen 3 recipe). None: this batch only.
         self.sum_router_stats: Callable[[torch.Tensor], tuple[torch.Tensor, int]] | None = None
 
-    def forward(self, tokens: torch.Tensor) -> MoEOutput:
+    def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None) -> MoEOutput:  # type: ignore[override]
+        """`document_ids` [B, S] keeps packed documents apart (models/common/documents.py)."""
         h = self.tok_embeddings(tokens)
-        cos, sin = self.rope(tokens.shape[1])
+        cos, sin, extra = self.document_rotary(*self.rope(tokens.shape[1]), document_ids)
         stats: list[RouterStats] = []
         tracker = _AuxLossGradient(self.args.num_experts)
         for layer in self.layers.values():
-            h, layer_stats = layer(h, cos, sin)
+            h, layer_stats = layer(h, cos, sin, **extra)
             stats.append(layer_stats)
             if torch.is_grad_enabled() and layer_stats.prob_sums.requires_grad:
                 h = _InjectAuxGradient.apply(h, layer_stats.prob_sums, tracker)

@@ -167,6 +167,11 @@ class DataConfig:
     text_field: str = opt("text", "Field holding the text in .jsonl, .parquet and datasets records.")
     hf_split: str = opt("train", "Split to read from a Hugging Face dataset.")
     tokenizer: str = opt("byte", "byte (built-in byte-level) or a path to a tokenizer.json or its folder.")
+    document_mask: bool = opt(
+        False,
+        "Keep the documents packed into a sequence apart: positions restart after each end-of-text "
+        "token and attention stays inside each document.",
+    )
     shuffle: bool = opt(True, "Shuffle packed sequences within a buffer (seeded).")
     shuffle_buffer: int = opt(1024, "Number of packed sequences shuffled together.")
 

@@ -30,6 +30,13 @@ def decoder_args(ctx: TaskContext, tokenizer: Tokenizer, args: Any) -> Any:
     return dataclasses.replace(args, max_seq_len=ctx.config.training.seq_len, attention=ctx.attention)
 
 
+def documents_after_eos(input_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """[B, S] document ids of packed rows: the packer ends every document with eos, so a document
+    begins after each eos (an eos belongs to the document it ends)."""
+    ends = (input_ids == eos_id).long()
+    return ends.cumsum(dim=1) - ends
+
+
 class LanguageModelTask(TrainingTask):
     """Batches `{"input_ids", "labels"}` of `seq_len` tokens from the configured corpus; the loss is
     the model family's own (`ModelSpec.loss_fn`: cross-entropy, plus the router's auxiliary loss for
@@ -83,7 +90,11 @@ class LanguageModelTask(TrainingTask):
         device = self.ctx.device
         input_ids = batch["input_ids"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True)
-        return TaskLoss(self.loss_fn(model(input_ids), labels, self.loss_chunk_elements), items=labels.numel())
+        if self.ctx.config.data.document_mask:
+            output = model(input_ids, document_ids=documents_after_eos(input_ids, self.tokenizer.eos_id))
+        else:
+            output = model(input_ids)
+        return TaskLoss(self.loss_fn(output, labels, self.loss_chunk_elements), items=labels.numel())
 
     def flops_per_item(self) -> float:
         return self.ctx.spec.flops_per_token(self.args, self.seq_len)
