@@ -91,7 +91,8 @@ class Attention(nn.Module):
                 raise ValueError("Attention with a kv_cache needs the attn_mask its KVCache.advance made")
             k, v = kv_cache.update(k, v, start_pos)
         if attn_mask is None:
-            out = self.kernel(q, k, v, document_ids)
+            # The fourth argument only with documents: a kernel without document support keeps (q, k, v).
+            out = self.kernel(q, k, v) if document_ids is None else self.kernel(q, k, v, document_ids)
         else:
             if document_ids is not None:
                 raise ValueError("document_ids are for training; a padded or cached batch masks by attn_mask")

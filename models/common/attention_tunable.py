@@ -65,7 +65,9 @@ def _workload(args: Any, shape: KernelShape) -> KernelRun:
         def in_model_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             # As models/common/attention.py hands them over: [B, S, H, D] projections seen as
             # [B, H, S, D], not contiguous; what a kernel does about that is part of its cost.
-            return kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), documents).transpose(1, 2)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            out = kernel(q, k, v) if documents is None else kernel(q, k, v, documents)
+            return out.transpose(1, 2)
 
         inputs = (t.to(device=shape.device, dtype=dtype) for t in (q, k, v))
         return forward_backward(in_model_layout, *inputs)
