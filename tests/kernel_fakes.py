@@ -17,6 +17,9 @@ class FakeClock:
 
     now: float = 0.0
     reads: int = 0
+    # A machine that slows as it works: the n-th kernel run costs slowdown^n times its cost.
+    slowdown: float = 1.0
+    runs: int = 0
 
     def __call__(self) -> float:
         self.reads += 1
@@ -43,7 +46,8 @@ def fake_tunable(kernels: dict[str, FakeKernel], clock: FakeClock) -> Tunable:
 
     def workload(args: Any, shape: KernelShape) -> Any:
         def run(kernel: FakeKernel, dtype: torch.dtype) -> list[torch.Tensor]:
-            clock.now += kernel.cost_s
+            clock.now += kernel.cost_s * clock.slowdown**clock.runs
+            clock.runs += 1
             return [(x * (1 + kernel.error)).to(dtype)]
 
         return run

@@ -3,8 +3,9 @@ refuses, what it caches, and the real attention and expert candidates checked ag
 
 Bugs these catch: picking by order or by the first candidate rather than by time; trusting a fast
 but wrong kernel; measuring again although the cache holds the answer (or trusting a stale or
-corrupt cache); deterministic runs whose kernels depend on a timing; the "auto" placeholder left in
-a model that then runs.
+corrupt cache); deterministic runs whose kernels depend on a timing; candidates timed one after
+another, so that a machine slowing midway favours the first; the "auto" placeholder left in a model
+that then runs.
 """
 
 from __future__ import annotations
@@ -152,6 +153,15 @@ def test_expert_candidates_agree_with_the_loop(autocast: bool) -> None:
         candidates = EXPERTS.candidates(args, shape)
         assert ("grouped_mm" in candidates) == (dtype == torch.bfloat16)
         assert check(EXPERTS, args, shape, candidates) == {}
+
+
+def test_a_machine_that_slows_down_midway_does_not_pick_the_candidate_timed_first() -> None:
+    """b is 10% faster, but each kernel run costs 5% more than the last (a neighbour starting up).
+    Timed one candidate after the other, a's runs would all come before b's and a would win; timed
+    round-robin, b wins."""
+    clock = FakeClock(slowdown=1.05)
+    [choice] = choose({"a": FakeKernel(0.0010), "b": FakeKernel(0.0009)}, clock)[1]
+    assert choice.pick == "b"
 
 
 def test_a_hopeless_candidate_is_timed_once() -> None:

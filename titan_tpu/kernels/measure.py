@@ -14,8 +14,8 @@ from titan_tpu.models.common.tunable import KernelShape, Tunable, relative_error
 # Timed iterations per candidate after one warm-up (which also builds any kernel caches, and is
 # timed only to spot a hopeless candidate).
 ITERATIONS = 3
-# A candidate whose warm-up alone takes this many times the best median so far is not timed further:
-# it cannot win, and the slowest candidates (small blocks at long sequences) would cost the most
+# A candidate whose warm-up takes this many times the fastest warm-up is not timed further: it
+# cannot win, and the slowest candidates (small blocks at long sequences) would cost the most
 # start-up. The margin is wide because a first call also pays one-time costs.
 HOPELESS = 4.0
 
@@ -71,28 +71,32 @@ def check(tunable: Tunable, args: Any, shape: KernelShape, candidates: dict[str,
     return refused
 
 
-def time_candidate(
-    run: Run,
-    value: Any,
-    synchronize: Callable[[], None],
-    timer: Callable[[], float],
-    best: float = float("inf"),
-) -> float:
-    """Median seconds of one forward and backward, after a warm-up; just the warm-up's time when that
-    is over HOPELESS times `best`, the best median so far."""
+def time_once(run: Run, value: Any, synchronize: Callable[[], None], timer: Callable[[], float]) -> float:
+    """Seconds of one forward and backward."""
     start = timer()
     run(value)
     synchronize()
-    warm_up = timer() - start
-    if warm_up > HOPELESS * best:
-        return warm_up
-    samples = []
+    return timer() - start
+
+
+def time_candidates(
+    run: Run, values: dict[str, Any], synchronize: Callable[[], None], timer: Callable[[], float]
+) -> dict[str, float]:
+    """Each candidate's median seconds over ITERATIONS runs after a warm-up, or just its warm-up's
+    time when that is over HOPELESS times the fastest warm-up.
+
+    The runs go round-robin (every candidate once, then again), not one candidate's runs after
+    another's: a machine whose speed drifts, or a neighbour that starts working midway, then slows
+    every candidate alike instead of the ones timed last (timed one after another on a busy 2-core
+    machine, the per-expert loop and padded matmuls read equal, and the slower one was kept, though
+    it trains 2x slower)."""
+    warm_up = {name: time_once(run, value, synchronize, timer) for name, value in values.items()}
+    fastest = min(warm_up.values())
+    samples: dict[str, list[float]] = {name: [] for name, t in warm_up.items() if t <= HOPELESS * fastest}
     for _ in range(ITERATIONS):
-        start = timer()
-        run(value)
-        synchronize()
-        samples.append(timer() - start)
-    return statistics.median(samples)
+        for name in samples:
+            samples[name].append(time_once(run, values[name], synchronize, timer))
+    return {name: statistics.median(samples[name]) if name in samples else warm_up[name] for name in values}
 
 
 def measure(
@@ -107,15 +111,9 @@ def measure(
     (the reference itself wrong in this dtype) the tunable's fallback is kept."""
     refused = check(tunable, args, shape, candidates)
     run = in_run_precision(tunable, args, shape)
-    times: dict[str, float | None] = {}
-    best = float("inf")
-    for name, value in candidates.items():
-        if name in refused:
-            times[name] = None
-            continue
-        seconds = time_candidate(run, value, synchronize, timer, best)
-        best = min(best, seconds)
-        times[name] = 1e3 * seconds
+    correct = {name: value for name, value in candidates.items() if name not in refused}
+    seconds = time_candidates(run, correct, synchronize, timer) if correct else {}
+    times: dict[str, float | None] = {name: 1e3 * seconds[name] if name in seconds else None for name in candidates}
     timed = [(t, i, name) for i, (name, t) in enumerate(times.items()) if t is not None]
     pick = min(timed)[2] if timed else tunable.fallback
     return Measured(pick, times, refused)
