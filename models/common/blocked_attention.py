@@ -51,7 +51,9 @@ def _block_probs(
     return torch.softmax(scores, dim=-1)
 
 
-def _block_keys(segments: torch.Tensor | None, starts: list[int], block: int, seqlen: int) -> list[tuple[int, torch.Tensor | None]]:
+def _block_keys(
+    segments: torch.Tensor | None, starts: list[int], block: int, seqlen: int
+) -> list[tuple[int, torch.Tensor | None]]:
     """Per query block, the first key any of its rows may see and the mask of keys in other documents.
 
     Without documents every block starts at key 0. With them, a block starts at the first token of the
@@ -84,7 +86,7 @@ class _BlockedCausalAttention(torch.autograd.Function):
         scale = 1.0 / math.sqrt(head_dim)
         q5 = q.view(bs, n_kv_heads, n_rep, seqlen, head_dim)
         out = torch.empty_like(q5)
-        for (start, keys) in zip(range(0, seqlen, block), _block_keys(segments, starts, block, seqlen)):
+        for start, keys in zip(range(0, seqlen, block), _block_keys(segments, starts, block, seqlen)):
             stop = min(start + block, seqlen)
             probs = _block_probs(_scaled_block_rows(q5, start, stop, scale), k, start, stop, n_rep, keys)
             out[:, :, :, start:stop] = (probs.to(v.dtype) @ v[:, :, keys[0] : stop]).view(
@@ -114,7 +116,7 @@ class _BlockedCausalAttention(torch.autograd.Function):
         grad_q5 = torch.empty_like(q5)
         grad_k = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         grad_v = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        for (start, keys) in zip(range(0, seqlen, block), _block_keys(segments, ctx.starts, block, seqlen)):
+        for start, keys in zip(range(0, seqlen, block), _block_keys(segments, ctx.starts, block, seqlen)):
             stop = min(start + block, seqlen)
             lo = keys[0]
             rows = n_rep * (stop - start)

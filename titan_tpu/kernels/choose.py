@@ -92,7 +92,9 @@ def choose_kernels(
     """`args` with every auto tunable field set to its pick, and the choices (for the log).
     Collective when a process group is up: every rank calls it at the same point."""
     auto = [t for t in tunables if t.is_auto(args)]
-    forced = [KernelChoice(t.field, t.name_of(args), "forced by the config", {}) for t in tunables if not t.is_auto(args)]
+    forced = [
+        KernelChoice(t.field, t.name_of(args), "forced by the config", {}) for t in tunables if not t.is_auto(args)
+    ]
     if not auto:
         return args, forced
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
