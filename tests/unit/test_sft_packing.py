@@ -1,0 +1,65 @@
+"""Fine-tuning examples packed into rows (titan_tpu/data/sft_packing.py).
+
+Bugs caught: labels not shifted by one (or shifted across examples), untrained tokens kept as
+targets, an example split across rows, padding that carries labels or joins the last document,
+rows of the wrong length, over-long examples silently kept whole or reported once per example,
+examples with nothing to learn kept.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from titan_tpu.data.chat_masks import MaskedTokens
+from titan_tpu.data.sft_packing import IGNORE_INDEX, PackingCounts, pack_examples
+
+X = IGNORE_INDEX
+PAD = 0
+
+
+def _example(ids: list[int], trained_from: int) -> MaskedTokens:
+    return MaskedTokens(ids, [i >= trained_from for i in range(len(ids))])
+
+
+def _pack(examples: list[MaskedTokens], seq_len: int = 8, packing: bool = True, overflow: str = "truncate"):
+    counts = PackingCounts()
+    rows = list(pack_examples(((f"r{i}", e) for i, e in enumerate(examples)), seq_len, PAD, packing, overflow, counts))  # type: ignore[arg-type]
+    return rows, counts
+
+
+def test_examples_pack_in_order_with_shifted_labels_and_their_own_documents() -> None:
+    rows, counts = _pack([_example([11, 12, 13, 14, 15], 3), _example([21, 22, 23, 24], 1), _example(list(range(31, 38)), 2)])
+    # 4 + 3 positions fit in 8; the third example (6 positions) starts a new row.
+    assert [r.input_ids for r in rows] == [[11, 12, 13, 14, 21, 22, 23, PAD], [31, 32, 33, 34, 35, 36, PAD, PAD]]
+    assert [r.labels for r in rows] == [[X, X, 14, 15, 22, 23, 24, X], [X, 33, 34, 35, 36, 37, X, X]]
+    assert [r.document_ids for r in rows] == [[0, 0, 0, 0, 1, 1, 1, 2], [0, 0, 0, 0, 0, 0, 1, 1]]
+    assert [r.targets for r in rows] == [5, 5] and counts.examples == 3
+
+
+def test_without_packing_every_row_holds_one_example() -> None:
+    rows, _ = _pack([_example([11, 12, 13], 1), _example([21, 22, 23], 1)], packing=False)
+    assert [r.input_ids for r in rows] == [[11, 12] + [PAD] * 6, [21, 22] + [PAD] * 6]
+    assert [r.labels[:3] for r in rows] == [[12, 13, X], [22, 23, X]]
+
+
+@pytest.mark.parametrize("overflow", ["truncate", "drop"])
+def test_over_long_examples_are_cut_or_left_out_counted_and_reported_once(
+    overflow: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    long = [_example(list(range(100, 112)), 1), _example(list(range(200, 215)), 1)]
+    with caplog.at_level(logging.WARNING):
+        rows, counts = _pack([*long, _example([1, 2, 3], 1)], overflow=overflow)
+    if overflow == "truncate":
+        assert counts.truncated == 2 and rows[0].input_ids == list(range(100, 108))
+        assert rows[0].labels == list(range(101, 109)) and len(rows) == 3
+    else:
+        assert counts.dropped_too_long == 2 and [r.input_ids[:2] for r in rows] == [[1, 2]]
+    assert len(caplog.records) == 1 and "r0: 12 tokens" in caplog.text
+
+
+def test_an_example_with_nothing_to_learn_is_left_out() -> None:
+    # The prompt alone fills the row once truncated: no trained token survives.
+    rows, counts = _pack([_example(list(range(20)), 15), _example([5, 6], 1)])
+    assert counts.dropped_no_target == 1 and [r.input_ids[:1] for r in rows] == [[5]]
