@@ -52,6 +52,15 @@ def test_text_and_ids_equal_apply_chat_template(
     assert tokenizer.encode(got) == list(want_ids)
 
 
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "thinking"])
+def test_reasoning_under_any_of_its_names_renders_as_apply_chat_template(tmp_path: Path, field: str) -> None:
+    folder = checkpoint_folder(tmp_path, "qwen3")
+    messages = [*CONVERSATION[:-1], {"role": "assistant", "content": "Thirteen.", field: "Eleven is too small."}]
+    want = AutoTokenizer.from_pretrained(folder).apply_chat_template(messages, tokenize=False)
+    assert "Eleven is too small." in want
+    assert ChatTemplate.from_folder(folder).render(messages) == want
+
+
 def test_qwen3_drops_reasoning_before_the_last_user_turn_and_the_switch_changes_the_prompt(tmp_path: Path) -> None:
     """The renderings differ where the template says they do: a renderer that ignored the switches or
     the template's own logic would pass a parity test only by accident."""

@@ -6,7 +6,8 @@ text the template makes, token for token, or the fine-tuned model learns a forma
 with. So the template runs as `transformers`' `apply_chat_template` runs it: the same Jinja settings
 (blocks trimmed, `loopcontrols`), the same helpers (`raise_exception`, `strftime_now`, a `tojson`
 that does not escape HTML), the checkpoint's special tokens as variables, and messages whose
-`None` fields are dropped. It runs sandboxed: a template is code from a download.
+`None` fields are dropped, reasoning given as `thinking` or `reasoning` seen as `reasoning_content`
+too. It runs sandboxed: a template is code from a download.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from titan_tpu.config.errors import ConfigError
 
 Message = Mapping[str, Any]
+# Names records give an assistant's reasoning; templates read `reasoning_content` (gpt-oss's read
+# `thinking`), so each is filled from the first present, as apply_chat_template fills them.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # tokenizer_config.json fields a template may read as variables (Llama 3's reads bos_token).
@@ -96,6 +100,13 @@ def _template_from_config(config: Mapping[str, Any], where: Path) -> str | None:
     raise ConfigError(f"{where}: chat_template must be a string or a list of named templates")
 
 
+def _with_reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
+    reasoning = next((message[key] for key in REASONING_FIELDS if key in message), None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
+
+
 class ChatTemplate:
     """One checkpoint's template, compiled once; `render` is `apply_chat_template(..., tokenize=False)`."""
 
@@ -136,7 +147,7 @@ class ChatTemplate:
         `enable_thinking`, a `date_string`); they override special tokens of the same name."""
         if not messages:
             raise ChatTemplateError("an empty conversation")
-        plain = [{key: value for key, value in dict(m).items() if value is not None} for m in messages]
+        plain = [_with_reasoning_aliases({k: v for k, v in dict(m).items() if v is not None}) for m in messages]
         try:
             return self._template.render(
                 messages=plain, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
