@@ -121,3 +121,34 @@ def test_bad_records_are_one_line_naming_the_record(tmp_path: Path) -> None:
         completion_tokens(tokenizer, "a", "b", "<|im_end|>", None, "assistant", "data.jsonl:3")
     with pytest.raises(ChatTemplateError, match="needs prompt/completion records"):
         conversation_tokens(template, tokenizer, CONVERSATION, "completion", "data.jsonl:3")
+
+
+def test_conversational_prompt_completion_equals_trl(tmp_path: Path) -> None:
+    """Prompt and completion as lists of turns: TRL renders prompt + completion whole and trains on
+    the tokens after the prompt rendered with the generation prompt."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    from titan_tpu.data.chat_masks import conversational_completion_tokens
+
+    folder = checkpoint_folder(tmp_path, "qwen3")
+    reference = AutoTokenizer.from_pretrained(folder)
+    records = [
+        {"prompt": CONVERSATION[:2], "completion": [{"role": "assistant", "content": "Four."}]},
+        {"prompt": CONVERSATION[:4], "completion": CONVERSATION[4:]},
+    ]
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=reference.vocab_size + 8, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))  # fmt: skip
+    config = SFTConfig(output_dir=str(tmp_path / "trl"), completion_only_loss=True, report_to=[], max_length=None,
+                       bf16=False, use_cpu=True)  # fmt: skip
+    trl = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(records), processing_class=reference)
+    template, tokenizer = ChatTemplate.from_folder(folder), HFTokenizer(folder / "tokenizer.json")
+    for i, (record, row) in enumerate(zip(records, trl.train_dataset)):
+        ours = conversational_completion_tokens(template, tokenizer, record["prompt"], record["completion"],
+                                                "completion", f"record {i}")  # fmt: skip
+        trl_trained = [label != -100 for label in row["labels"]]
+        assert ours.ids == row["input_ids"] and ours.trained == trl_trained and any(trl_trained)
+        assert [False, *ours.trained[:-1]] != trl_trained  # negative control

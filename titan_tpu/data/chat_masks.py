@@ -151,3 +151,22 @@ def completion_tokens(
     while shared < min(len(prompt_ids), len(ids)) and prompt_ids[shared] == ids[shared]:
         shared += 1
     return MaskedTokens(ids, [False] * shared + [True] * (len(ids) - shared))
+
+
+def conversational_completion_tokens(
+    template: ChatTemplate, tokenizer: OffsetTokenizer, prompt: Sequence[Message], completion: Sequence[Message],
+    train_on: TrainOn, where: str, **switches: Any,
+) -> MaskedTokens:  # fmt: skip
+    """A prompt/completion record whose fields are lists of turns, as TRL's SFTTrainer makes it: the
+    whole conversation rendered, and with `train_on = "completion"` the targets are the tokens after
+    the common prefix with the prompt rendered alone with the generation prompt. "assistant" and
+    "last_assistant" treat the record as the conversation prompt + completion."""
+    messages = check_messages([*prompt, *completion], where)
+    if train_on in ("assistant", "last_assistant", "all"):
+        return conversation_tokens(template, tokenizer, messages, train_on, where, **switches)
+    prompt_ids = tokenizer.encode(template.render(prompt, add_generation_prompt=True, **switches))
+    ids = tokenizer.encode(template.render(messages, **switches))
+    shared = 0
+    while shared < min(len(prompt_ids), len(ids)) and prompt_ids[shared] == ids[shared]:
+        shared += 1
+    return MaskedTokens(ids, [False] * shared + [True] * (len(ids) - shared))
