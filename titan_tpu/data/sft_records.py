@@ -1,0 +1,77 @@
+"""Fine-tuning records from local files: one JSON object per line of a .jsonl, one row of a .parquet.
+
+Unlike pretraining text, where a malformed record is skipped and counted (`documents.py`), a
+fine-tuning record that cannot be read stops the run with one line naming its file and line: a
+dataset of conversations is small and curated, and a silently skipped example is a silently
+different fine-tune. Each record comes with its cursor (file index, record index in the file), from
+which the stream restarts exactly, and with where it is (`file:line`, or `file: row n`) for errors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from titan_tpu.config.errors import ConfigError
+from titan_tpu.data.files import resolve_files
+
+RecordCursor = tuple[int, int]  # (file index, record index within the file)
+_PARQUET_BATCH_ROWS = 1024
+
+
+def record_files(path: str) -> list[Path]:
+    """The .jsonl and .parquet files `data.path` names (a file, a folder or a glob)."""
+    files = resolve_files(path)
+    for file in files:
+        if file.suffix.lower() == ".txt":
+            raise ConfigError(f"data.path: {file}: fine-tuning reads .jsonl or .parquet records, not .txt")
+    return files
+
+
+def _jsonl(path: Path, skip: int) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    index = 0
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            if index >= skip:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ConfigError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+                if not isinstance(record, dict):
+                    raise ConfigError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
+                yield index, where, record
+            index += 1
+
+
+def _parquet(path: Path, skip: int) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError(f"data.path: reading {path} needs pyarrow; install it: pip install pyarrow") from None
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+        if index + batch.num_rows <= skip:
+            index += batch.num_rows
+            continue
+        for record in batch.to_pylist():
+            if index >= skip:
+                yield index, f"{path}: row {index}", record
+            index += 1
+
+
+def read_records(files: list[Path], start: RecordCursor = (0, 0)) -> Iterator[tuple[RecordCursor, str, dict[str, Any]]]:
+    """(cursor, where, record) for every record from `start` on, files in order. The cursor is the
+    record's own; resuming at it yields that record again (resume after the last one consumed: its
+    cursor with the record index + 1)."""
+    first_file, first_record = start
+    for file_index in range(first_file, len(files)):
+        path = files[file_index]
+        skip = first_record if file_index == first_file else 0
+        reader = _jsonl if path.suffix.lower() == ".jsonl" else _parquet
+        for index, where, record in reader(path, skip):
+            yield (file_index, index), where, record
