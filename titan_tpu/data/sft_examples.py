@@ -1,0 +1,57 @@
+"""One fine-tuning record -> its token ids and loss mask, in whichever shape the record has.
+
+Records hold either a conversation (`messages`: a list of role/content turns) or a prompt and a
+completion (`prompt`/`completion`: two strings, or two lists of turns); the field names are the
+run's (`sft.*_field`). Conversations and lists of turns are rendered with the checkpoint's chat
+template; plain strings are tokenized as they are (bos, prompt, completion, eos), as TRL does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from titan_tpu.data.chat_masks import (
+    MaskedTokens,
+    OffsetTokenizer,
+    TrainOn,
+    completion_tokens,
+    conversation_tokens,
+    conversational_completion_tokens,
+)
+from titan_tpu.data.chat_template import ChatTemplate, ChatTemplateError
+
+
+@dataclass(frozen=True)
+class RecordFields:
+    messages: str = "messages"
+    prompt: str = "prompt"
+    completion: str = "completion"
+
+
+def record_tokens(
+    record: Mapping[str, Any], where: str, fields: RecordFields, template: ChatTemplate, tokenizer: OffsetTokenizer,
+    train_on: TrainOn, switches: Mapping[str, Any],
+) -> MaskedTokens:  # fmt: skip
+    """The record's ids and mask; a record in neither shape is one line naming the fields looked for."""
+    if fields.messages in record:
+        return conversation_tokens(template, tokenizer, record[fields.messages], train_on, where, **switches)
+    if fields.prompt in record and fields.completion in record:
+        prompt, completion = record[fields.prompt], record[fields.completion]
+        if isinstance(prompt, str) and isinstance(completion, str):
+            eos = template.tokens.get("eos_token")
+            if eos is None:
+                raise ChatTemplateError(f"{where}: the checkpoint's tokenizer_config.json names no eos_token to end a completion")
+            return completion_tokens(tokenizer, prompt, completion, eos, template.tokens.get("bos_token"), train_on, where)
+        if isinstance(prompt, list) and isinstance(completion, list):
+            return conversational_completion_tokens(template, tokenizer, prompt, completion, train_on, where, **switches)
+        raise ChatTemplateError(
+            f"{where}: '{fields.prompt}' and '{fields.completion}' must both be strings or both lists of turns, "
+            f"got {type(prompt).__name__} and {type(completion).__name__}"
+        )
+    raise ChatTemplateError(
+        f"{where}: no '{fields.messages}' field and no '{fields.prompt}'/'{fields.completion}' pair "
+        f"(the record has {', '.join(sorted(map(str, record))) or 'no fields'}); set sft.messages_field "
+        "or sft.prompt_field/sft.completion_field"
+    )
