@@ -70,7 +70,8 @@ def end_of_turn(template: ChatTemplate, **switches: Any) -> str:
     return after
 
 
-def _common_prefix(a: str, b: str) -> int:
+def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items (characters, token ids) a and b share."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -147,9 +148,7 @@ def completion_tokens(
     ids = tokenizer.encode(prefix + prompt + completion)
     if train_on == "all":
         return MaskedTokens(ids, [True] * len(ids))
-    shared = 0
-    while shared < min(len(prompt_ids), len(ids)) and prompt_ids[shared] == ids[shared]:
-        shared += 1
+    shared = _common_prefix(prompt_ids, ids)
     return MaskedTokens(ids, [False] * shared + [True] * (len(ids) - shared))
 
 
@@ -166,7 +165,5 @@ def conversational_completion_tokens(
         return conversation_tokens(template, tokenizer, messages, train_on, where, **switches)
     prompt_ids = tokenizer.encode(template.render(prompt, add_generation_prompt=True, **switches))
     ids = tokenizer.encode(template.render(messages, **switches))
-    shared = 0
-    while shared < min(len(prompt_ids), len(ids)) and prompt_ids[shared] == ids[shared]:
-        shared += 1
+    shared = _common_prefix(prompt_ids, ids)
     return MaskedTokens(ids, [False] * shared + [True] * (len(ids) - shared))
