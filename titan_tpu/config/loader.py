@@ -32,8 +32,9 @@ from titan_tpu.config.sections import (
     OptimizerConfig,
     ParallelismConfig,
     TrainingConfig,
+    ValidationConfig,
 )
-from titan_tpu.config.task_sections import FluxConfig, RLConfig
+from titan_tpu.config.task_sections import FluxConfig, RLConfig, SftConfig
 from titan_tpu.config.values import (
     check,
     did_you_mean,
@@ -74,7 +75,9 @@ class TrainConfig:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     flux: FluxConfig = dataclasses.field(default_factory=FluxConfig)
+    validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
     rl: RLConfig = dataclasses.field(default_factory=RLConfig)
+    sft: SftConfig = dataclasses.field(default_factory=SftConfig)
 
     def validate(self) -> None:
         for section in self.sections().values():

@@ -167,6 +167,11 @@ class DataConfig:
     text_field: str = opt("text", "Field holding the text in .jsonl, .parquet and datasets records.")
     hf_split: str = opt("train", "Split to read from a Hugging Face dataset.")
     tokenizer: str = opt("byte", "byte (built-in byte-level) or a path to a tokenizer.json or its folder.")
+    chat_template: str = opt(
+        "",
+        "Jinja chat template file for fine-tuning (sft): replaces the template of the tokenizer's "
+        "folder, or supplies one where the folder has none.",
+    )
     document_mask: bool = opt(
         False,
         "Keep the documents packed into a sequence apart: positions restart after each end-of-text "
@@ -186,7 +191,7 @@ class DataConfig:
                 "(or 'huggingface') to train on it",
             )
         require(self.shuffle_buffer >= 1, "data.shuffle_buffer", "must be >= 1")
-        require(bool(self.tokenizer), "data.tokenizer", "must be 'byte' or a path")
+        require(bool(self.tokenizer), "data.tokenizer", "must be 'byte', 'chatml_bytes' or a path")
 
 
 @dataclass
@@ -323,3 +328,27 @@ class MetricsConfig:
     def validate(self) -> None:
         require(self.log_freq >= 1, "metrics.log_freq", f"must be >= 1, got {self.log_freq}")
         require(self.eval_freq >= 0, "metrics.eval_freq", f"must be >= 0, got {self.eval_freq}")
+
+
+@dataclass
+class ValidationConfig:
+    enable: bool = opt(
+        False,
+        "Measure held-out loss and perplexity every metrics.eval_freq steps and at the last step "
+        "(language-model and sft tasks).",
+    )
+    source: Literal["files", "huggingface", "generated"] = opt(
+        "files",
+        "files: validation.path; huggingface: a datasets folder or name in validation.path; "
+        "generated: the held-out examples of sft.dataset = 'generated'.",
+    )
+    path: str = opt("", "File, folder or glob of .txt/.jsonl/.parquet files; or a datasets name.")
+    hf_split: str = opt("validation", "Split to read from a Hugging Face dataset.")
+    batches: int = opt(
+        4, "Batches of training.global_batch_size sequences per evaluation: the same sequences each time."
+    )
+
+    def validate(self) -> None:
+        if self.enable and self.source != "generated":
+            require(bool(self.path), "validation.path", f"is required when validation.source = '{self.source}'")
+        require(self.batches >= 1, "validation.batches", f"must be >= 1, got {self.batches}")
