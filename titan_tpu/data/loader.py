@@ -1,21 +1,12 @@
-"""The packed dataset, sharded by global sample index, served by torchdata's `StatefulDataLoader`.
+"""Pretraining's packed dataset, sharded by global sample index, served by torchdata's `StatefulDataLoader`.
 
-Rank r of W takes global samples r, r+W, r+2W, ... of the stream `packing.iterate_blocks` makes. With
-equal local batches, after k samples per rank the ranks together have consumed exactly the first k*W
-samples: the union of a step's samples is the same for any W, so 1 and 4 processes with one global
-batch train on the same data.
-
-The state is layout-independent and the same on every rank: the global number of samples consumed
-and the start of a block at or before the next sample. Loading it with another W (4 processes -> 1)
-continues at the next global sample: nothing is replayed or skipped. A new `iter()` over the loader
-also continues where the last one stopped.
+The stream of samples is `packing.iterate_blocks`'s; how ranks share it, and the layout-independent
+state that resumes it exactly, are `sharded_blocks.ShardedBlocks`'s.
 """
 
 from __future__ import annotations
 
-import logging
 import warnings
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,17 +18,15 @@ from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import DataConfig
 from titan_tpu.data.documents import DocumentSource
 from titan_tpu.data.files import FileSource
-from titan_tpu.data.packing import BlockStart, iterate_blocks
+from titan_tpu.data.packing import Block, BlockStart, iterate_blocks
+from titan_tpu.data.sharded_blocks import ShardedBlocks
 from titan_tpu.data.sources import EmbeddedSource, HuggingFaceSource
 from titan_tpu.data.tokenizer import Tokenizer
 
-logger = logging.getLogger(__name__)
-
-STATE_VERSION = 1
 _START = BlockStart(epoch=0, block=0, first_sample=0, cursor=None, offset=0)
 
 
-class PackedDataset(IterableDataset):
+class PackedDataset(ShardedBlocks):
     """Infinite stream of `{"input_ids", "labels"}` samples for one data-parallel rank (Stateful)."""
 
     def __init__(
@@ -52,15 +41,11 @@ class PackedDataset(IterableDataset):
         shuffle_buffer: int = 1024,
         fingerprint: dict[str, Any] | None = None,
     ) -> None:
-        if dp_world_size < 1 or not 0 <= dp_rank < dp_world_size:
-            raise ValueError(f"dp_rank {dp_rank} is not in [0, dp_world_size={dp_world_size})")
         if seq_len < 1 or shuffle_buffer < 1:
             raise ValueError(f"seq_len ({seq_len}) and shuffle_buffer ({shuffle_buffer}) must be >= 1")
         self.source, self.tokenizer = source, tokenizer
-        self.seq_len, self.dp_rank, self.dp_world_size = seq_len, dp_rank, dp_world_size
-        self.seed, self.shuffle, self.shuffle_buffer = seed, shuffle, shuffle_buffer
-        # What the saved positions mean: resuming with other values would silently read other data.
-        self.fingerprint = {
+        self.seq_len, self.seed, self.shuffle, self.shuffle_buffer = seq_len, seed, shuffle, shuffle_buffer
+        identity = {
             "seq_len": seq_len,
             "shuffle": shuffle,
             "shuffle_buffer": shuffle_buffer,
@@ -70,95 +55,19 @@ class PackedDataset(IterableDataset):
             "eos_id": tokenizer.eos_id,
             **(fingerprint or {}),
         }
-        # The position the current (or next) iteration started from ...
-        self._resume = _START
-        self._base = 0  # global samples consumed at that position
-        # ... and how far it got since: samples yielded, and the blocks it may still need to name.
-        self._yielded = 0
-        self._blocks: deque[BlockStart] = deque()
+        super().__init__(dp_rank, dp_world_size, _START, identity)
 
-    # -- Stateful ---------------------------------------------------------------------------------
-
-    def _position(self) -> tuple[BlockStart, int]:
-        """(a block start at or before the next global sample, global samples consumed)."""
-        if self._yielded == 0:
-            return self._resume, self._base
-        consumed = self._base + self._yielded * self.dp_world_size
-        # Rank 0's last sample: every rank has passed the block holding it, so all ranks agree.
-        last_of_rank0 = consumed - self.dp_world_size
-        block = next(b for b in reversed(self._blocks) if b.first_sample <= last_of_rank0)
-        return block, consumed
-
-    def state_dict(self) -> dict[str, Any]:
-        block, consumed = self._position()
-        return {
-            "version": STATE_VERSION,
-            "samples_consumed": consumed,
-            "epoch": block.epoch,
-            "block_start": block.to_state(),
-            "fingerprint": dict(self.fingerprint),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(
-                f"checkpoint: data loader state has version {state.get('version')!r}; "
-                f"allowed: {STATE_VERSION}"
-            )
-        saved = state["fingerprint"]
-        changed = [
-            f"{key} {saved.get(key)!r} -> {value!r}"
-            for key, value in self.fingerprint.items()
-            if key != "path" and saved.get(key) != value
-        ]
-        if changed:
-            raise ConfigError(
-                "checkpoint: the data settings differ from the checkpoint's ("
-                + "; ".join(changed)
-                + "); resume with the same data settings, or start a new run in another dump_folder"
-            )
-        if saved.get("path") != self.fingerprint.get("path"):
-            logger.warning(
-                "data: resuming with data.path %r, the checkpoint used %r; assuming the same files",
-                self.fingerprint.get("path"),
-                saved.get("path"),
-            )
-        self._resume = BlockStart.from_state(state["block_start"])
-        self._base = int(state["samples_consumed"])
-        self._yielded = 0
-        self._blocks.clear()
-
-    # -- iteration --------------------------------------------------------------------------------
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        self._resume, self._base = self._position()
-        self._yielded = 0
-        self._blocks.clear()
-        base, world, rank = self._base, self.dp_world_size, self.dp_rank
-        blocks = iterate_blocks(
-            self.source,
-            self.tokenizer,
-            self.seq_len + 1,
-            self.shuffle_buffer,
-            self.shuffle,
-            self.seed,
-            self._resume,
+    def blocks(self, start: BlockStart) -> Iterator[Block]:
+        return iterate_blocks(
+            self.source, self.tokenizer, self.seq_len + 1, self.shuffle_buffer, self.shuffle, self.seed, start
         )
-        for block in blocks:
-            self._blocks.append(block.start)
-            first, end = block.start.first_sample, block.start.first_sample + len(block.samples)
-            # This rank's samples: global indices base + rank + j * world, for j = 0, 1, ...
-            index = max(first, base + rank)
-            index += (base + rank - index) % world
-            for global_index in range(index, end, world):
-                row = block.samples[global_index - first].long()
-                self._yielded += 1
-                self._forget_blocks_before(self._base + (self._yielded - 1) * world)
-                yield {"input_ids": row[:-1], "labels": row[1:]}
 
-    def _forget_blocks_before(self, last_of_rank0: int) -> None:
-        while len(self._blocks) > 1 and self._blocks[1].first_sample <= last_of_rank0:
-            self._blocks.popleft()
+    def start_from_state(self, state: dict[str, Any]) -> BlockStart:
+        return BlockStart.from_state(state)
+
+    def sample(self, block: Block, index: int) -> dict[str, torch.Tensor]:
+        row = block.samples[index].long()
+        return {"input_ids": row[:-1], "labels": row[1:]}
 
 
 def build_source(cfg: DataConfig) -> DocumentSource:

@@ -67,6 +67,9 @@ class Block:
     start: BlockStart
     samples: torch.Tensor  # int32 [n, sample_len], already in shuffled order
 
+    def __len__(self) -> int:
+        return len(self.samples)
+
 
 def _encode_many(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     encode_batch = getattr(tokenizer, "encode_batch", None)
