@@ -11,6 +11,7 @@ The sharding-invariant random init lives in `sharded_init.py`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,6 +36,20 @@ def block_containers(model: nn.Module) -> list[nn.ModuleDict | nn.ModuleList]:
 
 def blocks(model: nn.Module) -> list[nn.Module]:
     return [block for container in block_containers(model) for block in container.children()]
+
+
+def reshard_setting(
+    model: nn.Module, config: TrainConfig, compute_dtype: torch.dtype, device_type: str
+) -> Callable[[nn.Module], bool]:
+    """The reshard-after-forward setting each FSDP group of `model` was built with here, for code
+    that holds the groups gathered for a while and then gives the setting back (generation)."""
+    policy = FSDPPolicy.from_config(config.parallelism, compute_dtype, device_type, True)
+    last_block = (blocks(model) or [None])[-1]
+
+    def setting(group: nn.Module) -> bool:
+        return policy.reshard_after_forward(is_last_block=group is last_block or group is model)
+
+    return setting
 
 
 def parallelize_model(

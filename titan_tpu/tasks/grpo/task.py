@@ -16,14 +16,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
 
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import ConfigError
 from titan_tpu.data.tokenizer import build_tokenizer
-from titan_tpu.distributed.fsdp import FSDPPolicy
 from titan_tpu.distributed.grad_utils import sum_over
-from titan_tpu.distributed.parallelize import blocks, parallelize_model
+from titan_tpu.distributed.parallelize import parallelize_model, reshard_setting
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.grpo.arithmetic import ArithmeticProblems, Problem, PromptStream
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
@@ -117,14 +115,7 @@ class GRPOTask(TrainingTask):
         return self.tokenizer.encode(PROMPT_PREFIX + problem.prompt)
 
     def _reshard_after(self, model: nn.Module) -> Any:
-        """The reshard-after-forward setting each FSDP group of `model` was built with."""
-        policy = FSDPPolicy.from_config(self.ctx.config.parallelism, self.ctx.compute_dtype, self.ctx.device.type, True)
-        last_block = (blocks(model) or [None])[-1]
-
-        def setting(group: FSDPModule) -> bool:
-            return policy.reshard_after_forward(is_last_block=group is last_block or group is model)
-
-        return setting
+        return reshard_setting(model, self.ctx.config, self.ctx.compute_dtype, self.ctx.device.type)
 
     def _global(self, values: torch.Tensor) -> torch.Tensor:
         """Sum of a [k, N] tensor over data-parallel ranks (each rank fills only its own rows)."""
