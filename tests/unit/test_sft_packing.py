@@ -3,7 +3,8 @@
 Bugs caught: labels not shifted by one (or shifted across examples), untrained tokens kept as
 targets, an example split across rows, padding that carries labels or joins the last document,
 rows of the wrong length, over-long examples silently kept whole or reported once per example,
-examples with nothing to learn kept.
+examples with nothing to learn kept, a packer that leaves rows emptier than best fit would, or
+that loses or repeats an example.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import pytest
 
 from titan_tpu.data.chat_masks import MaskedTokens
-from titan_tpu.data.sft_packing import IGNORE_INDEX, PackingCounts, pack_examples
+from titan_tpu.data.sft_packing import IGNORE_INDEX, PackingCounts, pack_rows
 
 X = IGNORE_INDEX
 PAD = 0
@@ -25,17 +26,33 @@ def _example(ids: list[int], trained_from: int) -> MaskedTokens:
 
 def _pack(examples: list[MaskedTokens], seq_len: int = 8, packing: bool = True, overflow: str = "truncate"):
     counts = PackingCounts()
-    rows = list(pack_examples(((f"r{i}", e) for i, e in enumerate(examples)), seq_len, PAD, packing, overflow, counts))  # type: ignore[arg-type]
+    rows = pack_rows([(f"r{i}", e) for i, e in enumerate(examples)], seq_len, PAD, packing, overflow, counts)  # type: ignore[arg-type]
     return rows, counts
 
 
-def test_examples_pack_in_order_with_shifted_labels_and_their_own_documents() -> None:
-    rows, counts = _pack([_example([11, 12, 13, 14, 15], 3), _example([21, 22, 23, 24], 1), _example(list(range(31, 38)), 2)])
-    # 4 + 3 positions fit in 8; the third example (6 positions) starts a new row.
-    assert [r.input_ids for r in rows] == [[11, 12, 13, 14, 21, 22, 23, PAD], [31, 32, 33, 34, 35, 36, PAD, PAD]]
-    assert [r.labels for r in rows] == [[X, X, 14, 15, 22, 23, 24, X], [X, 33, 34, 35, 36, 37, X, X]]
-    assert [r.document_ids for r in rows] == [[0, 0, 0, 0, 1, 1, 1, 2], [0, 0, 0, 0, 0, 0, 1, 1]]
-    assert [r.targets for r in rows] == [5, 5] and counts.examples == 3
+def test_examples_pack_best_fit_decreasing_with_shifted_labels_and_their_own_documents() -> None:
+    examples = [_example([11, 12, 13, 14, 15], 3), _example([21, 22, 23], 1), _example(list(range(31, 38)), 2)]
+    rows, counts = _pack(examples)
+    # 6 positions open a row, 4 open a second (6 + 4 > 8), 2 fill the first: arrival order would
+    # give [4 + 2], [6] instead.
+    assert [r.input_ids for r in rows] == [[31, 32, 33, 34, 35, 36, 21, 22], [11, 12, 13, 14, PAD, PAD, PAD, PAD]]
+    assert [r.labels for r in rows] == [[X, 33, 34, 35, 36, 37, 22, 23], [X, X, 14, 15, X, X, X, X]]
+    assert [r.document_ids for r in rows] == [[0, 0, 0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 1, 1, 1, 1]]
+    assert [r.targets for r in rows] == [7, 2] and counts.examples == 3
+
+
+def test_best_fit_fills_rows_and_keeps_every_example_once() -> None:
+    import random
+
+    rng = random.Random(0)
+    examples = [_example([100 * i + j for j in range(rng.randint(2, 40))], 1) for i in range(300)]
+    rows, _ = _pack(examples, seq_len=64)
+    # Each example's first input appears exactly once, where its document starts.
+    starts = sorted(r.input_ids[k] for r in rows for k in range(64) if r.labels[k] != X and (k == 0 or r.document_ids[k] != r.document_ids[k - 1]))
+    assert starts == sorted(100 * i for i in range(300))
+    positions = sum(len(e.ids) - 1 for e in examples)
+    # Never more than one row beyond the lower bound ceil(positions / 64) on these sizes.
+    assert len(rows) <= -(-positions // 64) + 1
 
 
 def test_without_packing_every_row_holds_one_example() -> None:

@@ -1,12 +1,16 @@
 """Fine-tuning examples -> training rows: inputs, labels and document ids of `seq_len` tokens each.
 
 An example of n tokens (`MaskedTokens`: ids and which of them are trained) trains n - 1 positions:
-inputs ids[:-1], labels ids[1:] where the next token is trained, IGNORE_INDEX elsewhere. With
-packing, examples go into a row one after another (in the order they come, so a row is rebuilt
-exactly from where the stream stood) until the next one does not fit; the rest of the row is
-padding (pad token in, no label, a document of its own). Each example is one document
-(`document_ids`), so with document masking no example sees another. Without packing every row holds
-one example.
+inputs ids[:-1], labels ids[1:] where the next token is trained, IGNORE_INDEX elsewhere. Each
+example is one document of its row (`document_ids`), so with document masking no example sees
+another; the rest of a row is padding (pad token in, no label, a document of its own).
+
+With packing, the examples of one block (`pack_rows`' input: a few hundred rows' worth, read in
+order) go into rows by best fit decreasing: the longest first, each into the row it fills most
+tightly. Filling rows in arrival order instead leaves about half an example of padding per row (a
+fifth of a row of 256 tokens holding 100-token conversations); best fit leaves a few percent. The
+result depends on the block's examples only, so a block is rebuilt exactly from where it starts.
+Without packing every row holds one example, in order.
 
 An example longer than a row (n - 1 > seq_len) is cut to its first seq_len + 1 tokens
 (`overflow = "truncate"`) or left out (`"drop"`); one that keeps no trained token is left out either
@@ -16,7 +20,8 @@ way (it would add nothing but compute). Both are counted, and the first of each 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -84,39 +89,53 @@ def _piece(example: MaskedTokens) -> tuple[list[int], list[int]]:
     return example.ids[:-1], labels
 
 
-def pack_examples(
+def _row(pieces: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int) -> Row:
+    inputs: list[int] = []
+    labels: list[int] = []
+    documents: list[int] = []
+    for document, (piece_inputs, piece_labels) in enumerate(pieces):
+        inputs += piece_inputs
+        labels += piece_labels
+        documents += [document] * len(piece_inputs)
+    padding = seq_len - len(inputs)
+    return Row(inputs + [pad_id] * padding, labels + [IGNORE_INDEX] * padding, documents + [len(pieces)] * padding)
+
+
+def _best_fit_decreasing(lengths: list[int], seq_len: int) -> list[list[int]]:
+    """Example indices per row: longest first, each into the open row with the least room that
+    still holds it (a new row when none does); rows in the order they were opened."""
+    rows: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (free positions, row), sorted
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        at = bisect.bisect_left(room, (lengths[index], -1))
+        if at == len(room):
+            rows.append([index])
+            free, row = seq_len - lengths[index], len(rows) - 1
+        else:
+            free, row = room.pop(at)
+            rows[row].append(index)
+            free -= lengths[index]
+        if free > 0:
+            bisect.insort(room, (free, row))
+    return rows
+
+
+def pack_rows(
     examples: Iterable[tuple[str, MaskedTokens]],
     seq_len: int,
     pad_id: int,
     packing: bool,
     overflow: Overflow,
     counts: PackingCounts,
-) -> Iterator[Row]:
-    """Rows of `seq_len` from (where, example) pairs; `counts` records what was cut or left out."""
-    inputs: list[int] = []
-    labels: list[int] = []
-    documents: list[int] = []
-
-    def flush() -> Row:
-        padding = seq_len - len(inputs)
-        pad_document = (documents[-1] + 1) if documents else 0
-        row = Row(inputs + [pad_id] * padding, labels + [IGNORE_INDEX] * padding, documents + [pad_document] * padding)
-        inputs.clear()
-        labels.clear()
-        documents.clear()
-        return row
-
+) -> list[Row]:
+    """The rows of one block of (where, example) pairs; `counts` records what was cut or left out."""
+    pieces: list[tuple[list[int], list[int]]] = []
     for where, example in examples:
         counts.examples += 1
         fitted = _fit(where, example, seq_len, overflow, counts)
-        if fitted is None:
-            continue
-        piece_inputs, piece_labels = _piece(fitted)
-        if inputs and (not packing or len(inputs) + len(piece_inputs) > seq_len):
-            yield flush()
-        document = (documents[-1] + 1) if documents else 0
-        inputs += piece_inputs
-        labels += piece_labels
-        documents += [document] * len(piece_inputs)
-    if inputs:
-        yield flush()
+        if fitted is not None:
+            pieces.append(_piece(fitted))
+    if not packing:
+        return [_row([piece], seq_len, pad_id) for piece in pieces]
+    groups = _best_fit_decreasing([len(inputs) for inputs, _ in pieces], seq_len)
+    return [_row([pieces[i] for i in group], seq_len, pad_id) for group in groups]
