@@ -289,7 +289,11 @@ class Trainer:
 
     def _is_eval_step(self, step: int) -> bool:
         eval_freq = self.config.metrics.eval_freq
-        return eval_freq > 0 and (step % eval_freq == 0 or step == self.config.training.steps)
+        if step == self.config.training.steps:
+            # eval_freq = 0 turns periodic evaluation off, but a run that enabled [validation] asked
+            # for a held-out loss, and gets at least the final one.
+            return eval_freq > 0 or self.config.validation.enable
+        return eval_freq > 0 and step % eval_freq == 0
 
     def _is_record_step(self, step: int) -> bool:
         return (

@@ -321,7 +321,9 @@ class MetricsConfig:
     enable_wandb: bool = opt(False, "Also log to Weights & Biases (offline unless you are logged in).")
     wandb_project: str = opt("titan_tpu", "Weights & Biases project name.")
     eval_freq: int = opt(
-        0, "Evaluate (held-out metrics, samples) every this many steps and at the last step; 0 = never."
+        0,
+        "Evaluate (held-out metrics, samples) every this many steps and at the last step; 0 = never, "
+        "except the last step's held-out loss when [validation] is enabled.",
     )
     plot_loss: bool = opt(True, "At the end of the run, draw the loss curve into dump_folder/loss.png.")
 
@@ -334,18 +336,20 @@ class MetricsConfig:
 class ValidationConfig:
     enable: bool = opt(
         False,
-        "Measure held-out loss and perplexity every metrics.eval_freq steps and at the last step "
-        "(language-model and sft tasks).",
+        "Measure held-out loss and perplexity every metrics.eval_freq steps and at the last step (only "
+        "there when eval_freq = 0); language-model and sft tasks.",
     )
     source: Literal["files", "huggingface", "generated"] = opt(
         "files",
         "files: validation.path; huggingface: a datasets folder or name in validation.path; "
-        "generated: the held-out examples of sft.dataset = 'generated'.",
+        "generated: the held-out examples of sft.dataset = 'generated' (sft task only).",
     )
     path: str = opt("", "File, folder or glob of .txt/.jsonl/.parquet files; or a datasets name.")
     hf_split: str = opt("validation", "Split to read from a Hugging Face dataset.")
     batches: int = opt(
-        4, "Batches of training.global_batch_size sequences per evaluation: the same sequences each time."
+        4,
+        "Batches of training.global_batch_size sequences per evaluation: the same sequences each time, "
+        "from the start of the source; a source with fewer is refused, not repeated.",
     )
 
     def validate(self) -> None:

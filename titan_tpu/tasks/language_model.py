@@ -1,9 +1,12 @@
-"""Language-model pretraining: packed token sequences in, next-token cross-entropy out."""
+"""Language-model pretraining: packed token sequences in, next-token cross-entropy out; with
+`[validation] enable`, the held-out loss of a text source of its own (tasks/validation.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator
+from itertools import islice
 from typing import Any
 
 import torch
@@ -11,10 +14,15 @@ from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from titan_tpu.config import ConfigError
-from titan_tpu.data.loader import build_dataloader
+from titan_tpu.data.documents import DocumentSource
+from titan_tpu.data.loader import PackedDataset, build_dataloader, build_source, stateful_loader
+from titan_tpu.data.packing import BlockStart
 from titan_tpu.data.tokenizer import Tokenizer, build_tokenizer
 from titan_tpu.distributed.compile import compile_loss, resolve_backend
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
+from titan_tpu.tasks.validation import held_out_loss, micro_batches_per_evaluation
+
+_FIRST_BLOCK = BlockStart(epoch=0, block=0, first_sample=0, cursor=None, offset=0)
 
 
 def decoder_args(ctx: TaskContext, tokenizer: Tokenizer, args: Any) -> Any:
@@ -37,6 +45,30 @@ def documents_after_eos(input_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
     return ends.cumsum(dim=1) - ends
 
 
+@contextlib.contextmanager
+def _validation_keys() -> Iterator[None]:
+    """The data modules name the [data] key whose value they were given; for the held-out source
+    that value came from [validation], and the message should say so."""
+    try:
+        yield
+    except ConfigError as error:
+        message = str(error)
+        if message.startswith(("data.path:", "data.source:", "data.hf_split:")):
+            raise ConfigError("validation." + message.removeprefix("data.")) from None
+        raise
+
+
+def rows_in_one_pass(dataset: PackedDataset, limit: int) -> int:
+    """Packed rows one pass over the dataset's source holds, counted up to `limit` (the stream
+    itself starts the source again after its last row)."""
+    found = 0
+    for block in dataset.blocks(_FIRST_BLOCK):
+        if block.start.epoch > 0 or found >= limit:
+            break
+        found += len(block)
+    return min(found, limit)
+
+
 class LanguageModelTask(TrainingTask):
     """Batches `{"input_ids", "labels"}` of `seq_len` tokens from the configured corpus; the loss is
     the model family's own (`ModelSpec.loss_fn`: cross-entropy, plus the router's auxiliary loss for
@@ -57,6 +89,13 @@ class LanguageModelTask(TrainingTask):
         self.args: Any = None
         self.dataloader: StatefulDataLoader | None = None
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
+        validation = config.validation
+        if validation.enable and validation.source == "generated":
+            raise ConfigError(
+                "validation.source: 'generated' is the sft task's generated held-out conversations; the "
+                "language_model task reads held-out text from 'files' or 'huggingface' (validation.path)"
+            )
+        self.validation_source: DocumentSource | None = None
 
     def model_args(self, args: Any) -> Any:
         self.args = decoder_args(self.ctx, self.tokenizer, args)
@@ -75,6 +114,63 @@ class LanguageModelTask(TrainingTask):
             dp_world_size=ctx.dp_world,
             seed=ctx.config.training.seed,
         )
+        if ctx.config.validation.enable:
+            self._setup_validation()
+
+    def _setup_validation(self) -> None:
+        """The held-out source, read through the same tokenizer and packing as training, and checked
+        now, before training starts: it must hold validation.batches x training.global_batch_size rows.
+        A smaller one is refused rather than repeated, since repeated rows would weigh twice and the
+        number would not be the held-out loss of that many distinct rows."""
+        config = self.ctx.config
+        validation = config.validation
+        needed = self._held_out_rows()
+        held_out = dataclasses.replace(
+            config.data, source=validation.source, path=validation.path, hf_split=validation.hf_split
+        )
+        with _validation_keys():
+            self.validation_source = build_source(held_out)
+            found = rows_in_one_pass(self._validation_dataset(dp_rank=0, dp_world=1), needed)
+        if found < needed:
+            raise ConfigError(
+                f"validation.batches: {self.validation_source.description} holds {found} rows of "
+                f"training.seq_len + 1 = {self.seq_len + 1} tokens, fewer than validation.batches x "
+                f"training.global_batch_size = {validation.batches} x {config.training.global_batch_size} = "
+                f"{needed}; lower validation.batches or give more held-out text"
+            )
+
+    def _validation_dataset(self, dp_rank: int, dp_world: int) -> PackedDataset:
+        """A fresh, unshuffled packed stream of the held-out source: it starts at the source's first
+        row, so every evaluation sees the same rows. Blocks no larger than the rows evaluated, so no
+        more is tokenized than is read."""
+        config = self.ctx.config
+        assert self.validation_source is not None, "_setup_validation() builds the held-out source"
+        return PackedDataset(
+            self.validation_source,
+            self.tokenizer,
+            seq_len=self.seq_len,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world,
+            seed=config.training.seed,
+            shuffle=False,
+            shuffle_buffer=min(config.data.shuffle_buffer, self._held_out_rows()),
+        )
+
+    def _held_out_rows(self) -> int:
+        """Rows one evaluation reads, over all ranks together."""
+        config = self.ctx.config
+        return config.validation.batches * config.training.global_batch_size
+
+    def _validation_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's held-out micro-batches: rows r, r+W, ... of the first
+        validation.batches x training.global_batch_size, `local_batch_size` at a time."""
+        ctx = self.ctx
+        dataset = self._validation_dataset(ctx.dp_rank, ctx.dp_world)
+        loader = stateful_loader(dataset, ctx.local_batch_size, ctx.config.training.seed)
+        for batch in islice(loader, micro_batches_per_evaluation(ctx)):
+            if ctx.config.data.document_mask:
+                batch["document_ids"] = documents_after_eos(batch["input_ids"], self.tokenizer.eos_id)
+            yield batch
 
     def data_state(self) -> StatefulDataLoader | None:
         return self.dataloader
@@ -98,3 +194,9 @@ class LanguageModelTask(TrainingTask):
 
     def flops_per_item(self) -> float:
         return self.ctx.spec.flops_per_token(self.args, self.seq_len)
+
+    def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
+        """validation/loss, perplexity and tokens of the held-out rows, when [validation] is enabled."""
+        if self.validation_source is None:
+            return {}
+        return held_out_loss(model, self._validation_batches(), self.ctx, self.loss_chunk_elements)
