@@ -68,6 +68,37 @@ def test_a_falling_loss_is_drawn_falling_and_a_flat_one_flat(tmp_path: Path) -> 
     assert flat_span < 0.05 * height
 
 
+def with_validation(path: Path, losses: dict[int, float]) -> Path:
+    """The same records, with a held-out loss at the given steps (as [validation] adds them)."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in records:
+        if record["step"] in losses:
+            record["validation/loss"] = losses[record["step"]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_validation_loss_is_drawn_on_the_training_axes_with_a_legend(tmp_path: Path) -> None:
+    """A flat training loss with held-out losses well above it: the chart spans both (the control is
+    the same records without them, drawn flat), and the legend names both lines. Catches a chart that
+    ignores validation/loss, or draws it without saying which line it is."""
+    plain = write_metrics(tmp_path / "plain", [3.0] * 6)
+    held_out = with_validation(write_metrics(tmp_path / "held_out", [3.0] * 6), {20: 5.0, 50: 4.5})
+    spans = {}
+    for source in (plain, held_out):
+        out = plot.write_run_loss_chart(source.parent, processes=1)
+        height = np.asarray(Image.open(out)).shape[0]
+        spans[source.parent.name] = curve_rows(out)[0] / height
+    assert spans["plain"] < 0.05 and spans["held_out"] > 0.4
+    records = plot.read_metrics(held_out)
+    single = plot.loss_figure([("held_out", records)], processes=1)
+    assert [t.get_text() for t in single.axes[0].get_legend().get_texts()] == ["training", "validation"]
+    assert "validation 4.500 at step 50" in single.get_suptitle()
+    assert plot.loss_figure([("plain", plot.read_metrics(plain))]).axes[0].get_legend() is None
+    both = plot.loss_figure([("a", records), ("b", plot.read_metrics(plain))])
+    assert [t.get_text() for t in both.axes[0].get_legend().get_texts()] == ["a", "a validation", "b"]
+
+
 def test_items_seen_are_rate_times_time_times_steps(tmp_path: Path) -> None:
     records = plot.read_metrics(write_metrics(tmp_path, [5.0, 4.0, 3.0]))
     # Steps 1, 10, 20 at 1000 tokens/s per process and 0.5 s a step: 500 tokens per step per process.

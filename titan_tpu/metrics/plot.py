@@ -18,6 +18,7 @@ from titan_tpu.config.errors import ConfigError
 from titan_tpu.metrics.logger import METRICS_FILE
 
 LOSS_CHART = "loss.png"
+VALIDATION_LOSS = "validation/loss"  # the held-out loss a record carries when [validation] ran
 RATE_SUFFIX = "_per_sec"  # a step record's throughput key: tokens_per_sec, samples_per_sec
 BENCH_RATE_SUFFIX = "_per_sec_per_process"  # a benchmark record's
 
@@ -102,7 +103,17 @@ def _figure(width: float, height: float) -> Any:
 
 
 def draw_loss_chart(runs: Sequence[tuple[str, list[dict[str, Any]]]], out: Path, processes: int | None = None) -> Path:
-    """Loss against step (left) and against items seen (right), one line per `(label, records)`."""
+    """Loss against step (left) and against items seen (right), one line per `(label, records)`;
+    where records carry a held-out loss, it is drawn dashed in its run's colour on the same axes."""
+    figure = loss_figure(runs, processes)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100)
+    return out
+
+
+def loss_figure(runs: Sequence[tuple[str, list[dict[str, Any]]]], processes: int | None = None) -> Any:
+    """The matplotlib Figure `draw_loss_chart` saves."""
     from matplotlib.ticker import EngFormatter, MaxNLocator
 
     units = sorted({unit_of(records) for _, records in runs})
@@ -111,33 +122,47 @@ def draw_loss_chart(runs: Sequence[tuple[str, list[dict[str, Any]]]], out: Path,
     unit = units[0]
     figure = _figure(10, 4)
     by_step, by_items = figure.subplots(1, 2)
+    validated = False
     for label, records in runs:
         losses = [r["loss"] for r in records]
-        by_step.plot([r["step"] for r in records], losses, marker=".", label=label)
-        by_items.plot(items_seen(records, processes), losses, marker=".", label=label)
+        seen = items_seen(records, processes)
+        # A single run's lines are named by what they are; several runs' by the run.
+        train_label = label if len(runs) > 1 else "training"
+        (line,) = by_step.plot([r["step"] for r in records], losses, marker=".", label=train_label)
+        by_items.plot(seen, losses, marker=".", label=train_label, color=line.get_color())
+        held_out = [(r, x) for r, x in zip(records, seen) if _is_number(r.get(VALIDATION_LOSS))]
+        if held_out:
+            validated = True
+            values = [r[VALIDATION_LOSS] for r, _ in held_out]
+            style = {"marker": "o", "linestyle": "--", "color": line.get_color()}
+            name = f"{label} validation" if len(runs) > 1 else "validation"
+            by_step.plot([r["step"] for r, _ in held_out], values, label=name, **style)
+            by_items.plot([x for _, x in held_out], values, label=name, **style)
     by_step.set_xlabel("step")
     by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
     if processes is None:
-        seen = f"{unit} seen per process"
+        seen_label = f"{unit} seen per process"
     else:
-        seen = f"{unit} seen" + (f" (all {processes} processes)" if processes > 1 else "")
-    by_items.set_xlabel(seen)
+        seen_label = f"{unit} seen" + (f" (all {processes} processes)" if processes > 1 else "")
+    by_items.set_xlabel(seen_label)
     by_items.xaxis.set_major_formatter(EngFormatter())  # 400k, not 400000 crowding its neighbours
     for axes in (by_step, by_items):
         axes.set_ylabel("loss")
         axes.grid(alpha=0.3)
-    if len(runs) > 1:
+    if len(runs) > 1 or validated:
         by_step.legend()
-    else:
-        first, last = runs[0][1][0], runs[0][1][-1]
-        figure.suptitle(
-            f"{runs[0][0]}: loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} at step "
-            f"{last['step']}"
-        )
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
-    return out
+    if len(runs) == 1:
+        figure.suptitle(_run_title(*runs[0]))
+    return figure
+
+
+def _run_title(label: str, records: list[dict[str, Any]]) -> str:
+    first, last = records[0], records[-1]
+    title = f"{label}: loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} at step {last['step']}"
+    held_out = [r for r in records if _is_number(r.get(VALIDATION_LOSS))]
+    if held_out:
+        title += f"; validation {held_out[-1][VALIDATION_LOSS]:.3f} at step {held_out[-1]['step']}"
+    return title
 
 
 def write_run_loss_chart(dump_folder: Path, processes: int) -> Path:
