@@ -9,7 +9,8 @@ One launch runs, in sequence on the same 4 processes:
      and compared with a single-process initialisation, it trains 10 fp32 steps (8 past warmup), and
      the per-step losses and gradient norms and the full final state (parameters and AdamW state,
      gathered) are kept (parity.RunResult); FSDP 4 also reports each rank's parameter + gradient +
-     optimizer-state bytes.
+     optimizer-state bytes. Every run also measures its held-out loss (`[validation]`, 2 global
+     batches of OUT's folder/held_out.jsonl, which the test writes) at steps 5 and 10.
 Rank 0 writes OUT (JSON) and OUT's folder/<layout>.pt. `reference()` is the single-process side, run by
 the test.
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,6 +75,22 @@ def layout_run(config: str, global_batch_size: int) -> list[str]:
 
 
 BASE = layout_run("llama3_debug", global_batch_size=4)
+HELD_OUT = "held_out.jsonl"
+WORDS = "every layout evaluates the same held out rows and so reports the same validation loss".split()
+
+
+def write_held_out(folder: Path) -> None:
+    """A few KB of held-out text (60 records) in `folder`, for every run of the launch."""
+    rng = random.Random(0)
+    records = [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 16)))} for _ in range(60)]
+    (folder / HELD_OUT).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def validation_run(folder: Path) -> list[str]:
+    """train.py arguments that evaluate the held-out text in `folder` at steps 5 and 10."""
+    return ["--validation.enable=true", f"--validation.path={folder / HELD_OUT}", "--validation.batches=2",
+            "--metrics.eval_freq=5"]  # fmt: skip
+
 LAYOUTS: dict[str, list[str]] = {
     "fsdp4": ["--parallelism.dp_shard=4"],
     "hsdp2x2": ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"],
@@ -251,7 +270,7 @@ def fill_grads(trainer: Any) -> None:
 def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
     from titan_tpu.trainer import Trainer
 
-    config = load_config("llama3_debug", [*BASE, *overrides, f"--job.dump_folder={dump / name}"])
+    config = load_config("llama3_debug", [*BASE, *validation_run(dump), *overrides, f"--job.dump_folder={dump / name}"])
     trainer = Trainer(config)
     reference = single_process_init(config)
     init_diff = max(max_diff(p, reference[canonical_name(n)]) for n, p in trainer.model.named_parameters())
@@ -272,7 +291,8 @@ def reference(dump: Path) -> tuple[RunResult, int]:
     """Single process, same config: the run and its state bytes."""
     from titan_tpu.trainer import Trainer
 
-    trainer = Trainer(load_config("llama3_debug", [*BASE, f"--job.dump_folder={dump / 'single'}"]))
+    config = load_config("llama3_debug", [*BASE, *validation_run(dump), f"--job.dump_folder={dump / 'single'}"])
+    trainer = Trainer(config)
     run = train_and_capture(trainer)
     fill_grads(trainer)
     nbytes = state_bytes(trainer.model, trainer.optimizer)

@@ -12,6 +12,9 @@ every step and the moments carry it (exp_avg by the factor, exp_avg_sq by its sq
 A state tensor's difference is |a - b| / |b| (L2 norms over the tensor): a few elements whose
 gradients nearly cancel get ±lr-sized Adam updates from rounding alone, and an element-wise maximum
 would report them rather than the tensor. Tolerances: see `Tolerance`.
+
+A run with `[validation]` also carries its held-out loss at each step that evaluated, compared at the
+loss's tolerance: the same held-out rows whatever the layout give the same number.
 """
 
 from __future__ import annotations
@@ -63,13 +66,15 @@ class RunResult:
     losses: list[float]
     grad_norms: list[float]
     state: dict[str, torch.Tensor]  # after the last step; see full_state()
+    validation_losses: dict[int, float] = dataclasses.field(default_factory=dict)  # step -> validation/loss
 
     def at(self, step: int, state: dict[str, torch.Tensor]) -> RunResult:
         """This run's records up to `step`, with `state` (captured after `step`) as its end state."""
         keep = [i for i, s in enumerate(self.steps) if s <= step]
         return RunResult(
-            [self.steps[i] for i in keep], [self.losses[i] for i in keep], [self.grad_norms[i] for i in keep], state
-        )
+            [self.steps[i] for i in keep], [self.losses[i] for i in keep], [self.grad_norms[i] for i in keep], state,
+            {s: v for s, v in self.validation_losses.items() if s <= step},
+        )  # fmt: skip
 
     def save(self, path: Path) -> None:
         torch.save(dataclasses.asdict(self), path)
@@ -125,8 +130,10 @@ def train_and_capture(trainer: Any) -> RunResult:
     steps = [r.step for r in records]
     if steps != list(range(steps[0], steps[0] + len(steps))):
         raise AssertionError(f"a record for every step is needed (metrics.log_freq = 1); got steps {steps}")
+    validation = {r.step: r.extras["validation/loss"] for r in records if "validation/loss" in r.extras}
     return RunResult(
-        steps, [r.loss for r in records], [r.grad_norm for r in records], full_state(trainer.model, trainer.optimizer)
+        steps, [r.loss for r in records], [r.grad_norm for r in records], full_state(trainer.model, trainer.optimizer),
+        validation,
     )
 
 
@@ -196,8 +203,30 @@ def compare(run: RunResult, reference: RunResult, tol: Tolerance = DEFAULT) -> P
             worst[what] = max(worst[what], diff)
             if diff > limit:
                 failures.append(f"step {step} {what}: {value!r} vs {expected!r} (relative {diff:.2e} > {limit:.0e})")
+    if run.validation_losses or reference.validation_losses:
+        worst["validation_loss"], validation_failures = _compare_validation(run, reference, tol)
+        failures += validation_failures
     states = compare_states(run.state, reference.state, tol)
     return ParityReport({**worst, **states.max_diff}, failures + states.failures, states.per_tensor)
+
+
+def _compare_validation(run: RunResult, reference: RunResult, tol: Tolerance) -> tuple[float, list[str]]:
+    """The held-out losses at the run's steps: evaluated at the same steps, each within the loss's
+    tolerance. Returns the largest relative difference and the breaches."""
+    expected = {s: v for s, v in reference.validation_losses.items() if s in set(run.steps)}
+    failures = []
+    if run.validation_losses.keys() != expected.keys():
+        failures.append(f"validation at steps {sorted(run.validation_losses)}, the reference at {sorted(expected)}")
+    worst = 0.0
+    for step in sorted(run.validation_losses.keys() & expected.keys()):
+        value = run.validation_losses[step]
+        diff = _relative(value, expected[step])
+        worst = max(worst, diff)
+        if diff > tol.loss:
+            failures.append(
+                f"step {step} validation/loss: {value!r} vs {expected[step]!r} (relative {diff:.2e} > {tol.loss:.0e})"
+            )
+    return worst, failures
 
 
 def assert_parity(run: RunResult, reference: RunResult, label: str, tol: Tolerance = DEFAULT) -> None:

@@ -26,8 +26,14 @@ def trained_state(steps: int = 2) -> dict[str, torch.Tensor]:
     return full_state(model, optimizer)
 
 
-def run_with(state: dict[str, torch.Tensor], losses: list[float] | None = None, norms: list[float] | None = None) -> RunResult:
-    return RunResult([1, 2, 3], losses or [3.0, 2.5, 2.0], norms or [1.5, 1.2, 0.9], state)
+def run_with(
+    state: dict[str, torch.Tensor],
+    losses: list[float] | None = None,
+    norms: list[float] | None = None,
+    validation: dict[int, float] | None = None,
+) -> RunResult:
+    validation = {2: 2.7, 3: 2.2} if validation is None else validation
+    return RunResult([1, 2, 3], losses or [3.0, 2.5, 2.0], norms or [1.5, 1.2, 0.9], state, validation)
 
 
 def test_full_state_holds_parameters_and_adamw_state() -> None:
@@ -43,7 +49,7 @@ def test_identical_runs_and_rounding_pass() -> None:
     assert compare_states(state, state, EXACT).ok
     # Rounding well inside the tolerances: 1e-7 relative on the state, 1e-6 on loss and norm.
     rounded = {k: v if k.startswith("step/") else v * (1 + 1e-7) for k, v in state.items()}
-    near = run_with(rounded, [3.0 * (1 + 1e-6), 2.5, 2.0], [1.5, 1.2 * (1 - 1e-6), 0.9])
+    near = run_with(rounded, [3.0 * (1 + 1e-6), 2.5, 2.0], [1.5, 1.2 * (1 - 1e-6), 0.9], {2: 2.7 * (1 + 1e-6), 3: 2.2})
     report = compare(near, run_with(state))
     assert report.ok, report.failures
     assert not compare_states(rounded, state, EXACT).ok  # exact means exact
@@ -60,6 +66,8 @@ def test_identical_runs_and_rounding_pass() -> None:
         "step_count_off_by_one",
         "optimizer_state_missing",
         "parameter_missing",
+        "validation_loss_off_by_1e-4",
+        "validation_missing_at_a_step",
     ],
 )
 def test_each_kind_of_damage_fails(damage: str) -> None:
@@ -67,6 +75,7 @@ def test_each_kind_of_damage_fails(damage: str) -> None:
     reference = run_with(state)
     weight = "0.weight"
     losses, norms, bad = list(reference.losses), list(reference.grad_norms), dict(state)
+    validation = dict(reference.validation_losses)
     if damage == "grad_norm_doubled_at_one_step":
         norms[1] *= 2
     elif damage == "loss_off_by_1e-4":
@@ -83,13 +92,17 @@ def test_each_kind_of_damage_fails(damage: str) -> None:
         bad = {k: v for k, v in state.items() if k.startswith("param/")}
     elif damage == "parameter_missing":
         bad = {k: v for k, v in state.items() if not k.endswith("1.bias")}
-    report = compare(run_with(bad, losses, norms), reference, DEFAULT)
+    elif damage == "validation_loss_off_by_1e-4":
+        validation[3] *= 1 + 1e-4
+    elif damage == "validation_missing_at_a_step":
+        del validation[2]
+    report = compare(run_with(bad, losses, norms, validation), reference, DEFAULT)
     assert not report.ok
     print(f"{damage}: {report.failures[0]}")
 
 
 def test_a_run_must_end_where_the_reference_does() -> None:
     state = trained_state()
-    short = RunResult([1, 2], [3.0, 2.5], [1.5, 1.2], state)
+    short = RunResult([1, 2], [3.0, 2.5], [1.5, 1.2], state, {2: 2.7})
     assert not compare(short, run_with(state)).ok
     assert compare(short, run_with(state).at(2, state)).ok
