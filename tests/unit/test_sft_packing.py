@@ -38,7 +38,7 @@ def test_examples_pack_best_fit_decreasing_with_shifted_labels_and_their_own_doc
     assert [r.input_ids for r in rows] == [[31, 32, 33, 34, 35, 36, 21, 22], [11, 12, 13, 14, PAD, PAD, PAD, PAD]]
     assert [r.labels for r in rows] == [[X, 33, 34, 35, 36, 37, 22, 23], [X, X, 14, 15, X, X, X, X]]
     assert [r.document_ids for r in rows] == [[0, 0, 0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 1, 1, 1, 1]]
-    assert [r.targets for r in rows] == [7, 2] and counts.examples == 3
+    assert [r.targets for r in rows] == [7, 2] and [r.length for r in rows] == [8, 4] and counts.examples == 3
 
 
 def test_best_fit_fills_rows_and_keeps_every_example_once() -> None:

@@ -34,8 +34,9 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKEN_FIELDS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
 
-class ChatTemplateError(ValueError):
-    """A conversation the template refuses (its `raise_exception`) or fails to render."""
+class ChatTemplateError(ConfigError):
+    """A conversation the template refuses (its `raise_exception`) or fails to render: bad input,
+    so the entry point prints its one line and exits with 2."""
 
 
 def _raise_exception(message: str) -> None:

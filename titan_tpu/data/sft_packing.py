@@ -35,11 +35,13 @@ Overflow = Literal["truncate", "drop"]
 
 @dataclass(frozen=True)
 class Row:
-    """One training row: input_ids, labels and document_ids, each seq_len long."""
+    """One training row: input_ids, labels and document_ids, each seq_len long; the first `length`
+    positions hold examples, the rest is padding."""
 
     input_ids: list[int]
     labels: list[int]
     document_ids: list[int]
+    length: int
 
     @property
     def targets(self) -> int:
@@ -54,12 +56,13 @@ class PackingCounts:
     truncated: int = 0
     dropped_too_long: int = 0
     dropped_no_target: int = 0
+    silent: bool = False  # a pass whose problems an earlier pass has reported
     _reported: set[str] = field(default_factory=set)
 
     def report_once(self, kind: str, message: str) -> None:
-        if kind not in self._reported:
+        if not self.silent and kind not in self._reported:
             self._reported.add(kind)
-            logger.warning("%s (counted in the run's sft/%s metric; reported once)", message, kind)
+            logger.warning("%s (counted in the sft summary at start-up; reported once)", message)
 
 
 def _fit(
@@ -98,7 +101,9 @@ def _row(pieces: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int) -
         labels += piece_labels
         documents += [document] * len(piece_inputs)
     padding = seq_len - len(inputs)
-    return Row(inputs + [pad_id] * padding, labels + [IGNORE_INDEX] * padding, documents + [len(pieces)] * padding)
+    return Row(
+        inputs + [pad_id] * padding, labels + [IGNORE_INDEX] * padding, documents + [len(pieces)] * padding, len(inputs)
+    )
 
 
 def _best_fit_decreasing(lengths: list[int], seq_len: int) -> list[list[int]]:

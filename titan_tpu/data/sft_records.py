@@ -75,3 +75,43 @@ def read_records(files: list[Path], start: RecordCursor = (0, 0)) -> Iterator[tu
         reader = _jsonl if path.suffix.lower() == ".jsonl" else _parquet
         for index, where, record in reader(path, skip):
             yield (file_index, index), where, record
+
+
+class FileRecords:
+    """The records of `data.path`'s .jsonl and .parquet files, in file order."""
+
+    def __init__(self, path: str) -> None:
+        self.files = record_files(path)
+        self.description = f"data.path {path!r} ({len(self.files)} file{'s' * (len(self.files) != 1)})"
+
+    def records(self, start: RecordCursor = (0, 0)) -> Iterator[tuple[RecordCursor, str, dict[str, Any]]]:
+        return read_records(self.files, start)
+
+
+class HuggingFaceRecords:
+    """The rows of an offline Hugging Face dataset: a folder written by `save_to_disk`, or a name or
+    folder `datasets.load_dataset` finds in the local cache (the Hub stays off, `sources.hub_offline`)."""
+
+    def __init__(self, path: str, split: str) -> None:
+        from titan_tpu.data.sources import hub_offline
+
+        try:
+            import datasets
+        except ImportError:
+            raise ConfigError("data.source: 'huggingface' needs the datasets package (pip install datasets)") from None
+        self.description = f"Hugging Face dataset '{path}' (split '{split}')"
+        with hub_offline():
+            try:
+                if (Path(path).expanduser() / "dataset_dict.json").is_file():
+                    self._rows = datasets.load_from_disk(str(Path(path).expanduser()))[split]
+                elif (Path(path).expanduser() / "dataset_info.json").is_file():
+                    self._rows = datasets.load_from_disk(str(Path(path).expanduser()))
+                else:
+                    self._rows = datasets.load_dataset(path, split=split)
+            except Exception as err:  # datasets raises many types; all mean "cannot use this input"
+                reason = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+                raise ConfigError(f"data.path: cannot load {self.description}: {type(err).__name__}: {reason[:300]}") from None
+
+    def records(self, start: RecordCursor = (0, 0)) -> Iterator[tuple[RecordCursor, str, dict[str, Any]]]:
+        for index in range(start[1], len(self._rows)):
+            yield (0, index), f"{self.description}: row {index}", self._rows[index]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.data.chat_tokenizer import CHATML_BYTES, tokenizer_folder
 
 # Looked up in this order among the tokenizer's tokens. The end-of-*text* tokens come before chat
 # end-of-turn tokens on purpose: pre-training separates documents, not conversation turns.
@@ -118,21 +119,24 @@ class HFTokenizer:
 
 
 def build_tokenizer(spec: str) -> Tokenizer:
-    """`"byte"`, or a path to a `tokenizer.json` or to the folder holding one."""
+    """`"byte"`, `"chatml_bytes"` (the built-in chat tokenizer folder, chat_tokenizer.py), or a path
+    to a `tokenizer.json` or to the folder holding one."""
     if spec == "byte":
         return ByteTokenizer()
+    if spec == CHATML_BYTES:
+        return HFTokenizer(tokenizer_folder(spec) / "tokenizer.json")
     path = Path(spec).expanduser()
     if path.is_dir():
         file = path / "tokenizer.json"
         if not file.is_file():
             raise ConfigError(
                 f"data.tokenizer: folder {path} holds no tokenizer.json; "
-                "allowed: 'byte' or a path to a tokenizer.json or its folder"
+                f"allowed: 'byte', '{CHATML_BYTES}' or a path to a tokenizer.json or its folder"
             )
         path = file
     elif not path.is_file():
         raise ConfigError(
             f"data.tokenizer: {path} does not exist; "
-            "allowed: 'byte' or a path to a tokenizer.json or its folder"
+            f"allowed: 'byte', '{CHATML_BYTES}' or a path to a tokenizer.json or its folder"
         )
     return HFTokenizer(path)

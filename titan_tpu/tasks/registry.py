@@ -18,6 +18,7 @@ TASKS: dict[str, str] = {
     "language_model": "titan_tpu.tasks.language_model:LanguageModelTask",
     "rectified_flow": "titan_tpu.tasks.rectified_flow.task:RectifiedFlowTask",
     "grpo": "titan_tpu.tasks.grpo.task:GRPOTask",
+    "sft": "titan_tpu.tasks.sft.task:SftTask",
 }
 
 

@@ -1,0 +1,78 @@
+"""Held-out answers: greedy generation of each held-out conversation's last assistant turn, scored by
+exact match against what the template renders for it (the fine-tuning learning signal the loss
+alone does not show: a model can lower the loss and still never stop, or answer in the wrong form).
+
+The prompt is the conversation before that turn with the generation prompt, as a user's chat
+client sends it; the expected answer is the turn's text in the rendered conversation, through its
+end-of-turn token (`chat_masks.assistant_spans`), so a model must also stop where the template
+does. Conversations are split over data-parallel ranks and the counts summed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any
+
+import torch
+from torch import nn
+
+from titan_tpu.data.chat_masks import assistant_spans, check_messages
+from titan_tpu.data.sft_dataset import RecordSource
+from titan_tpu.distributed.grad_utils import sum_over
+from titan_tpu.distributed.parallelize import reshard_setting
+from titan_tpu.tasks.base import TaskContext
+from titan_tpu.tasks.grpo.sampler import SamplingParams, gathered_for_generation, generate
+from titan_tpu.tasks.sft.data import ChatEncoding
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOutAnswer:
+    prompt: list[int]
+    expected: str
+
+
+def held_out_answers(source: RecordSource, encoding: ChatEncoding, count: int, longest: int) -> list[HeldOutAnswer]:
+    """The first `count` held-out conversations whose prompt and answer fit `longest` tokens."""
+    return list(islice(_answers(source, encoding, longest), count))
+
+
+def _answers(source: RecordSource, encoding: ChatEncoding, longest: int) -> Iterator[HeldOutAnswer]:
+    template, fields, switches = encoding.template, encoding.fields, encoding.switches
+    for _, where, record in source.records():
+        messages: Any = record.get(fields.messages)
+        if messages is None and isinstance(record.get(fields.prompt), list):
+            messages = [*record[fields.prompt], *record.get(fields.completion, [])]
+        if not isinstance(messages, list) or not messages or messages[-1].get("role") != "assistant":
+            continue
+        check_messages(messages, where)
+        text, spans = assistant_spans(template, messages, where, **switches)
+        start, end = spans[-1]
+        prompt = encoding.tokenizer.encode(template.render(messages[:-1], add_generation_prompt=True, **switches))
+        expected = text[start:end]
+        if len(prompt) + len(encoding.tokenizer.encode(expected)) <= longest:
+            yield HeldOutAnswer(prompt, expected)
+
+
+@torch.no_grad()
+def exact_answer_rate(
+    model: nn.Module, answers: list[HeldOutAnswer], encoding: ChatEncoding, max_new_tokens: int, ctx: TaskContext
+) -> dict[str, float]:
+    """{"sft/exact_answers": share of held-out answers generated exactly, "sft/answers": how many}."""
+    mine = answers[ctx.dp_rank :: ctx.dp_world]
+    correct = 0
+    if mine:
+        params = SamplingParams(max_new_tokens, temperature=0.0, stop_ids=encoding.stop_ids)
+        reshard = reshard_setting(model, ctx.config, ctx.compute_dtype, ctx.device.type)
+        was_training = model.training
+        model.eval()
+        try:
+            with gathered_for_generation(model, reshard):
+                out = generate(model, [a.prompt for a in mine], params, encoding.pad_id, ctx.device)
+        finally:
+            model.train(was_training)
+        correct = sum(encoding.tokenizer.decode(ids) == a.expected for a, ids in zip(mine, out.lists()))
+    counts = torch.tensor([float(correct), float(len(mine))], dtype=torch.float64, device=ctx.device)
+    total_correct, total = sum_over(counts, ctx.parallel.dp_reduce_mesh).tolist()
+    return {"sft/exact_answers": total_correct / total if total else 0.0, "sft/answers": total}
