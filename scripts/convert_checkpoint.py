@@ -20,7 +20,10 @@ folder (a pipeline's `transformer/`: `diffusion_pytorch_model*.safetensors`) and
 
 With --config NAME (a train config, plus any --section.key=value overrides), the checkpoint
 folder is <job.dump_folder>/<checkpoint.folder>, the model is [model] name/flavor and the export dtype
-is checkpoint.export_dtype; --checkpoint, --model, --flavor and --dtype override them.
+is checkpoint.export_dtype; --checkpoint, --model, --flavor and --dtype override them. With --config,
+dcp-to-hf also copies the tokenizer (data.tokenizer's folder: tokenizer.json, tokenizer_config.json,
+generation_config.json, ...; data.chat_template as chat_template.jinja), so a fine-tuned folder loads
+in transformers with its chat template and chats.
 hf-to-dcp holds the whole model in float32 host memory; dcp-to-hf reads about one output shard at a time.
 """
 
@@ -48,6 +51,7 @@ from titan_tpu.checkpoint.hf_export import export_checkpoint_to_hf  # noqa: E402
 from titan_tpu.device.dtype import DTYPES  # noqa: E402
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.config.sections import CheckpointConfig  # noqa: E402
+from titan_tpu.data.chat_tokenizer import tokenizer_export_files  # noqa: E402
 from titan_tpu.metrics.progress import Progress  # noqa: E402
 from titan_tpu.registered_names import check_registered_names  # noqa: E402
 
@@ -89,6 +93,7 @@ def dcp_to_hf(
     step: int | None,
     dtype: str,
     max_shard_bytes: int,
+    tokenizer_files: dict[str, Path],
 ) -> Path:
     spec, args = _spec_and_args(model, flavor)
     steps = layout.complete_steps(checkpoint_folder)
@@ -109,12 +114,16 @@ def dcp_to_hf(
         dtype=dtype,
         max_shard_bytes=max_shard_bytes,
         progress=Progress.starter(f"writing Hugging Face folder {out}", "tensors"),
+        extra_files=tokenizer_files,
     )
 
 
-def _resolve(opts: argparse.Namespace) -> tuple[Path, str, str, str]:
-    """(checkpoint folder, model, flavor, export dtype) from the flags, defaulting to the config's."""
+def _resolve(opts: argparse.Namespace) -> tuple[Path, str, str, str, dict[str, Path]]:
+    """(checkpoint folder, model, flavor, export dtype, tokenizer files) from the flags, defaulting
+    to the config's; the tokenizer files (the config's data.tokenizer folder and data.chat_template)
+    go into an exported folder beside the weights."""
     folder, model, flavor, dtype = opts.checkpoint, opts.model, opts.flavor, getattr(opts, "dtype", None)
+    tokenizer: dict[str, Path] = {}
     if opts.config is None and opts.overrides:
         raise ConfigError(f"{opts.overrides[0]}: unrecognised argument (overrides need --config)")
     if opts.config is not None:
@@ -124,10 +133,11 @@ def _resolve(opts: argparse.Namespace) -> tuple[Path, str, str, str]:
         model = model or config.model.name
         flavor = flavor or config.model.flavor
         dtype = dtype or config.checkpoint.export_dtype
+        tokenizer = tokenizer_export_files(config.data.tokenizer, config.data.chat_template)
     missing = [flag for flag, value in (("--checkpoint", folder), ("--flavor", flavor)) if value is None]
     if missing:
         raise ConfigError(f"{' and '.join(missing)} needed (or --config NAME to take them from a config)")
-    return folder, model or "llama3", flavor, dtype or "float32"
+    return folder, model or "llama3", flavor, dtype or "float32", tokenizer
 
 
 def main(argv: list[str]) -> int:
@@ -152,12 +162,12 @@ def main(argv: list[str]) -> int:
     opts.overrides = [arg for arg in overrides if arg != "--"]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        folder, model, flavor, dtype = _resolve(opts)
+        folder, model, flavor, dtype, tokenizer = _resolve(opts)
         if opts.direction == "hf-to-dcp":
             result = hf_to_dcp(opts.hf_folder, folder, model, flavor)
         else:
             max_shard = int(opts.max_shard_gb * 2**30)
-            result = dcp_to_hf(folder, opts.out, model, flavor, opts.step, dtype, max_shard)
+            result = dcp_to_hf(folder, opts.out, model, flavor, opts.step, dtype, max_shard, tokenizer)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +62,11 @@ class HFFolderWriter:
         config: dict[str, Any],
         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
         files: HFFiles = TRANSFORMERS_FILES,
+        extra_files: Mapping[str, Path] | None = None,
     ) -> None:
         self.out = Path(out)
         self.files = files
+        self.extra_files = dict(extra_files or {})  # name in the folder -> file copied there (tokenizer)
         if self.out.exists() and any(self.out.iterdir()):
             raise ConfigError(f"export: {self.out} exists and is not empty; it is never overwritten")
         self.dtype = dtype
@@ -113,6 +115,8 @@ class HFFolderWriter:
         dtype_name = str(self.dtype).removeprefix("torch.")
         config = {**self.config, **{key: dtype_name for key in self.files.dtype_keys}}
         (self.temp / CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
+        for name, source in self.extra_files.items():
+            shutil.copyfile(source, self.temp / name)
         if self.out.exists():
             self.out.rmdir()  # empty, checked at construction
         self.temp.rename(self.out)
@@ -132,9 +136,11 @@ def export_model_to_hf(
     args: Any,
     dtype: str | torch.dtype = "float32",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    extra_files: Mapping[str, Path] | None = None,
 ) -> Path | None:
     """Export a live (possibly sharded) model; every rank calls it, rank 0 writes. Returns the folder
-    on rank 0, None elsewhere."""
+    on rank 0, None elsewhere. `extra_files` (the tokenizer's, `chat_tokenizer.tokenizer_export_files`)
+    are copied in beside the weights."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):  # checked on every rank, so none is left in a collective
         raise ConfigError(f"export: {out} exists and is not empty; it is never overwritten")
@@ -146,7 +152,7 @@ def export_model_to_hf(
     writer = None
     if writes:
         config = adapter.to_hf_config(args)
-        writer = HFFolderWriter(out, plan, _export_dtype(dtype), config, max_shard_bytes, HFFiles.of(adapter))
+        writer = HFFolderWriter(out, plan, _export_dtype(dtype), config, max_shard_bytes, HFFiles.of(adapter), extra_files)
     for name, value in state_dict.items():
         full = value.full_tensor() if isinstance(value, DTensor) else value
         if writer is not None:
@@ -210,6 +216,7 @@ def export_checkpoint_to_hf(
     dtype: str | torch.dtype = "float32",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: StartProgress | None = None,
+    extra_files: Mapping[str, Path] | None = None,
 ) -> Path:
     """Offline, one process: a complete checkpoint step folder -> Hugging Face folder, reading at most
     about one shard's worth of tensors at a time. `expected_shapes` (our names) is the flavor's;
@@ -233,7 +240,7 @@ def export_checkpoint_to_hf(
     plan = [(hf_name, parts[n].shape) for n in names for hf_name in parts[n].names]
     config = adapter.to_hf_config(args)
     files = HFFiles.of(adapter)
-    writer = HFFolderWriter(Path(out), plan, _export_dtype(dtype), config, max_shard_bytes, files)
+    writer = HFFolderWriter(Path(out), plan, _export_dtype(dtype), config, max_shard_bytes, files, extra_files)
     reporter = progress(len(plan), writer.total_size) if progress is not None else None
     for name, tensor in _read_in_groups(step_folder, tensors, names, max_shard_bytes):
         for hf_name, part in parts[name].split(tensor):

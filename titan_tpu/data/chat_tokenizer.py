@@ -62,6 +62,10 @@ def write_chatml_bytes(folder: Path) -> Path:
         "chat_template": CHATML_TEMPLATE,
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    # What ends generation in transformers: the end of a turn, and the end of text.
+    generation = {"eos_token_id": [tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")],
+                  "pad_token_id": tokenizer.token_to_id("<|endoftext|>")}  # fmt: skip
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
     return folder
 
 
@@ -77,3 +81,24 @@ def tokenizer_folder(spec: str) -> Path:
         return _chatml_bytes_folder()
     path = Path(spec).expanduser()
     return path if path.is_dir() else path.parent
+
+
+# The files of a checkpoint's folder that make its tokenizer and chat template; an export copies
+# those present, so that the fine-tuned folder chats like the one it was fine-tuned from.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model",
+)  # fmt: skip
+
+
+def tokenizer_export_files(spec: str, chat_template: str = "") -> dict[str, Path]:
+    """File name in an exported folder -> the file to copy there, for `data.tokenizer = spec` (none
+    for the built-in byte tokenizer, which has no files). `data.chat_template`, when set, goes in as
+    chat_template.jinja, which transformers reads before tokenizer_config.json's template."""
+    if spec == "byte":
+        return {}
+    folder = tokenizer_folder(spec)
+    files = {name: folder / name for name in TOKENIZER_FILES if (folder / name).is_file()}
+    if chat_template:
+        files["chat_template.jinja"] = Path(chat_template).expanduser()
+    return files
