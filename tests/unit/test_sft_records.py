@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from titan_tpu.config import ConfigError
-from titan_tpu.data.sft_records import read_records, record_files
+from titan_tpu.data.sft_records import HuggingFaceRecords, read_records, record_files
 
 
 def _write(tmp_path: Path) -> list[Path]:
@@ -50,3 +50,19 @@ def test_text_files_are_not_records(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ConfigError, match="fine-tuning reads .jsonl or .parquet records, not .txt"):
         record_files(str(tmp_path / "notes.txt"))
+
+
+def test_an_offline_dataset_folder_gives_its_rows_in_order_and_resumes(tmp_path: Path) -> None:
+    """Both folders `save_to_disk` writes (one Dataset, a DatasetDict of splits) are read offline;
+    catches a split ignored, rows out of order, a resume cursor that skips or repeats a row."""
+    datasets = pytest.importorskip("datasets")
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]} for i in range(5)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "one"))
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:1])})
+    splits.save_to_disk(str(tmp_path / "dict"))
+    one = HuggingFaceRecords(str(tmp_path / "one"), "train")
+    assert [record for _, _, record in one.records()] == rows
+    assert [cursor for cursor, _, _ in one.records((0, 3))] == [(0, 3), (0, 4)]
+    assert [record for _, _, record in HuggingFaceRecords(str(tmp_path / "dict"), "test").records()] == rows[:1]
+    with pytest.raises(ConfigError, match="cannot load Hugging Face dataset"):
+        HuggingFaceRecords(str(tmp_path / "dict"), "validation")

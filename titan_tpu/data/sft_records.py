@@ -100,12 +100,13 @@ class HuggingFaceRecords:
         except ImportError:
             raise ConfigError("data.source: 'huggingface' needs the datasets package (pip install datasets)") from None
         self.description = f"Hugging Face dataset '{path}' (split '{split}')"
+        folder = Path(path).expanduser()
         with hub_offline():
             try:
-                if (Path(path).expanduser() / "dataset_dict.json").is_file():
-                    self._rows = datasets.load_from_disk(str(Path(path).expanduser()))[split]
-                elif (Path(path).expanduser() / "dataset_info.json").is_file():
-                    self._rows = datasets.load_from_disk(str(Path(path).expanduser()))
+                if (folder / "dataset_dict.json").is_file():  # save_to_disk of a DatasetDict: its splits
+                    self._rows = datasets.load_from_disk(str(folder))[split]
+                elif (folder / "dataset_info.json").is_file():  # save_to_disk of one Dataset
+                    self._rows = datasets.load_from_disk(str(folder))
                 else:
                     self._rows = datasets.load_dataset(path, split=split)
             except Exception as err:  # datasets raises many types; all mean "cannot use this input"
