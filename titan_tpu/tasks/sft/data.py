@@ -21,7 +21,7 @@ from titan_tpu.data.generated_chat import GeneratedChat
 from titan_tpu.data.sft_dataset import Packing, RecordSource
 from titan_tpu.data.sft_examples import RecordFields, record_tokens
 from titan_tpu.data.sft_records import FileRecords, HuggingFaceRecords
-from titan_tpu.data.tokenizer import Tokenizer, build_tokenizer
+from titan_tpu.data.tokenizer import HFTokenizer, build_tokenizer
 
 
 def training_records(config: TrainConfig) -> RecordSource:
@@ -53,7 +53,7 @@ def held_out_records(config: TrainConfig) -> RecordSource:
 class ChatEncoding:
     """The tokenizer and template of a run, and the ids the trainer and the sampler need."""
 
-    tokenizer: Tokenizer
+    tokenizer: HFTokenizer
     template: ChatTemplate
     fields: RecordFields
     train_on: str
@@ -65,7 +65,7 @@ class ChatEncoding:
     def from_config(cls, config: TrainConfig) -> ChatEncoding:
         data, sft = config.data, config.sft
         tokenizer = build_tokenizer(data.tokenizer)
-        if not hasattr(tokenizer, "encode_with_offsets") or data.tokenizer == "byte":
+        if not isinstance(tokenizer, HFTokenizer):
             raise ConfigError(
                 "data.tokenizer: fine-tuning needs a checkpoint's tokenizer folder (tokenizer.json with its "
                 "tokenizer_config.json) or 'chatml_bytes', not 'byte'"
@@ -74,7 +74,7 @@ class ChatEncoding:
         switches = dict(sft.template_switches)
 
         def token_id(text: str | None) -> int | None:
-            return None if text is None else tokenizer.token_to_id(text)  # type: ignore[attr-defined]
+            return None if text is None else tokenizer.token_to_id(text)
 
         eot_ids = tokenizer.encode(end_of_turn(template, **switches))
         eot = eot_ids[0] if len(eot_ids) == 1 else None
@@ -87,7 +87,7 @@ class ChatEncoding:
     def encode(self, record: dict[str, Any], where: str) -> MaskedTokens:
         """The record's ids and mask; any failure names the record (file and line)."""
         try:
-            return record_tokens(record, where, self.fields, self.template, self.tokenizer,  # type: ignore[arg-type]
+            return record_tokens(record, where, self.fields, self.template, self.tokenizer,
                                  self.train_on, self.switches)  # type: ignore[arg-type]  # fmt: skip
         except ChatTemplateError as err:
             if str(err).startswith(where):

@@ -50,7 +50,7 @@ class SftTask(TrainingTask):
         super().__init__(ctx)
         config = ctx.config
         self.sft = config.sft
-        if self.sft.eval_generations and ctx.parallel.dims.tp_enabled and config.metrics.eval_freq:
+        if self._generates() and ctx.parallel.dims.tp_enabled:
             raise ConfigError(
                 "sft.eval_generations: generation with the KV cache runs data-parallel only; set it to 0 "
                 "with parallelism.tp > 1 (held-out loss, [validation], still runs)"
@@ -75,7 +75,7 @@ class SftTask(TrainingTask):
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
         self._step: deque[dict[str, torch.Tensor]] = deque()
         self._scale = torch.ones((), device=ctx.device)
-        self._window = torch.zeros(3, dtype=torch.long)  # tokens, targets, positions since the last record
+        self._window = [0, 0, 0]  # example tokens, trained tokens, positions since the last record
         self._answers: list[HeldOutAnswer] = []
 
     def _check_held_out_rows(self) -> None:
@@ -137,7 +137,7 @@ class SftTask(TrainingTask):
         targets = int((batch["labels"] != IGNORE_INDEX).sum())
         mean = self.loss_fn(output, labels, self.loss_chunk_elements)
         tokens = int(batch["length"].sum())
-        self._window += torch.tensor([tokens, targets, labels.numel()])
+        self._window = [self._window[0] + tokens, self._window[1] + targets, self._window[2] + labels.numel()]
         return TaskLoss(mean * (targets * self._scale), items=tokens)
 
     def flops_per_item(self) -> float:
@@ -146,8 +146,8 @@ class SftTask(TrainingTask):
         return self.ctx.spec.flops_per_token(self.args, self.ctx.config.training.seq_len)
 
     def step_metrics(self) -> dict[str, float]:
-        tokens, targets, positions = self._window.tolist()
-        self._window.zero_()
+        tokens, targets, positions = self._window
+        self._window = [0, 0, 0]
         if not positions:
             return {}
         return {"sft/fill": tokens / positions, "sft/trained_share": targets / max(tokens, 1)}
