@@ -119,3 +119,9 @@ def test_loss_is_per_trained_token_of_the_global_batch_whatever_the_micro_batche
     loss_bad, _, grads_bad = _step_gradients(tmp_path / "bad", local_batch=1, per_micro_batch_mean=True)
     assert abs(loss_bad - by_hand_1) > 1e-3
     assert max(float((grads_bad[n] - g).abs().max() / g.abs().max()) for n, g in grads_1.items()) > 1e-3
+
+
+def test_a_held_out_set_smaller_than_one_evaluation_is_refused(tmp_path: Path) -> None:
+    """4 batches of 4 rows are wanted; 3 short conversations pack into one row."""
+    with pytest.raises(ConfigError, match=r"^validation.batches: generated chat \(held_out, 3 conversations\) holds 1 rows"):
+        Trainer(_config(tmp_path, "--validation.enable=true", "--sft.generated_held_out=3"))

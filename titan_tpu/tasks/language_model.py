@@ -20,7 +20,12 @@ from titan_tpu.data.packing import BlockStart
 from titan_tpu.data.tokenizer import Tokenizer, build_tokenizer
 from titan_tpu.distributed.compile import compile_loss, resolve_backend
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
-from titan_tpu.tasks.validation import held_out_loss, micro_batches_per_evaluation
+from titan_tpu.tasks.validation import (
+    held_out_loss,
+    held_out_rows,
+    micro_batches_per_evaluation,
+    require_held_out_rows,
+)
 
 _FIRST_BLOCK = BlockStart(epoch=0, block=0, first_sample=0, cursor=None, offset=0)
 
@@ -119,25 +124,17 @@ class LanguageModelTask(TrainingTask):
 
     def _setup_validation(self) -> None:
         """The held-out source, read through the same tokenizer and packing as training, and checked
-        now, before training starts: it must hold validation.batches x training.global_batch_size rows.
-        A smaller one is refused rather than repeated, since repeated rows would weigh twice and the
-        number would not be the held-out loss of that many distinct rows."""
+        now, before training starts: it must hold validation.batches x training.global_batch_size rows."""
         config = self.ctx.config
         validation = config.validation
-        needed = self._held_out_rows()
         held_out = dataclasses.replace(
             config.data, source=validation.source, path=validation.path, hf_split=validation.hf_split
         )
         with _validation_keys():
             self.validation_source = build_source(held_out)
-            found = rows_in_one_pass(self._validation_dataset(dp_rank=0, dp_world=1), needed)
-        if found < needed:
-            raise ConfigError(
-                f"validation.batches: {self.validation_source.description} holds {found} rows of "
-                f"training.seq_len + 1 = {self.seq_len + 1} tokens, fewer than validation.batches x "
-                f"training.global_batch_size = {validation.batches} x {config.training.global_batch_size} = "
-                f"{needed}; lower validation.batches or give more held-out text"
-            )
+            found = rows_in_one_pass(self._validation_dataset(dp_rank=0, dp_world=1), held_out_rows(self.ctx))
+        row = f"of training.seq_len + 1 = {self.seq_len + 1} tokens"
+        require_held_out_rows(self.ctx, self.validation_source.description, found, row)
 
     def _validation_dataset(self, dp_rank: int, dp_world: int) -> PackedDataset:
         """A fresh, unshuffled packed stream of the held-out source: it starts at the source's first
@@ -153,13 +150,8 @@ class LanguageModelTask(TrainingTask):
             dp_world_size=dp_world,
             seed=config.training.seed,
             shuffle=False,
-            shuffle_buffer=min(config.data.shuffle_buffer, self._held_out_rows()),
+            shuffle_buffer=min(config.data.shuffle_buffer, held_out_rows(self.ctx)),
         )
-
-    def _held_out_rows(self) -> int:
-        """Rows one evaluation reads, over all ranks together."""
-        config = self.ctx.config
-        return config.validation.batches * config.training.global_batch_size
 
     def _validation_batches(self) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's held-out micro-batches: rows r, r+W, ... of the first

@@ -42,6 +42,24 @@ def micro_batches_per_evaluation(ctx: TaskContext) -> int:
     return ctx.config.validation.batches * ctx.grad_accum_steps
 
 
+def held_out_rows(ctx: TaskContext) -> int:
+    """Rows one evaluation reads, over all ranks together."""
+    return ctx.config.validation.batches * ctx.config.training.global_batch_size
+
+
+def require_held_out_rows(ctx: TaskContext, description: str, found: int, row: str) -> None:
+    """Refuse a held-out source with fewer rows than one evaluation reads: repeating rows would
+    weigh them twice, and the number would not be the loss of that many distinct rows."""
+    config = ctx.config
+    needed = held_out_rows(ctx)
+    if found < needed:
+        raise ConfigError(
+            f"validation.batches: {description} holds {found} rows ({row}), fewer than validation.batches x "
+            f"training.global_batch_size = {config.validation.batches} x {config.training.global_batch_size} = "
+            f"{needed}; lower validation.batches or give more held-out data"
+        )
+
+
 def logits_of(output: Any) -> torch.Tensor:
     """The logits of a decoder's output: the tensor itself, or the `logits` of a mixture-of-experts
     model's output (models/qwen3/model.py `MoEOutput`, which also carries the router's aux loss)."""

@@ -37,7 +37,7 @@ from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.language_model import decoder_args
 from titan_tpu.tasks.sft.answers import HeldOutAnswer, exact_answer_rate, held_out_answers
 from titan_tpu.tasks.sft.data import ChatEncoding, fingerprint, held_out_records, packing_of, training_records
-from titan_tpu.tasks.validation import held_out_loss, micro_batches_per_evaluation
+from titan_tpu.tasks.validation import held_out_loss, micro_batches_per_evaluation, require_held_out_rows
 
 logger = logging.getLogger(__name__)
 
@@ -79,18 +79,12 @@ class SftTask(TrainingTask):
         self._answers: list[HeldOutAnswer] = []
 
     def _check_held_out_rows(self) -> None:
-        """Validation evaluates validation.batches global batches of distinct rows: a held-out set
-        with fewer is refused (repeating rows would count them twice)."""
-        config = self.ctx.config
+        """Validation evaluates validation.batches global batches of distinct rows (all of them
+        checked, like the training records, before the model is built)."""
         assert self.held_out is not None
-        packing = packing_of(config, self.encoding, shuffle=False)
-        rows = first_epoch_summary(self.held_out, self.encoding.encode, packing).rows
-        needed = config.validation.batches * config.training.global_batch_size
-        if rows < needed:
-            raise ConfigError(
-                f"validation.batches: {self.held_out.description} packs into {rows} rows, fewer than "
-                f"validation.batches x training.global_batch_size = {needed}; lower validation.batches or add records"
-            )
+        packing = packing_of(self.ctx.config, self.encoding, shuffle=False)
+        found = first_epoch_summary(self.held_out, self.encoding.encode, packing).rows
+        require_held_out_rows(self.ctx, self.held_out.description, found, "packed conversations")
 
     def _generates(self) -> bool:
         return self.sft.eval_generations > 0 and self.ctx.config.metrics.eval_freq > 0
