@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 Split = Literal["train", "held_out"]
 _LETTERS = "abcdefghijklmnoprstuvwy"
-_SYSTEM = "You answer with the transformed word only."
+_SYSTEM = "Answer with the word only."
 _HELD_OUT_SHARE = 8  # one word in 8 is held out
 
 
@@ -29,7 +29,7 @@ def _is_held_out(word: str) -> bool:
 
 def _word(rng: random.Random, split: Split) -> str:
     while True:
-        word = "".join(rng.choice(_LETTERS) for _ in range(rng.randint(3, 7)))
+        word = "".join(rng.choice(_LETTERS) for _ in range(rng.randint(3, 5)))
         if _is_held_out(word) == (split == "held_out"):
             return word
 
