@@ -40,6 +40,8 @@ EXPECTED_PARAMS: dict[str, str] = {
     "qwen3_moe_235b_a22b.toml": "235B",
     "grpo_qwen3_debug.toml": "3410432",  # own flavor
     "sft_qwen3_debug.toml": "3410432",  # own flavor
+    "sft_qwen3_8b.toml": "8.2B",
+    "sft_llama3_8b.toml": "8.03B",
     "grpo_qwen3_8b.toml": "8.2B",
     "flux_debug.toml": "1796748",  # own flavor
     "flux_schnell.toml": "12B",  # Black Forest Labs: "12 billion parameter rectified flow transformer"
