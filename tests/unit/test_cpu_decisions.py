@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from tests.cpu_kinds import DECISIONS
+from tests.token_sum_reward import REWARDS
 from titan_tpu.config.loader import load_config
-from titan_tpu.tasks.grpo.rewards import WeightedRewards
 from titan_tpu.trainer import Trainer
 
 # config -> overrides that make one step take well under a second in float32.
@@ -34,7 +34,7 @@ RUNS = {
     "grpo_qwen3_debug": [
         "--model.overrides={ n_layers = 2 }", "--training.global_batch_size=8", "--rl.prompts_per_step=2",
         "--rl.group_size=4", "--rl.max_new_tokens=4", "--rl.max_operand=9", "--rl.eval_prompts=4",
-        "--metrics.eval_freq=2",
+        "--metrics.eval_freq=2", REWARDS,  # from random weights the arithmetic reward is always 0
     ],
 }  # fmt: skip
 EXPECTED = {"fp32": (torch.float32, "sdpa"), "bf16": (torch.bfloat16, "blocked:128")}
@@ -44,16 +44,6 @@ FORCED_ATTENTION = {"fp32": "--model.attention_block=0", "bf16": "--model.attent
 GRADIENT_COSINE = 0.99
 
 
-class TokenSumReward:
-    """A reward that varies with the sampled text (from random weights the arithmetic reward is always
-    0, and so would every GRPO gradient be): the sum of its bytes modulo 5, scaled to [0, 1]."""
-
-    name = "exact_match"
-
-    def __call__(self, prompt: str, completion: str, reference: str) -> float:
-        return (sum(completion.encode("utf-8", "replace")) % 5) / 4
-
-
 def _trainer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str, decision: str, *extra: str) -> Trainer:
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: DECISIONS[decision])
     overrides = [
@@ -61,8 +51,6 @@ def _trainer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str, decis
         *extra,
     ]  # fmt: skip
     trainer = Trainer(load_config(config, overrides))
-    if config.startswith("grpo"):
-        trainer.task.rewards = WeightedRewards([TokenSumReward()], [1.0])  # type: ignore[attr-defined]
     dtype, kernel = EXPECTED[decision]
     assert trainer.compute_dtype == dtype
     if not config.startswith("flux"):

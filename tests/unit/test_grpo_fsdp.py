@@ -7,7 +7,8 @@ the second step (the rollout's second mini-batch, after one update, ratio != 1) 
 Rows are sampled with per-row random streams and rewards are shared between ranks before the group
 advantages, so both layouts train the same first mini-batch. This file is also the worker that
 torchrun starts. From random weights the arithmetic reward is always 0 (so every loss would be 0); the
-worker swaps in a test reward that depends on the sampled tokens, through the task's `rewards`.
+run uses a test reward that depends on the sampled tokens, through `rl.rewards`
+(tests/token_sum_reward.py).
 """
 
 from __future__ import annotations
@@ -15,27 +16,18 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.token_sum_reward import REWARDS
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = [
     "--training.steps=2", "--training.global_batch_size=16", "--rl.prompts_per_step=8", "--rl.group_size=4",
     "--rl.max_new_tokens=4", "--rl.max_operand=9", "--metrics.eval_freq=0", "--rl.beta=0.04",
-    "--model.overrides={ n_layers = 2 }", "--metrics.log_freq=1", "--optimizer.lr=1e-2",
+    "--model.overrides={ n_layers = 2 }", "--metrics.log_freq=1", "--optimizer.lr=1e-2", REWARDS,
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class TokenSumReward:
-    """A reward that varies with the sampled text: the sum of its bytes modulo 5, scaled to [0, 1]."""
-
-    name: str = "exact_match"
-
-    def __call__(self, prompt: str, completion: str, reference: str) -> float:
-        return (sum(completion.encode("utf-8", "replace")) % 5) / 4
 
 
 def worker(out: Path, decision: str) -> None:
@@ -43,13 +35,11 @@ def worker(out: Path, decision: str) -> None:
 
     from tests.cpu_kinds import pretend_cpu
     from titan_tpu.config.loader import load_config
-    from titan_tpu.tasks.grpo.rewards import WeightedRewards
     from titan_tpu.trainer import Trainer
 
     pretend_cpu(decision)
     config = load_config("grpo_qwen3_debug", [*OVERRIDES, f"--job.dump_folder={out / 'run'}"])
     trainer = Trainer(config)
-    trainer.task.rewards = WeightedRewards([TokenSumReward()], [1.0])  # type: ignore[attr-defined]
     records = trainer.train()
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:

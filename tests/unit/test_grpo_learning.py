@@ -49,9 +49,9 @@ def test_pretrain_then_grpo_records_reward_and_accuracy(
     assert 0.0 <= records[0]["reward_mean"] <= 1.1  # exact match 1 + format 0.1 at most
     # The reward is its parts with their weights (exact match 1, format 0.1), over the same rows.
     first = records[0]
-    assert first["reward_mean"] == pytest.approx(first["train_accuracy"] + 0.1 * first["format_rate"], rel=1e-6)
+    assert first["reward_mean"] == pytest.approx(first["reward/exact"] + 0.1 * first["reward/format"], rel=1e-6)
     # 60 pretraining steps already give the "a+b=c\n" shape (measured: every completion); random
     # weights almost never answer digits then a newline, so this fails when the weights do not arrive.
-    assert first["format_rate"] > 0.5
+    assert first["reward/format"] > 0.5
     assert 0.0 <= result["before"] <= 1.0
     assert result["after"] == result["before"]

@@ -1,4 +1,5 @@
-"""Rewards and the arithmetic task's data: the checks a wrong reward or a leaky split would fail."""
+"""The built-in exact and format rewards and the arithmetic task's data: the checks a wrong reward or a
+leaky split would fail."""
 
 from __future__ import annotations
 
@@ -6,26 +7,31 @@ from pathlib import Path
 
 import pytest
 
+from tests.reward_batches import batch_of
 from titan_tpu.tasks.grpo.arithmetic import ArithmeticProblems, Problem, PromptStream, pretraining_corpus
-from titan_tpu.tasks.grpo.rewards import ExactMatchReward, FormatReward
+from titan_tpu.tasks.grpo.rewards import build_rewards, score
+
+
+def _one(fn: str, completion: str, reference: str = "5", **extra: str) -> float:
+    rewards = build_rewards([{"fn": fn, **extra}], "answer", "\n")
+    return score(rewards, batch_of([completion], [reference]))[rewards[0].name][0]
 
 
 def test_exact_match_reads_the_answer_before_the_stop_text() -> None:
-    reward = ExactMatchReward("\n")
-    assert reward("2+3=", "5\n", "5") == 1.0
-    assert reward("2+3=", " 5\n7+1=8", "5") == 1.0  # what follows the stop text is not the answer
-    assert reward("2+3=", "5", "5") == 1.0  # cut at max_new_tokens right after the answer: still right
-    assert reward("2+3=", "55\n", "5") == 0.0  # a prefix match is not a match
-    assert reward("2+3=", "\n5", "5") == 0.0
+    assert _one("exact", "5\n") == 1.0
+    assert _one("exact", " 5\n7+1=8") == 1.0  # what follows the stop text is not the answer
+    assert _one("exact", "5") == 1.0  # cut at max_new_tokens right after the answer: still right
+    assert _one("exact", "55\n") == 0.0  # a prefix match is not a match
+    assert _one("exact", "\n5") == 0.0
 
 
 def test_format_reward_wants_a_finished_integer() -> None:
-    reward = FormatReward(r"-?\d+", "\n")
-    assert reward("", "123\n", "7") == 1.0  # wrong but well formed
-    assert reward("", "-4\n", "7") == 1.0
-    assert reward("", "123", "7") == 0.0  # never stopped
-    assert reward("", "12a\n", "7") == 0.0
-    assert reward("", "12\n3", "7") == 0.0
+    pattern = {"pattern": "-?\\d+\n"}
+    assert _one("format", "123\n", **pattern) == 1.0  # wrong but well formed
+    assert _one("format", "-4\n", **pattern) == 1.0
+    assert _one("format", "123", **pattern) == 0.0  # never stopped
+    assert _one("format", "12a\n", **pattern) == 0.0
+    assert _one("format", "12\n3", **pattern) == 0.0
 
 
 def test_split_is_disjoint_complete_and_fixed() -> None:

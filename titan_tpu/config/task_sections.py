@@ -9,9 +9,12 @@ A new kind of training with settings of its own adds its dataclass here and a fi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import re
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import opt, opt_table, require
 
 
@@ -115,9 +118,18 @@ class RLConfig:
     top_p: float = opt(1.0, "Nucleus sampling: keep the likeliest tokens whose mass reaches top_p.")
     max_new_tokens: int = opt(8, "Longest completion, in tokens; a completion also ends at the stop text.")
     stop_text: str = opt("\n", "Text whose token ends a completion (the tokenizer's eos always does).")
-    format_reward_weight: float = opt(
-        0.1, "Weight of the format reward (a finished, well-formed answer) added to exact match."
+    rewards: list[dict[str, Any]] = field(
+        default_factory=lambda: [dict(reward) for reward in DEFAULT_REWARDS],
+        metadata={"doc": (
+            "The reward is the weighted sum of these, each a table { fn, weight = 1.0 }: fn = 'exact' (the "
+            "answer before the stop text equals the reference), 'math' (the same value by math-verify: "
+            "'#### 42', \\boxed{}, fractions, LaTeX), 'format' (with pattern = a regular expression the "
+            "whole completion must match) or 'module:function', your own: called once per rollout batch "
+            "with (prompts, completions, records), it returns one float per completion. The first is the "
+            "held-out accuracy's."
+        )},
     )
+    reference_field: str = opt("answer", "Record field holding the reference answer that exact and math compare with.")
     max_operand: int = opt(99, "arithmetic: operands are integers in [0, max_operand].")
     held_out_fraction: float = opt(0.05, "arithmetic: share of all problems kept out of training for evaluation.")
     eval_prompts: int = opt(
@@ -143,6 +155,41 @@ class RLConfig:
             0 < self.held_out_fraction < 1, "rl.held_out_fraction", f"must be in (0, 1), got {self.held_out_fraction}"
         )
         require(self.eval_prompts >= 0, "rl.eval_prompts", f"must be >= 0, got {self.eval_prompts}")
+        require(bool(self.reference_field), "rl.reference_field", "must not be empty")
+        require(bool(self.rewards), "rl.rewards", "must name at least one reward")
+        for index, table in enumerate(self.rewards):
+            _check_reward_table(table, f"rl.rewards[{index}]")
+
+
+# Exact match plus a tenth of the format reward: an optionally signed integer, then the stop text.
+DEFAULT_REWARDS: tuple[dict[str, Any], ...] = (
+    {"fn": "exact", "weight": 1.0},
+    {"fn": "format", "weight": 0.1, "pattern": "-?\\d+\n"},
+)
+REWARD_KEYS = ("fn", "weight", "pattern")
+
+
+def _check_reward_table(table: dict[str, Any], where: str) -> None:
+    """The shape of one rl.rewards entry; whether its fn imports is checked when the task builds it."""
+    unknown = sorted(set(table) - set(REWARD_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(REWARD_KEYS)}")
+    fn = table.get("fn")
+    require(isinstance(fn, str) and bool(fn), f"{where}.fn", f"must be a reward name or 'module:function', got {fn!r}")
+    weight = table.get("weight", 1.0)
+    require(
+        isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight),
+        f"{where}.weight", f"must be a finite number, got {weight!r}",
+    )
+    pattern = table.get("pattern")
+    if fn == "format":
+        require(isinstance(pattern, str) and bool(pattern), f"{where}.pattern", "is required for fn = 'format' (a regular expression)")
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ConfigError(f"{where}.pattern: not a regular expression: {err}") from None
+    else:
+        require(pattern is None, f"{where}.pattern", f"applies to fn = 'format' only, not {fn!r}")
 
 
 @dataclass

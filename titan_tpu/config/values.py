@@ -2,7 +2,8 @@
 type in errors and `--help`, and write a value back as TOML.
 
 Supported field types: bool, int, float, str, `Literal[...]`, `X | None` of those, `list[X]` of
-those, and `dict[str, Any]` (a table whose entries another layer checks). TOML has no null, so an
+those, and `dict[str, Any]` (a table whose entries another layer checks) alone or as the items of
+a list (`rl.rewards = [{ fn = "math" }]`). TOML has no null, so an
 optional value is unset with the word "none", in the file and on the command line alike.
 """
 
@@ -58,7 +59,7 @@ def is_supported(tp: Any) -> bool:
         return is_supported(inner) and not is_table(inner)
     item = _list_item(tp)
     if item is not None:
-        return item in _SCALARS or typing.get_origin(item) is Literal
+        return item in _SCALARS or typing.get_origin(item) is Literal or is_table(item)
     return tp in _SCALARS or typing.get_origin(tp) is Literal or is_table(tp)
 
 

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from titan_tpu.tasks.grpo.rewards import ExactMatchReward, FormatReward, WeightedRewards
-
 STOP_TEXT = "\n"
 
 
@@ -36,6 +34,10 @@ class Problem:
     @property
     def answer(self) -> str:
         return str(self.a + self.b)
+
+    def record(self, reference_field: str) -> dict[str, str]:
+        """The problem as the rewards read a dataset record: its prompt and reference answer."""
+        return {"prompt": self.prompt, reference_field: self.answer}
 
     @property
     def carries(self) -> bool:
@@ -60,15 +62,6 @@ class ArithmeticProblems:
         n_held_out = max(1, round(held_out_fraction * len(pairs)))
         self.held_out: list[Problem] = pairs[:n_held_out]
         self.train: list[Problem] = pairs[n_held_out:]
-
-    def rewards(self, format_weight: float) -> WeightedRewards:
-        """Exact match (weight 1) plus the format reward (weight `format_weight`; 0 drops it)."""
-        functions = [ExactMatchReward(STOP_TEXT)]
-        weights = [1.0]
-        if format_weight != 0:
-            functions.append(FormatReward(r"-?\d+", STOP_TEXT))  # type: ignore[arg-type]
-            weights.append(format_weight)
-        return WeightedRewards(functions, weights)  # type: ignore[arg-type]
 
 
 class PromptStream:

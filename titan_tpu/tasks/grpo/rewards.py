@@ -1,64 +1,140 @@
-"""Reward functions: (prompt, completion, reference) -> float, computed on decoded text.
+"""Rewards of a rollout batch: each reward scores every completion from the prompts, the completions
+(decoded text, with the stop text when the policy stopped on its own, so a format check can tell a
+finished answer from one cut off) and the dataset records they came from; the run's reward is their
+weighted sum (`rl.rewards`).
 
-A verifiable task scores a completion by checking it, not by a learned model. The completion text is
-what the policy generated, including the stop text when it stopped on its own (so a format check can
-tell a finished answer from one cut off at max_new_tokens).
+Built-ins: `exact`, `math` (math_reward.py) and `format`. Anything else is `module:function`, your
+own, imported once at start-up and called once per rollout batch on each data-parallel rank with that
+rank's completions. A reward that cannot be imported, raises, returns the wrong number of values, or
+a value that is not a finite number stops the run with one line naming it (and the record, where one
+record's value is at fault).
 """
 
 from __future__ import annotations
 
+import importlib
+import math
+import numbers
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
+
+from titan_tpu.config import ConfigError
+
+Record = Mapping[str, Any]
+RewardFn = Callable[[list[str], list[str], list[Record]], Sequence[float]]
 
 
-class RewardFunction(Protocol):
+class RewardError(ConfigError):
+    """A reward function that failed during the run: one line, the function's name, exit 2."""
+
+
+@dataclass(frozen=True)
+class Completions:
+    """One rollout batch's share on this rank: the prompt texts, completion texts and records (one of
+    each per completion), and where each record came from (its file and line, or its generator)."""
+
+    prompts: list[str]
+    texts: list[str]
+    records: list[Record]
+    places: list[str]
+
+
+@dataclass(frozen=True)
+class Reward:
     name: str
-
-    def __call__(self, prompt: str, completion: str, reference: str) -> float: ...
-
-
-@dataclass(frozen=True)
-class ExactMatchReward:
-    """1.0 when the completion, cut at the first stop text and stripped of white space, equals the
-    reference answer; else 0.0."""
-
-    stop_text: str = "\n"
-    name: str = "exact_match"
-
-    def __call__(self, prompt: str, completion: str, reference: str) -> float:
-        answer = completion.split(self.stop_text, 1)[0] if self.stop_text else completion
-        return 1.0 if answer.strip() == reference.strip() else 0.0
+    fn: RewardFn
+    weight: float
 
 
-@dataclass(frozen=True)
-class FormatReward:
-    """1.0 when the whole completion is one answer in the expected shape followed by the stop text
-    (for arithmetic: an optionally signed integer, then a newline); else 0.0. It rewards answering in
-    the form the checker can read, right or wrong."""
+def _exact(reference_field: str, stop_text: str) -> RewardFn:
+    def exact(prompts: list[str], completions: list[str], records: list[Record]) -> list[float]:
+        answers = [c.split(stop_text, 1)[0] if stop_text else c for c in completions]
+        return [float(a.strip() == str(r[reference_field]).strip()) for a, r in zip(answers, records)]
 
-    pattern: str = r"-?\d+"
-    stop_text: str = "\n"
-    name: str = "format"
-
-    def __call__(self, prompt: str, completion: str, reference: str) -> float:
-        return 1.0 if re.fullmatch(self.pattern + re.escape(self.stop_text), completion) else 0.0
+    return exact
 
 
-@dataclass(frozen=True)
-class WeightedRewards:
-    """The sum of several rewards, each times its weight; `parts` also returns each one for metrics."""
+def _math(reference_field: str) -> RewardFn:
+    from titan_tpu.tasks.grpo.math_reward import math_equivalent  # imports math-verify only when asked for
 
-    functions: Sequence[RewardFunction]
-    weights: Sequence[float]
+    def math_reward(prompts: list[str], completions: list[str], records: list[Record]) -> list[float]:
+        return [float(math_equivalent(c, str(r[reference_field]))) for c, r in zip(completions, records)]
 
-    def __post_init__(self) -> None:
-        if len(self.functions) != len(self.weights):
-            raise ValueError(f"{len(self.functions)} reward functions but {len(self.weights)} weights")
+    return math_reward
 
-    def parts(self, prompt: str, completion: str, reference: str) -> dict[str, float]:
-        return {f.name: f(prompt, completion, reference) for f in self.functions}
 
-    def total(self, parts: dict[str, float]) -> float:
-        return sum(w * parts[f.name] for f, w in zip(self.functions, self.weights))
+def _format(pattern: str) -> RewardFn:
+    compiled = re.compile(pattern, re.DOTALL)
+
+    def format_reward(prompts: list[str], completions: list[str], records: list[Record]) -> list[float]:
+        return [float(compiled.fullmatch(c) is not None) for c in completions]
+
+    return format_reward
+
+
+def _imported(spec: str, where: str) -> RewardFn:
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"{where}: {spec!r} is neither a built-in reward (exact, math, format) nor 'module:function'")
+    try:
+        fn = getattr(importlib.import_module(module_name), attribute)
+    except Exception as err:  # the user's module: any failure to import it is reported the same way
+        raise ConfigError(f"{where}: cannot import {spec!r}: {type(err).__name__}: {err}") from None
+    if not callable(fn):
+        raise ConfigError(f"{where}: {spec!r} is a {type(fn).__name__}, not a function")
+    return fn  # type: ignore[no-any-return]
+
+
+def build_rewards(tables: list[dict[str, Any]], reference_field: str, stop_text: str) -> list[Reward]:
+    """The rewards of `rl.rewards` (shapes checked by the config), each named by its fn (and its
+    place in the list, for a second reward with the same fn)."""
+    rewards: list[Reward] = []
+    for index, table in enumerate(tables):
+        name, where = table["fn"], f"rl.rewards[{index}].fn"
+        if any(r.name == name for r in rewards):
+            name = f"{name}#{index}"
+        kind = table["fn"]
+        if kind == "exact":
+            fn = _exact(reference_field, stop_text)
+        elif kind == "math":
+            fn = _math(reference_field)
+        elif kind == "format":
+            fn = _format(table["pattern"])
+        else:
+            fn = _imported(kind, where)
+        rewards.append(Reward(name, fn, float(table.get("weight", 1.0))))
+    return rewards
+
+
+def _scores(reward: Reward, batch: Completions) -> list[float]:
+    count = len(batch.texts)
+    try:
+        values = list(reward.fn(batch.prompts, batch.texts, batch.records))
+    except Exception as err:  # the reward's own failure, whatever it is, ends the run with its name
+        raise RewardError(f"reward {reward.name} raised {type(err).__name__}: {err} (on {count} completions)") from None
+    if len(values) != count:
+        raise RewardError(
+            f"reward {reward.name} returned {len(values)} value{'s' * (len(values) != 1)} for {count} "
+            "completions; it must return one per completion"
+        )
+    scores = []
+    for index, value in enumerate(values):
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise RewardError(
+                f"reward {reward.name} returned {value!r} for completion {index} ({batch.places[index]}); "
+                "each value must be a finite number"
+            )
+        scores.append(float(value))
+    return scores
+
+
+def score(rewards: Sequence[Reward], batch: Completions) -> dict[str, list[float]]:
+    """Each reward's values for every completion of the batch, by name."""
+    return {reward.name: _scores(reward, batch) for reward in rewards}
+
+
+def weighted_total(rewards: Sequence[Reward], parts: dict[str, list[float]], count: int) -> list[float]:
+    """The run's reward of each of `count` completions: the weighted sum of the parts."""
+    return [sum(r.weight * parts[r.name][i] for r in rewards) for i in range(count)]

@@ -25,6 +25,7 @@ from titan_tpu.distributed.parallelize import parallelize_model, reshard_setting
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.grpo.arithmetic import ArithmeticProblems, Problem, PromptStream
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
+from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, rank_rows, token_logps
 from titan_tpu.tasks.grpo.sampler import SamplingParams, generate, gathered_for_generation, row_uniforms
 from titan_tpu.tasks.language_model import decoder_args
@@ -44,7 +45,7 @@ class GRPOTask(TrainingTask):
             raise ConfigError("training.task = 'grpo' runs with data parallelism (FSDP/HSDP); set parallelism.tp = 1 and ep = 1")
         self.tokenizer = build_tokenizer(config.data.tokenizer)
         self.problems = ArithmeticProblems(self.rl.max_operand, self.rl.held_out_fraction)
-        self.rewards = self.problems.rewards(self.rl.format_reward_weight)
+        self.rewards = build_rewards(self.rl.rewards, self.rl.reference_field, self.rl.stop_text)
         stop_ids = tuple(dict.fromkeys(self.tokenizer.encode(self.rl.stop_text)[-1:] + [self.tokenizer.eos_id]))
         self.params = SamplingParams(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_p, stop_ids)
         self.greedy = dataclasses.replace(self.params, temperature=0.0)
@@ -151,16 +152,17 @@ class GRPOTask(TrainingTask):
             out = generate(model, [prompts[r] for r in mine], self.params, self.pad_id, ctx.device,
                            uniforms=row_uniforms(seeds, rl.max_new_tokens))
         completions = dict(zip(mine, out.lists()))
-        # Rewards, reward parts and lengths of this rank's rows, summed with the other ranks'.
-        table = torch.zeros(4, self.rows, dtype=torch.float64)
-        for r in mine:
-            problem = problems[r // rl.group_size]
-            text = self.tokenizer.decode(completions[r])
-            parts = self.rewards.parts(problem.prompt, text, problem.answer)
-            table[:, r] = torch.tensor([self.rewards.total(parts), parts["exact_match"], parts.get("format", 0.0),
-                                        len(completions[r])])
+        # Rewards, each reward's part and lengths of this rank's rows, summed with the other ranks'.
+        parts = score(self.rewards, self._completions([problems[r // rl.group_size] for r in mine],
+                                                      [completions[r] for r in mine]))  # fmt: skip
+        table = torch.zeros(2 + len(self.rewards), self.rows, dtype=torch.float64)
+        rows_mine = torch.tensor(mine, dtype=torch.long)
+        table[0, rows_mine] = torch.tensor(weighted_total(self.rewards, parts, len(mine)), dtype=torch.float64)
+        table[1, rows_mine] = torch.tensor([float(len(completions[r])) for r in mine], dtype=torch.float64)
+        for index, reward in enumerate(self.rewards):
+            table[2 + index, rows_mine] = torch.tensor(parts[reward.name], dtype=torch.float64)
         table = self._global(table)
-        rewards, lengths = table[0], table[3]
+        rewards, lengths = table[0], table[1]
         advantages = group_advantages(rewards, rl.group_size, rl.scale_rewards, rl.advantage_eps).float()
         generate_time = time.perf_counter() - start
 
@@ -176,8 +178,8 @@ class GRPOTask(TrainingTask):
         stats["rollouts"] += 1
         stats["reward_sum"] += float(rewards.sum())
         stats["reward_std_sum"] += float(rewards.view(-1, rl.group_size).std(dim=1).mean())
-        stats["exact_sum"] += float(table[1].sum())
-        stats["format_sum"] += float(table[2].sum())
+        for index, reward in enumerate(self.rewards):
+            stats[f"reward/{reward.name}"] += float(table[2 + index].sum())
         stats["length_sum"] += float(lengths.sum())
         stats["rollout_time"] += generate_time
 
@@ -199,8 +201,8 @@ class GRPOTask(TrainingTask):
     # ------------------------------------------------------------------------------ metrics
 
     def _reset_stats(self) -> None:
-        keys = ("rollouts", "reward_sum", "reward_std_sum", "exact_sum", "format_sum", "length_sum", "rollout_time",
-                "micro_batches", "train_tokens", "train_time")
+        keys = ("rollouts", "reward_sum", "reward_std_sum", "length_sum", "rollout_time", "micro_batches",
+                "train_tokens", "train_time", *(f"reward/{r.name}" for r in self.rewards))  # fmt: skip
         self._stats: dict[str, float] = dict.fromkeys(keys, 0.0)
         self._loss_sums = torch.zeros(2, device=self.ctx.device)  # k3 KL and clip fraction of each micro-batch
 
@@ -224,24 +226,33 @@ class GRPOTask(TrainingTask):
             metrics.update(
                 reward_mean=s["reward_sum"] / rows,
                 reward_std=s["reward_std_sum"] / s["rollouts"],
-                train_accuracy=s["exact_sum"] / rows,
-                format_rate=s["format_sum"] / rows,
                 completion_length=s["length_sum"] / rows,
                 rollout_tokens_per_sec=s["length_sum"] / s["rollout_time"],
             )
+            metrics.update({f"reward/{r.name}": s[f"reward/{r.name}"] / rows for r in self.rewards})
         self._reset_stats()
         return metrics
 
+    def _completions(self, problems: list[Problem], ids: list[list[int]]) -> Completions:
+        reference = self.rl.reference_field
+        return Completions(
+            prompts=[p.prompt for p in problems],
+            texts=[self.tokenizer.decode(i) for i in ids],
+            records=[p.record(reference) for p in problems],
+            places=[f"arithmetic problem {p.prompt}" for p in problems],
+        )
+
     @torch.no_grad()
     def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
-        """Held-out exact-match accuracy of greedy answers (rl.eval_prompts problems, split over ranks)."""
+        """Held-out accuracy: the first reward's mean on greedy answers (rl.eval_prompts problems, split
+        over ranks)."""
         held_out = self.problems.held_out[: self.rl.eval_prompts or None]
         mine = held_out[self.ctx.dp_rank :: self.ctx.dp_world]
         correct = 0.0
         if mine:
             with gathered_for_generation(model, self._reshard_after(model)):
                 out = generate(model, [self._prompt_ids(p) for p in mine], self.greedy, self.pad_id, self.ctx.device)
-            for problem, ids in zip(mine, out.lists()):
-                correct += self.rewards.functions[0](problem.prompt, self.tokenizer.decode(ids), problem.answer)
+            first = self.rewards[0]
+            correct = sum(score([first], self._completions(mine, out.lists()))[first.name])
         total = self._global(torch.tensor([[correct, float(len(mine))]], dtype=torch.float64))[0]
         return {"heldout_accuracy": float(total[0] / total[1])}
