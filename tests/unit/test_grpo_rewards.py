@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.reward_batches import batch_of
-from titan_tpu.tasks.grpo.arithmetic import ArithmeticProblems, Problem, PromptStream, pretraining_corpus
+from titan_tpu.tasks.grpo.arithmetic import ArithmeticProblems, Problem, pretraining_corpus
+from titan_tpu.tasks.grpo.prompts import PromptStream
 from titan_tpu.tasks.grpo.rewards import build_rewards, score
 
 

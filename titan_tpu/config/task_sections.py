@@ -89,8 +89,18 @@ class FluxConfig:
 
 @dataclass
 class RLConfig:
-    task: Literal["arithmetic"] = opt(
-        "arithmetic", "Verifiable task: arithmetic = 'a+b=' prompts scored by exact match (+ format)."
+    task: Literal["arithmetic", "data"] = opt(
+        "arithmetic",
+        "Prompts: arithmetic = generated 'a+b=' problems; data = your records from data.source/data.path "
+        "(.jsonl/.parquet files or an offline Hugging Face dataset), rendered with the chat template.",
+    )
+    prompt_field: str = opt("prompt", "data: record field holding the prompt, a string or a list of role/content turns.")
+    system_prompt: str = opt("", "data: a system turn put before each prompt that has none; empty = none.")
+    eval_path: str = opt(
+        "", "data: held-out records (.jsonl/.parquet) for the held-out accuracy; empty = rl.held_out_fraction of data.path."
+    )
+    template_switches: dict[str, Any] = opt_table(
+        "data: variables the chat template reads, e.g. { enable_thinking = false } for Qwen 3."
     )
     group_size: int = opt(8, "Completions sampled per prompt (G); advantages are normalised within a group.")
     prompts_per_step: int = opt(
@@ -117,7 +127,11 @@ class RLConfig:
     temperature: float = opt(1.0, "Sampling temperature of the rollouts (0 = greedy).")
     top_p: float = opt(1.0, "Nucleus sampling: keep the likeliest tokens whose mass reaches top_p.")
     max_new_tokens: int = opt(8, "Longest completion, in tokens; a completion also ends at the stop text.")
-    stop_text: str = opt("\n", "Text whose token ends a completion (the tokenizer's eos always does).")
+    stop_text: str = opt(
+        "auto",
+        "Text whose token ends a completion (the tokenizer's eos always does); auto = the chat template's "
+        "end of turn, or a newline without a template (arithmetic).",
+    )
     rewards: list[dict[str, Any]] = field(
         default_factory=lambda: [dict(reward) for reward in DEFAULT_REWARDS],
         metadata={"doc": (
@@ -131,7 +145,9 @@ class RLConfig:
     )
     reference_field: str = opt("answer", "Record field holding the reference answer that exact and math compare with.")
     max_operand: int = opt(99, "arithmetic: operands are integers in [0, max_operand].")
-    held_out_fraction: float = opt(0.05, "arithmetic: share of all problems kept out of training for evaluation.")
+    held_out_fraction: float = opt(
+        0.05, "Share of the problems (arithmetic) or records (data without rl.eval_path) kept out of training."
+    )
     eval_prompts: int = opt(
         256, "Held-out problems decoded greedily at each evaluation (metrics.eval_freq); 0 = all of them."
     )
@@ -156,9 +172,14 @@ class RLConfig:
         )
         require(self.eval_prompts >= 0, "rl.eval_prompts", f"must be >= 0, got {self.eval_prompts}")
         require(bool(self.reference_field), "rl.reference_field", "must not be empty")
+        require(bool(self.prompt_field), "rl.prompt_field", "must not be empty")
         require(bool(self.rewards), "rl.rewards", "must name at least one reward")
         for index, table in enumerate(self.rewards):
             _check_reward_table(table, f"rl.rewards[{index}]")
+
+    def needs_reference(self) -> bool:
+        """Whether a built-in reward compares with each record's rl.reference_field."""
+        return any(table.get("fn") in ("exact", "math") for table in self.rewards)
 
 
 # Exact match plus a tenth of the format reward: an optionally signed integer, then the stop text.

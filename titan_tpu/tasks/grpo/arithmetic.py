@@ -1,9 +1,7 @@
 """Arithmetic with a verifiable answer: "a+b=" -> "c\\n", a and b in [0, max_operand].
 
 Every problem lives in exactly one split: a seeded permutation of all (a, b) pairs puts a fixed share
-into the held-out set, which training prompts never draw from. Training prompts come as a stream in
-a seeded order whose position is the only state (`PromptStream`), so a resumed run continues with the
-next prompt and every data-parallel layout sees the same global sequence of prompts.
+into the held-out set, which training prompts never draw from (prompts.py makes them prompts).
 
 `pretraining_corpus` writes the text a language model first learns the format from. Its optional
 `carry_error_rate` makes the demonstrations systematically wrong on problems whose units digits
@@ -62,43 +60,6 @@ class ArithmeticProblems:
         n_held_out = max(1, round(held_out_fraction * len(pairs)))
         self.held_out: list[Problem] = pairs[:n_held_out]
         self.train: list[Problem] = pairs[n_held_out:]
-
-
-class PromptStream:
-    """Training problems in a seeded order, epoch after epoch (reshuffled each epoch); a Stateful
-    whose state is the position, saved in every checkpoint."""
-
-    def __init__(self, problems: list[Problem], seed: int) -> None:
-        self.problems = problems
-        self.seed = seed
-        self.position = 0  # problems handed out so far, over all epochs
-
-    def _order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.problems)))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order
-
-    def take(self, count: int) -> list[Problem]:
-        """The next `count` problems of the global stream (the same whatever the parallel layout)."""
-        taken = []
-        while len(taken) < count:
-            epoch, index = divmod(self.position, len(self.problems))
-            order = self._order(epoch)
-            chunk = order[index : index + count - len(taken)]
-            taken += [self.problems[i] for i in chunk]
-            self.position += len(chunk)
-        return taken
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"position": self.position, "seed": self.seed, "size": len(self.problems)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["seed"] != self.seed or state["size"] != len(self.problems):
-            raise ValueError(
-                f"checkpoint's prompt stream (seed {state['seed']}, {state['size']} problems) does not match "
-                f"this run's (seed {self.seed}, {len(self.problems)} problems); resume with the same [rl] task"
-            )
-        self.position = int(state["position"])
 
 
 def pretraining_corpus(

@@ -48,19 +48,24 @@ class Reward:
     weight: float
 
 
+def _before_stop(completion: str, stop_text: str) -> str:
+    return completion.split(stop_text, 1)[0] if stop_text else completion
+
+
 def _exact(reference_field: str, stop_text: str) -> RewardFn:
     def exact(prompts: list[str], completions: list[str], records: list[Record]) -> list[float]:
-        answers = [c.split(stop_text, 1)[0] if stop_text else c for c in completions]
+        answers = [_before_stop(c, stop_text) for c in completions]
         return [float(a.strip() == str(r[reference_field]).strip()) for a, r in zip(answers, records)]
 
     return exact
 
 
-def _math(reference_field: str) -> RewardFn:
+def _math(reference_field: str, stop_text: str) -> RewardFn:
     from titan_tpu.tasks.grpo.math_reward import math_equivalent  # imports math-verify only when asked for
 
     def math_reward(prompts: list[str], completions: list[str], records: list[Record]) -> list[float]:
-        return [float(math_equivalent(c, str(r[reference_field]))) for c, r in zip(completions, records)]
+        return [float(math_equivalent(_before_stop(c, stop_text), str(r[reference_field])))
+                for c, r in zip(completions, records)]  # fmt: skip
 
     return math_reward
 
@@ -99,7 +104,7 @@ def build_rewards(tables: list[dict[str, Any]], reference_field: str, stop_text:
         if kind == "exact":
             fn = _exact(reference_field, stop_text)
         elif kind == "math":
-            fn = _math(reference_field)
+            fn = _math(reference_field, stop_text)
         elif kind == "format":
             fn = _format(table["pattern"])
         else:

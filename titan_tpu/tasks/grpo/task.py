@@ -23,15 +23,12 @@ from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.parallelize import parallelize_model, reshard_setting
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
-from titan_tpu.tasks.grpo.arithmetic import ArithmeticProblems, Problem, PromptStream
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
+from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, rank_rows, token_logps
 from titan_tpu.tasks.grpo.sampler import SamplingParams, generate, gathered_for_generation, row_uniforms
 from titan_tpu.tasks.language_model import decoder_args
-
-# The prompt of a problem starts on a new line, as every problem does in the pretraining text.
-PROMPT_PREFIX = "\n"
 
 
 class GRPOTask(TrainingTask):
@@ -44,9 +41,10 @@ class GRPOTask(TrainingTask):
         if ctx.parallel.dims.tp_enabled or ctx.parallel.dims.ep_enabled:
             raise ConfigError("training.task = 'grpo' runs with data parallelism (FSDP/HSDP); set parallelism.tp = 1 and ep = 1")
         self.tokenizer = build_tokenizer(config.data.tokenizer)
-        self.problems = ArithmeticProblems(self.rl.max_operand, self.rl.held_out_fraction)
-        self.rewards = build_rewards(self.rl.rewards, self.rl.reference_field, self.rl.stop_text)
-        stop_ids = tuple(dict.fromkeys(self.tokenizer.encode(self.rl.stop_text)[-1:] + [self.tokenizer.eos_id]))
+        self.prompts = prompt_set(config, self.tokenizer)
+        stop_text = self.prompts.stop_text
+        self.rewards = build_rewards(self.rl.rewards, self.rl.reference_field, stop_text)
+        stop_ids = tuple(dict.fromkeys(self.tokenizer.encode(stop_text)[-1:] + [self.tokenizer.eos_id]))
         self.params = SamplingParams(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_p, stop_ids)
         self.greedy = dataclasses.replace(self.params, temperature=0.0)
         self.pad_id = self.tokenizer.eos_id
@@ -65,7 +63,7 @@ class GRPOTask(TrainingTask):
                 "steps each rollout batch serves, so a checkpoint never splits one"
             )
         self.dp_mesh = ctx.parallel.dp_reduce_mesh
-        self.stream = PromptStream(self.problems.train, seed=config.training.seed)
+        self.stream = PromptStream(self.prompts.train, seed=config.training.seed)
         self.queue: deque[MicroBatch] = deque()
         self.reference: nn.Module | None = None
         self.args: Any = None
@@ -76,7 +74,7 @@ class GRPOTask(TrainingTask):
 
     def model_args(self, args: Any) -> Any:
         config = self.ctx.config
-        longest = len(self._prompt_ids(Problem(self.rl.max_operand, self.rl.max_operand)))
+        longest = max(len(p.ids) for p in (*self.prompts.train, *self.prompts.held_out))
         needed = longest + self.rl.max_new_tokens
         if config.training.seq_len < needed:
             raise ConfigError(f"training.seq_len {config.training.seq_len} is below the longest prompt + rl.max_new_tokens = {needed}")
@@ -112,9 +110,6 @@ class GRPOTask(TrainingTask):
 
     # ------------------------------------------------------------------------------ batches
 
-    def _prompt_ids(self, problem: Problem) -> list[int]:
-        return self.tokenizer.encode(PROMPT_PREFIX + problem.prompt)
-
     def _reshard_after(self, model: nn.Module) -> Any:
         return reshard_setting(model, self.ctx.config, self.ctx.compute_dtype, self.ctx.device.type)
 
@@ -142,18 +137,18 @@ class GRPOTask(TrainingTask):
         start = time.perf_counter()
         ctx, rl = self.ctx, self.rl
         rollout_index = self.stream.position // rl.prompts_per_step
-        problems = self.stream.take(rl.prompts_per_step)
+        taken: list[Prompt] = self.stream.take(rl.prompts_per_step)
         global_batch = ctx.config.training.global_batch_size
         rows = rank_rows(self.rows, global_batch, ctx.dp_rank, ctx.dp_world)
         mine = [r for mini in rows for r in mini]
-        prompts = {r: self._prompt_ids(problems[r // rl.group_size]) for r in mine}
+        prompts = {r: taken[r // rl.group_size].ids for r in mine}
         seeds = [hash((ctx.config.training.seed, rollout_index, r)) % (2**63) for r in mine]
         with gathered_for_generation(model, self._reshard_after(model)):
             out = generate(model, [prompts[r] for r in mine], self.params, self.pad_id, ctx.device,
                            uniforms=row_uniforms(seeds, rl.max_new_tokens))
         completions = dict(zip(mine, out.lists()))
         # Rewards, each reward's part and lengths of this rank's rows, summed with the other ranks'.
-        parts = score(self.rewards, self._completions([problems[r // rl.group_size] for r in mine],
+        parts = score(self.rewards, self._completions([taken[r // rl.group_size] for r in mine],
                                                       [completions[r] for r in mine]))  # fmt: skip
         table = torch.zeros(2 + len(self.rewards), self.rows, dtype=torch.float64)
         rows_mine = torch.tensor(mine, dtype=torch.long)
@@ -233,25 +228,24 @@ class GRPOTask(TrainingTask):
         self._reset_stats()
         return metrics
 
-    def _completions(self, problems: list[Problem], ids: list[list[int]]) -> Completions:
-        reference = self.rl.reference_field
+    def _completions(self, prompts: list[Prompt], ids: list[list[int]]) -> Completions:
         return Completions(
-            prompts=[p.prompt for p in problems],
+            prompts=[p.text for p in prompts],
             texts=[self.tokenizer.decode(i) for i in ids],
-            records=[p.record(reference) for p in problems],
-            places=[f"arithmetic problem {p.prompt}" for p in problems],
+            records=[p.record for p in prompts],
+            places=[p.place for p in prompts],
         )
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
         """Held-out accuracy: the first reward's mean on greedy answers (rl.eval_prompts problems, split
         over ranks)."""
-        held_out = self.problems.held_out[: self.rl.eval_prompts or None]
+        held_out = self.prompts.held_out[: self.rl.eval_prompts or None]
         mine = held_out[self.ctx.dp_rank :: self.ctx.dp_world]
         correct = 0.0
         if mine:
             with gathered_for_generation(model, self._reshard_after(model)):
-                out = generate(model, [self._prompt_ids(p) for p in mine], self.greedy, self.pad_id, self.ctx.device)
+                out = generate(model, [p.ids for p in mine], self.greedy, self.pad_id, self.ctx.device)
             first = self.rewards[0]
             correct = sum(score([first], self._completions(mine, out.lists()))[first.name])
         total = self._global(torch.tensor([[correct, float(len(mine))]], dtype=torch.float64))[0]
