@@ -124,3 +124,38 @@ def test_a_grpo_run_on_records_logs_each_reward(tmp_path: Path, monkeypatch: pyt
     assert 0 < first["reward/grpo_user_reward:short"] <= 1
     assert grpo_user_reward.seen[0] == 8  # one call for the whole rollout batch of 2 x 4 completions
     assert "heldout_accuracy" in records[-1]
+
+
+def test_the_shipped_8b_config_runs_on_a_checkpoint_folder(tmp_path: Path) -> None:
+    """grpo_qwen3_8b as shipped, with its paths pointed at a debug-sized Qwen 3 folder (weights,
+    tokenizer, published template) and GSM8K-style records: one rollout, math and format rewards."""
+    import torch
+
+    from models import get_model_spec
+    from titan_tpu.checkpoint.hf_export import export_model_to_hf
+    from titan_tpu.data.chat_tokenizer import tokenizer_export_files
+
+    folder = tmp_path / "Qwen3-8B"
+    small = ["--model.flavor=debug", "--model.overrides={ vocab_size = 640 }"]
+    spec = get_model_spec("qwen3")
+    args = spec.build_args("debug", {"vocab_size": 640})
+    torch.manual_seed(0)
+    model = spec.model_cls(args)
+    model.init_weights()
+    tokenizer_files = tokenizer_export_files(str(checkpoint_folder(tmp_path / "tokenizer", "qwen3")))
+    export_model_to_hf(model, folder, spec.state_dict_adapter, args, extra_files=tokenizer_files)
+    problems = [{"question": q["question"], "answer": f"Add them.\n#### {q['answer']}"} for q in QUESTIONS]
+    config = load_config("grpo_qwen3_8b", [
+        *small, f"--job.dump_folder={tmp_path / 'run'}", f"--checkpoint.initial_load_path={folder}",
+        f"--data.tokenizer={folder}", f"--data.path={_records(tmp_path / 'train.jsonl', problems)}",
+        f"--rl.eval_path={_records(tmp_path / 'test.jsonl', problems[:2])}", "--checkpoint.enable=false",
+        "--training.steps=1", "--rl.prompts_per_step=2", "--rl.group_size=4", "--training.global_batch_size=8",
+        "--training.local_batch_size=4", "--rl.max_new_tokens=8", "--training.dtype=float32",
+        "--metrics.eval_freq=1", "--activation_checkpoint.mode=none",
+    ])  # fmt: skip
+    trainer = Trainer(config)
+    try:
+        record = trainer.train()[-1].to_dict()
+    finally:
+        trainer.close()
+    assert {"reward/math", "reward/format", "heldout_accuracy", "kl"} <= set(record)
