@@ -14,6 +14,7 @@ import torch
 
 from titan_tpu.models.common.decoder import DecoderLM, decoder_block
 from titan_tpu.models.common.feed_forward import FeedForward
+from titan_tpu.models.common.kv_cache import KVCache, LayerKVCache, padded_causal_mask
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.common.transformer import TransformerBlock
@@ -26,9 +27,19 @@ class MoETransformerBlock(TransformerBlock):
     model can form the load-balancing loss over all layers (no state is stashed on modules)."""
 
     def forward(  # type: ignore[override]
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, document_ids: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: LayerKVCache | None = None,
+        start_pos: int = 0,
+        attn_mask: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, RouterStats]:
-        h = x + self.attention(self.attention_norm(x), cos, sin, document_ids=document_ids)
+        h = x + self.attention(
+            self.attention_norm(x), cos, sin, kv_cache=kv_cache, start_pos=start_pos, attn_mask=attn_mask,
+            document_ids=document_ids,
+        )  # fmt: skip
         out, stats = self.feed_forward(self.ffn_norm(h))
         return h + out, stats
 
@@ -139,8 +150,19 @@ class Qwen3MoeModel(Qwen3Model):
         # single process's on the same global batch (the Qwen 3 recipe). None: this batch only.
         self.sum_router_stats: Callable[[torch.Tensor], tuple[torch.Tensor, int]] | None = None
 
-    def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None) -> MoEOutput:  # type: ignore[override]
-        """`document_ids` [B, S] keeps packed documents apart (models/common/documents.py)."""
+    def forward(  # type: ignore[override]
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        key_padding_mask: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+    ) -> MoEOutput:
+        """`document_ids` [B, S] keeps packed documents apart (models/common/documents.py). Generation
+        and padded batches pass a `KVCache` / `key_padding_mask` as for the dense model (kv_cache.py);
+        there the router statistics are not gathered and the aux loss is 0."""
+        if cache is not None or key_padding_mask is not None:
+            return self._generation_forward(tokens, cache, start_pos, key_padding_mask)
         h = self.tok_embeddings(tokens)
         cos, sin, extra = self.document_rotary(*self.rope(tokens.shape[1]), document_ids)
         stats: list[RouterStats] = []
@@ -162,6 +184,22 @@ class Qwen3MoeModel(Qwen3Model):
             tracker.counts, tracker.rows = totals[0], rows
         aux_loss = _AuxLossValue.apply(h, value, tracker) if torch.is_grad_enabled() else value
         return MoEOutput(self.logits(h), aux_loss, self.args.router_aux_loss_coef)
+
+    def _generation_forward(
+        self, tokens: torch.Tensor, cache: KVCache | None, start_pos: int, key_padding_mask: torch.Tensor | None
+    ) -> MoEOutput:
+        h = self.tok_embeddings(tokens)
+        cos, sin = self.rope(start_pos + tokens.shape[1])
+        cos, sin = cos[start_pos:], sin[start_pos:]
+        if cache is None:
+            attn_mask = padded_causal_mask(key_padding_mask)  # type: ignore[arg-type]
+        else:
+            attn_mask = cache.advance(start_pos, tokens, key_padding_mask)
+        for name, layer in self.layers.items():
+            layer_cache = cache.layer(name) if cache is not None else None
+            h, _ = layer(h, cos, sin, kv_cache=layer_cache, start_pos=start_pos, attn_mask=attn_mask)
+        no_aux = torch.zeros((), device=h.device, dtype=torch.float32)
+        return MoEOutput(self.logits(h), no_aux, self.args.router_aux_loss_coef)
 
 
 def moe_loss(output: MoEOutput, labels: torch.Tensor, chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from titan_tpu.tasks.validation import logits_of
+
 
 @dataclass
 class MicroBatch:
@@ -43,7 +45,7 @@ def rank_rows(n_rows: int, global_batch: int, dp_rank: int, dp_world: int) -> li
 
 def token_logps(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Log-probability of every next token: [b, L] -> [b, L-1], in float32."""
-    logits = model(tokens)[:, :-1].float()
+    logits = logits_of(model(tokens))[:, :-1].float()
     return logits.gather(-1, tokens[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 

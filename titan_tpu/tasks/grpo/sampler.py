@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from titan_tpu.models.common.kv_cache import KVCache
+from titan_tpu.tasks.validation import logits_of
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def generate(
     tokens, real = left_pad(prompts, pad_id, device)
     batch, width = tokens.shape
     cache = KVCache(width + params.max_new_tokens)
-    logits = model(tokens, cache=cache, start_pos=0, key_padding_mask=real)[:, -1].float()
+    logits = logits_of(model(tokens, cache=cache, start_pos=0, key_padding_mask=real))[:, -1].float()
     stop_ids = torch.tensor(params.stop_ids, dtype=torch.long, device=device)
     out = torch.full((batch, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.bool, device=device)
@@ -122,7 +123,7 @@ def generate(
         if t + 1 == params.max_new_tokens or bool(stopped.all()):
             out, mask = out[:, : t + 1], mask[:, : t + 1]
             break
-        logits = model(out[:, t : t + 1], cache=cache, start_pos=width + t)[:, -1].float()
+        logits = logits_of(model(out[:, t : t + 1], cache=cache, start_pos=width + t))[:, -1].float()
     return Completions(tokens=out, mask=mask, stopped=stopped)
 
 
