@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import get_model_spec
 from scripts.convert_checkpoint import main as convert_checkpoint
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import load_config
 from titan_tpu.data.generated_chat import conversation
+from titan_tpu.models import get_model_spec
 from titan_tpu.tasks.grpo.sampler import SamplingParams, generate
 from titan_tpu.tasks.sft.data import ChatEncoding
 

@@ -131,7 +131,7 @@ def test_the_shipped_8b_config_runs_on_a_checkpoint_folder(tmp_path: Path) -> No
     tokenizer, published template) and GSM8K-style records: one rollout, math and format rewards."""
     import torch
 
-    from models import get_model_spec
+    from titan_tpu.models import get_model_spec
     from titan_tpu.checkpoint.hf_export import export_model_to_hf
     from titan_tpu.data.chat_tokenizer import tokenizer_export_files
 
