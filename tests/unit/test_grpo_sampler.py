@@ -87,6 +87,10 @@ def test_inverse_cdf_follows_the_top_p_nucleus() -> None:
     assert counts.tolist() == pytest.approx([0.625, 0.375, 0.0, 0.0], abs=1e-3)
     full = pick_tokens(logits, SamplingParams(max_new_tokens=1, temperature=1.0, top_p=1.0), u)
     assert (torch.bincount(full, minlength=4).double() / 2000).tolist() == pytest.approx(probs.tolist(), abs=1e-3)
+    # top_p 1 skips the sort: the frequencies follow the distribution in any vocabulary order.
+    shuffled = probs[[3, 1, 0, 2]]
+    picks = pick_tokens(shuffled.log()[None].expand(2000, 4), SamplingParams(1, temperature=1.0, top_p=1.0), u)
+    assert (torch.bincount(picks, minlength=4).double() / 2000).tolist() == pytest.approx(shuffled.tolist(), abs=1e-3)
 
 
 def test_the_moe_model_decodes_the_same_tokens_cached_and_uncached() -> None:

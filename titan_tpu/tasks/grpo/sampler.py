@@ -69,13 +69,18 @@ def pick_tokens(logits: torch.Tensor, params: SamplingParams, uniforms: torch.Te
     if uniforms is None:
         raise ValueError("sampling at temperature > 0 needs one uniform number per row")
     probs = torch.softmax(logits.double() / params.temperature, dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    sorted_probs = torch.where(mass_before < params.top_p, sorted_probs, torch.zeros_like(sorted_probs))
-    cdf = sorted_probs.cumsum(dim=-1)
+    if params.top_p == 1:
+        # The whole distribution: inverse CDF in vocabulary order, no sort (7% of a rollout's time).
+        cdf = probs.cumsum(dim=-1)
+        order = None
+    else:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs = torch.where(mass_before < params.top_p, sorted_probs, torch.zeros_like(sorted_probs))
+        cdf = sorted_probs.cumsum(dim=-1)
     target = uniforms.to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
     index = torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[-1] - 1)
-    return order.gather(-1, index).squeeze(-1)
+    return (index if order is None else order.gather(-1, index)).squeeze(-1)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
