@@ -44,6 +44,10 @@ class LayerKVCache:
         self.v[:, :, start_pos:stop] = v
         return self.k[:, :, :stop], self.v[:, :, :stop]
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        if self.k is not None and self.v is not None:
+            self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
+
 
 class KVCache:
     """The k/v buffers of every attention layer for one batch of sequences, and which slots hold real
@@ -57,6 +61,14 @@ class KVCache:
         # [B, max_len], True where a slot holds a real token; allocated by the first `advance`.
         self.key_padding_mask: torch.Tensor | None = None
         self.length = 0  # slots filled so far
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the sequences at indices `rows` (a 1-D long tensor), in that order: the decode
+        batch shrinks as completions finish, so finished rows cost nothing more."""
+        for layer in self.layers.values():
+            layer.keep_rows(rows)
+        if self.key_padding_mask is not None:
+            self.key_padding_mask = self.key_padding_mask.index_select(0, rows)
 
     def layer(self, name: str) -> LayerKVCache:
         """The buffers of the attention layer in block `name` (the decoder's ModuleDict key)."""

@@ -123,3 +123,25 @@ def test_the_moe_model_decodes_the_same_tokens_cached_and_uncached() -> None:
     width = max(len(p) for p in PROMPTS)
     leaky = [uncached([PAD] * (width - len(p)) + p, 10) for p in PROMPTS]
     assert any(leaky[i] != expected[i] for i in range(len(PROMPTS)) if len(PROMPTS[i]) < width)
+
+
+def test_dropping_finished_rows_from_the_batch_changes_no_completion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode batch shrinks as rows stop (sampler.COMPACT_BELOW); every row's tokens, with its own
+    random numbers, are those of decoding the whole batch to the end."""
+    import titan_tpu.tasks.grpo.sampler as sampler
+
+    model = tiny_model()
+    prompts = [[5 + i, 9, 23 + i] for i in range(8)]
+    free = generate(model, prompts, SamplingParams(12, temperature=1.0), PAD, torch.device("cpu"),
+                    uniforms=row_uniforms(list(range(8)), 12))  # fmt: skip
+    # Stop on tokens some rows sample early: rows finish at different steps.
+    stops = tuple({int(free.tokens[i, 2 + i % 5]) for i in range(0, 8, 2)})
+    params = SamplingParams(12, temperature=1.0, stop_ids=stops)
+    results = {}
+    for share in (0.0, 1.0):  # never compact; compact at every step where a row has finished
+        monkeypatch.setattr(sampler, "COMPACT_BELOW", share)
+        got = generate(model, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 12))
+        results[share] = (got.lists(), got.stopped.tolist())
+    assert results[1.0] == results[0.0]
+    lengths = {len(ids) for ids in results[0.0][0]}
+    assert len(lengths) > 1 and any(results[0.0][1]), "rows must stop at different steps for this to test anything"

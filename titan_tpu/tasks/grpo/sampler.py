@@ -96,6 +96,10 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
     return tokens.to(device), real.to(device)
 
 
+# The decode batch is compacted once the rows still running are at most this share of it.
+COMPACT_BELOW = 0.75
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -119,16 +123,24 @@ def generate(
     out = torch.full((batch, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.bool, device=device)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+    active = torch.arange(batch, device=device)  # the rows still decoding, in the cache's row order
     for t in range(params.max_new_tokens):
-        step_uniforms = uniforms[:, t] if uniforms is not None else None
-        next_tokens = pick_tokens(logits, params, step_uniforms)
-        out[:, t] = next_tokens.masked_fill(stopped, pad_id)
-        mask[:, t] = ~stopped
-        stopped |= torch.isin(next_tokens, stop_ids)
+        step_uniforms = uniforms[active.cpu(), t] if uniforms is not None else None
+        next_tokens = pick_tokens(logits, params, step_uniforms).masked_fill(stopped[active], pad_id)
+        out[active, t] = next_tokens
+        mask[active, t] = ~stopped[active]
+        stopped[active] = stopped[active] | torch.isin(next_tokens, stop_ids)
         if t + 1 == params.max_new_tokens or bool(stopped.all()):
             out, mask = out[:, : t + 1], mask[:, : t + 1]
             break
-        logits = logits_of(model(out[:, t : t + 1], cache=cache, start_pos=width + t))[:, -1].float()
+        running = (~stopped[active]).nonzero().squeeze(1)
+        if len(running) <= len(active) * COMPACT_BELOW:
+            # Drop the finished rows from the cache and the batch: with long completions most of a
+            # rollout's rows finish early, and decoding them on as padding would cost as much as
+            # the rows still running.
+            cache.keep_rows(running)
+            active, next_tokens = active[running], next_tokens[running]
+        logits = logits_of(model(next_tokens[:, None], cache=cache, start_pos=width + t))[:, -1].float()
     return Completions(tokens=out, mask=mask, stopped=stopped)
 
 

@@ -159,7 +159,6 @@ class GRPOTask(TrainingTask):
         table = self._global(table)
         rewards, lengths = table[0], table[1]
         advantages = group_advantages(rewards, rl.group_size, rl.scale_rewards, rl.advantage_eps).float()
-        generate_time = time.perf_counter() - start
 
         reference = self.reference
         batches = build_micro_batches(
@@ -169,6 +168,9 @@ class GRPOTask(TrainingTask):
         )
         for _ in range(rl.updates_per_rollout):
             self.queue.extend(batches)
+        # The rollout's time is all of it that is not the policy update: sampling, rewards, and the
+        # old (and reference) log-probabilities of the micro-batches.
+        rollout_time = time.perf_counter() - start
         stats = self._stats
         stats["rollouts"] += 1
         stats["reward_sum"] += float(rewards.sum())
@@ -176,7 +178,7 @@ class GRPOTask(TrainingTask):
         for index, reward in enumerate(self.rewards):
             stats[f"reward/{reward.name}"] += float(table[2 + index].sum())
         stats["length_sum"] += float(lengths.sum())
-        stats["rollout_time"] += generate_time
+        stats["rollout_time"] += rollout_time
 
     # ------------------------------------------------------------------------------ loss
 
