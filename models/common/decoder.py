@@ -110,14 +110,21 @@ class DecoderLM(nn.Module):
             return self.logits(h)
         if document_ids is not None:
             raise ValueError("document_ids are for training, without a KVCache or key_padding_mask")
-        if cache is None:
-            attn_mask = padded_causal_mask(key_padding_mask)  # type: ignore[arg-type]
-        else:
-            attn_mask = cache.advance(start_pos, tokens, key_padding_mask)
+        attn_mask = self.generation_mask(tokens, cache, start_pos, key_padding_mask)
         for name, layer in self.layers.items():
             layer_cache = cache.layer(name) if cache is not None else None
             h = layer(h, cos, sin, kv_cache=layer_cache, start_pos=start_pos, attn_mask=attn_mask)
         return self.logits(h)
+
+    @staticmethod
+    def generation_mask(
+        tokens: torch.Tensor, cache: KVCache | None, start_pos: int, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The attention mask of a cached or padded call (kv_cache.py's convention); a cached call also
+        records its tokens' slots in the cache."""
+        if cache is None:
+            return padded_causal_mask(key_padding_mask)  # type: ignore[arg-type]
+        return cache.advance(start_pos, tokens, key_padding_mask)
 
     @staticmethod
     def document_rotary(

@@ -14,7 +14,7 @@ import torch
 
 from titan_tpu.models.common.decoder import DecoderLM, decoder_block
 from titan_tpu.models.common.feed_forward import FeedForward
-from titan_tpu.models.common.kv_cache import KVCache, LayerKVCache, padded_causal_mask
+from titan_tpu.models.common.kv_cache import KVCache, LayerKVCache
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.common.transformer import TransformerBlock
@@ -191,10 +191,7 @@ class Qwen3MoeModel(Qwen3Model):
         h = self.tok_embeddings(tokens)
         cos, sin = self.rope(start_pos + tokens.shape[1])
         cos, sin = cos[start_pos:], sin[start_pos:]
-        if cache is None:
-            attn_mask = padded_causal_mask(key_padding_mask)  # type: ignore[arg-type]
-        else:
-            attn_mask = cache.advance(start_pos, tokens, key_padding_mask)
+        attn_mask = self.generation_mask(tokens, cache, start_pos, key_padding_mask)
         for name, layer in self.layers.items():
             layer_cache = cache.layer(name) if cache is not None else None
             h, _ = layer(h, cos, sin, kv_cache=layer_cache, start_pos=start_pos, attn_mask=attn_mask)
