@@ -1,6 +1,6 @@
 """A pre-norm decoder block, generic over its attention and feed-forward modules."""
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -68,10 +68,15 @@ class TransformerBlock(nn.Module):
     ) -> torch.Tensor:
         """The cache and mask arguments serve generation and padded batches (see `Attention.forward`);
         training passes x, cos, sin, and `document_ids` for packed documents."""
-        # Keywords, not positions: tensor-parallel plans (PrepareModuleInput) lay out the positional
-        # inputs x, cos, sin only.
-        h = x + self.attention(
-            self.attention_norm(x), cos, sin, kv_cache=kv_cache, start_pos=start_pos, attn_mask=attn_mask,
-            document_ids=document_ids,
-        )  # fmt: skip
+        h = self.attention_residual(
+            x, cos, sin, kv_cache=kv_cache, start_pos=start_pos, attn_mask=attn_mask, document_ids=document_ids
+        )
         return h + self.feed_forward(self.ffn_norm(h))
+
+    def attention_residual(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, **attention_args: Any
+    ) -> torch.Tensor:
+        """x plus the attention of its norm; `attention_args` are `forward`'s cache, mask and documents.
+        Keywords, not positions: tensor-parallel plans (PrepareModuleInput) lay out the positional
+        inputs x, cos, sin only."""
+        return x + self.attention(self.attention_norm(x), cos, sin, **attention_args)

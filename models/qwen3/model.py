@@ -14,7 +14,7 @@ import torch
 
 from titan_tpu.models.common.decoder import DecoderLM, decoder_block
 from titan_tpu.models.common.feed_forward import FeedForward
-from titan_tpu.models.common.kv_cache import KVCache, LayerKVCache
+from titan_tpu.models.common.kv_cache import KVCache
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.common.transformer import TransformerBlock
@@ -27,19 +27,10 @@ class MoETransformerBlock(TransformerBlock):
     model can form the load-balancing loss over all layers (no state is stashed on modules)."""
 
     def forward(  # type: ignore[override]
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: LayerKVCache | None = None,
-        start_pos: int = 0,
-        attn_mask: torch.Tensor | None = None,
-        document_ids: torch.Tensor | None = None,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, **attention_args: Any
     ) -> tuple[torch.Tensor, RouterStats]:
-        h = x + self.attention(
-            self.attention_norm(x), cos, sin, kv_cache=kv_cache, start_pos=start_pos, attn_mask=attn_mask,
-            document_ids=document_ids,
-        )  # fmt: skip
+        """`attention_args`: the shared block's cache, mask and documents (TransformerBlock.forward)."""
+        h = self.attention_residual(x, cos, sin, **attention_args)
         out, stats = self.feed_forward(self.ffn_norm(h))
         return h + out, stats
 
