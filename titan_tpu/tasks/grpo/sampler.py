@@ -124,8 +124,10 @@ def generate(
     mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.bool, device=device)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     active = torch.arange(batch, device=device)  # the rows still decoding, in the cache's row order
+    if uniforms is not None:
+        uniforms = uniforms.to(device)  # indexed by the device's row order each step, with no host copy
     for t in range(params.max_new_tokens):
-        step_uniforms = uniforms[active.cpu(), t] if uniforms is not None else None
+        step_uniforms = uniforms[active, t] if uniforms is not None else None
         next_tokens = pick_tokens(logits, params, step_uniforms).masked_fill(stopped[active], pad_id)
         out[active, t] = next_tokens
         mask[active, t] = ~stopped[active]
