@@ -1,11 +1,14 @@
-"""GRPO under FSDP on 2 CPU processes (gloo): the first steps' losses equal one process's.
+"""GRPO under FSDP on 2 CPU processes and under TP 2 x FSDP 2 on 4 (gloo): the first steps' losses
+equal one process's.
 
 At the first step of a rollout the ratio is exactly 1, so with equal completion lengths the loss is the
 mean advantage, 0 up to rounding, on any layout; the first step is compared by its gradient norm, and
 the second step (the rollout's second mini-batch, after one update, ratio != 1) by its loss.
 
 Rows are sampled with per-row random streams and rewards are shared between ranks before the group
-advantages, so both layouts train the same first mini-batch. This file is also the worker that
+advantages, so every layout trains the same first mini-batch; tensor-parallel ranks of one group
+sample the same tokens from replicated logits (a rank that sampled differently would hang or change
+the rewards). This file is also the worker that
 torchrun starts. From random weights the arithmetic reward is always 0 (so every loss would be 0); the
 run uses a test reward that depends on the sampled tokens, through `rl.rewards`
 (tests/token_sum_reward.py).
@@ -30,7 +33,10 @@ OVERRIDES = [
 ]  # fmt: skip
 
 
-def worker(out: Path, decision: str) -> None:
+TP_2_FSDP_2 = ["--parallelism.tp=2", "--parallelism.sequence_parallel=false"]
+
+
+def worker(out: Path, decision: str, *layout: str) -> None:
     import torch.distributed as dist
 
     from tests.cpu_kinds import pretend_cpu
@@ -38,7 +44,7 @@ def worker(out: Path, decision: str) -> None:
     from titan_tpu.trainer import Trainer
 
     pretend_cpu(decision)
-    config = load_config("grpo_qwen3_debug", [*OVERRIDES, f"--job.dump_folder={out / 'run'}"])
+    config = load_config("grpo_qwen3_debug", [*OVERRIDES, f"--job.dump_folder={out / 'run'}", *layout])
     trainer = Trainer(config)
     records = trainer.train()
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -47,29 +53,31 @@ def worker(out: Path, decision: str) -> None:
     trainer.close()
 
 
-def _run(tmp_path: Path, nproc: int, decision: str) -> list[dict]:
+def _run(tmp_path: Path, nproc: int, decision: str, *layout: str) -> list[dict]:
     sys.path.insert(0, str(ROOT / "tests" / "distributed"))
     from launch import torchrun
 
     out = tmp_path / f"{decision}-p{nproc}"
     out.mkdir()
-    torchrun(nproc, Path(__file__), str(out), decision)
+    torchrun(nproc, Path(__file__), str(out), decision, *layout)
     return json.loads((out / "result.json").read_text())
 
 
 @pytest.mark.slow
 def test_fsdp_first_step_loss_matches_one_process(tmp_path: Path) -> None:
-    """In float32 (the decision of CPUs without native bf16, pretended on every CPU)."""
-    results = {nproc: _run(tmp_path, nproc, "fp32") for nproc in (1, 2)}
-    (one, one_next), (two, two_next) = results[1], results[2]
-    print(f"rollout tokens/s: 1 process {one['rollout_tokens_per_sec']:.1f}, "
-          f"FSDP 2 processes {two['rollout_tokens_per_sec']:.1f}")
+    """In float32 (the decision of CPUs without native bf16, pretended on every CPU), FSDP 2 and
+    TP 2 x FSDP 2 against one process."""
+    one, one_next = _run(tmp_path, 1, "fp32")
     assert one["reward_std"] > 0, "the test reward must vary within groups, or nothing is learned"
-    assert two["reward_mean"] == pytest.approx(one["reward_mean"], rel=1e-12)  # the same completions
     assert one["grad_norm"] > 1e-3
-    assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
     assert abs(one_next["loss"]) > 1e-5
-    assert two_next["loss"] == pytest.approx(one_next["loss"], rel=1e-4)
+    for nproc, layout in ((2, []), (4, TP_2_FSDP_2)):
+        first, second = _run(tmp_path, nproc, "fp32", *layout)
+        print(f"{nproc} processes {layout}: rollout tokens/s {first['rollout_tokens_per_sec']:.1f} "
+              f"(1 process {one['rollout_tokens_per_sec']:.1f})")
+        assert first["reward_mean"] == pytest.approx(one["reward_mean"], rel=1e-12)  # the same completions
+        assert first["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
+        assert second["loss"] == pytest.approx(one_next["loss"], rel=1e-4)
 
 
 @pytest.mark.slow
@@ -88,4 +96,4 @@ def test_fsdp_bf16_mixed_precision_matches_one_process_within_bf16(tmp_path: Pat
 
 
 if __name__ == "__main__":
-    worker(Path(sys.argv[1]), sys.argv[2])
+    worker(Path(sys.argv[1]), sys.argv[2], *sys.argv[3:])

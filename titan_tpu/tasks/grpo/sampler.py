@@ -112,8 +112,10 @@ def generate(
     """Complete every prompt with the KV cache, stopping early once every row has stopped.
 
     `uniforms` [B, max_new_tokens]: the per-row random numbers (see `row_uniforms`); unused at
-    temperature 0. The early stop is this process's own decision, so its forward must run no
-    collectives: under FSDP, call it inside `gathered_for_generation`.
+    temperature 0. The early stop is this process's own decision, so its forward may run only
+    collectives whose other ranks decide alike: under FSDP, call it inside `gathered_for_generation`;
+    tensor-parallel ranks hold the same rows and replicated logits, so they sample the same tokens and
+    stop at the same step.
     """
     tokens, real = left_pad(prompts, pad_id, device)
     batch, width = tokens.shape

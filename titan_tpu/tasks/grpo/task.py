@@ -38,8 +38,16 @@ class GRPOTask(TrainingTask):
         super().__init__(ctx)
         config = ctx.config
         self.rl = config.rl
-        if ctx.parallel.dims.tp_enabled or ctx.parallel.dims.ep_enabled:
-            raise ConfigError("training.task = 'grpo' runs with data parallelism (FSDP/HSDP); set parallelism.tp = 1 and ep = 1")
+        parallel = ctx.parallel
+        if parallel.dims.ep_enabled:
+            raise ConfigError("training.task = 'grpo' runs with data and tensor parallelism; set parallelism.ep = 1")
+        if parallel.dims.tp_enabled and (parallel.sequence_parallel or parallel.loss_parallel):
+            # Prompts, decode steps (one token) and rollout rows have any length, which a sequence
+            # shard cannot split evenly; sampling needs every row's whole vocabulary.
+            raise ConfigError(
+                "training.task = 'grpo' with parallelism.tp > 1 needs parallelism.sequence_parallel = false "
+                "and parallelism.loss_parallel = false"
+            )
         self.tokenizer = build_tokenizer(config.data.tokenizer)
         self.prompts = prompt_set(config, self.tokenizer)
         stop_text = self.prompts.stop_text
