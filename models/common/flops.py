@@ -3,6 +3,26 @@
 from titan_tpu.models.common.decoder_args import DecoderArgs
 
 
+# A training step costs three forward passes: for every matmul the convention counts, the backward
+# computes two products the size of the forward's (the gradient of the input and of the weight).
+TRAINING_PASSES = 3
+
+
+def decoder_forward_flops_per_token(
+    non_embedding_params: int, n_layers: int, n_heads: int, head_dim: int, context_len: int
+) -> float:
+    """Forward-only FLOPs of one token of a decoder-only transformer that attends to `context_len`
+    keys (a KV-cached decode step: the cache length with the token's own key; a whole sequence: its
+    length, every token charged the full square):
+
+        2 * N  +  4 * n_layers * n_heads * head_dim * context_len
+
+    N as in `decoder_training_flops_per_token`; 2 FLOPs (multiply + add) per weight, and attention's
+    two matmuls, q k^T and p v, 2 * head_dim * context_len each per head. Linear in `context_len`.
+    """
+    return 2.0 * non_embedding_params + 4.0 * n_layers * n_heads * head_dim * context_len
+
+
 def decoder_training_flops_per_token(
     non_embedding_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int
 ) -> float:
@@ -21,8 +41,12 @@ def decoder_training_flops_per_token(
       are charged for, the full square), and rematerialisation from activation checkpointing is not
       counted: it is overhead, not useful work.
     - Elementwise work (norms, softmax, SiLU, rotary) is ignored; it is well under 1% at these shapes.
+
+    So it is TRAINING_PASSES times `decoder_forward_flops_per_token` at context_len = seq_len: a
+    family's training count divided by TRAINING_PASSES is its forward count (what a rollout runs).
     """
-    return 6.0 * non_embedding_params + 12.0 * n_layers * n_heads * head_dim * seq_len
+    forward = decoder_forward_flops_per_token(non_embedding_params, n_layers, n_heads, head_dim, seq_len)
+    return TRAINING_PASSES * forward
 
 
 def decoder_param_count(args: DecoderArgs, feed_forward_params: int, include_embedding: bool = True) -> int:
