@@ -39,6 +39,7 @@ from titan_tpu.distributed.parallelize import parallelize_model
 from titan_tpu.distributed.tensor_parallel import local_value, loss_context
 from titan_tpu.distributed.topology import build_rank_layout
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
+from titan_tpu.metrics.mfu import mfu_percent, task_flops_per_sec, with_task_mfu
 from titan_tpu.metrics.plot import write_run_loss_chart
 from titan_tpu.metrics.progress import Progress
 from titan_tpu.optim import build_lr_scheduler, build_optimizer
@@ -384,7 +385,9 @@ class Trainer:
             # Outside the timed window: evaluation is not training throughput.
             extras.update(self.evaluate())
         items_per_sec, flops_per_sec = self.rates(window.items, elapsed)
-        self.peak_flops = peak_covering(self.peak_flops, flops_per_sec, self.device.type, self.compute_dtype)
+        # The peak must cover the work the task timed itself too (GRPO's rollouts), which can run faster.
+        fastest = max([flops_per_sec, *task_flops_per_sec(extras)])
+        self.peak_flops = peak_covering(self.peak_flops, fastest, self.device.type, self.compute_dtype)
         return StepRecord(
             step=self.step,
             loss=mean_loss,
@@ -393,10 +396,10 @@ class Trainer:
             unit=self.task.unit,
             items_per_sec=items_per_sec,
             tflops=flops_per_sec / 1e12,
-            mfu=100 * flops_per_sec / self.peak_flops if self.peak_flops else None,
+            mfu=mfu_percent(flops_per_sec, self.peak_flops),
             memory_gib=self.device.peak_memory_gib(),
             step_time_s=elapsed / window.steps,
-            extras=extras,
+            extras=with_task_mfu(extras, self.peak_flops),
         )
 
     def evaluate(self) -> dict[str, float]:

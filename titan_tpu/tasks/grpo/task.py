@@ -27,6 +27,7 @@ from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
 from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, rank_rows, token_logps
+from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
 from titan_tpu.tasks.grpo.sampler import SamplingParams, generate, gathered_for_generation, row_uniforms
 from titan_tpu.tasks.language_model import decoder_args
 
@@ -113,7 +114,8 @@ class GRPOTask(TrainingTask):
         return self.stream
 
     def flops_per_item(self) -> float:
-        # Training FLOPs per trained token; the rollout's generation is reported as its own rate.
+        # Training FLOPs per trained token; the rollout's forward work is reported as its own rate
+        # (rollout_tflops, rollout_mfu; convention in rollout_flops.py).
         return self.ctx.spec.flops_per_token(self.args, self.ctx.config.training.seq_len)
 
     # ------------------------------------------------------------------------------ batches
@@ -187,6 +189,11 @@ class GRPOTask(TrainingTask):
             stats[f"reward/{reward.name}"] += float(table[2 + index].sum())
         stats["length_sum"] += float(lengths.sum())
         stats["rollout_time"] += rollout_time
+        # Every rank's rows (prompts are the same everywhere, lengths were summed above): the work of
+        # the whole job, which step_metrics shares out per process as the trainer's TFLOP/s are.
+        cost = ForwardCost.of_family(ctx.spec.flops_per_token, self.args)
+        every_row = [(len(taken[r // rl.group_size].ids), int(lengths[r])) for r in range(self.rows)]
+        stats["rollout_flops"] += rollout_flops(cost, every_row, scoring_passes=1 + (reference is not None))
 
     # ------------------------------------------------------------------------------ loss
 
@@ -206,8 +213,8 @@ class GRPOTask(TrainingTask):
     # ------------------------------------------------------------------------------ metrics
 
     def _reset_stats(self) -> None:
-        keys = ("rollouts", "reward_sum", "reward_std_sum", "length_sum", "rollout_time", "micro_batches",
-                "train_tokens", "train_time", *(f"reward/{r.name}" for r in self.rewards))  # fmt: skip
+        keys = ("rollouts", "reward_sum", "reward_std_sum", "length_sum", "rollout_time", "rollout_flops",
+                "micro_batches", "train_tokens", "train_time", *(f"reward/{r.name}" for r in self.rewards))  # fmt: skip
         self._stats: dict[str, float] = dict.fromkeys(keys, 0.0)
         self._loss_sums = torch.zeros(2, device=self.ctx.device)  # k3 KL and clip fraction of each micro-batch
 
@@ -233,6 +240,8 @@ class GRPOTask(TrainingTask):
                 reward_std=s["reward_std_sum"] / s["rollouts"],
                 completion_length=s["length_sum"] / rows,
                 rollout_tokens_per_sec=s["length_sum"] / s["rollout_time"],
+                # Per process, like the record's tflops; the trainer adds rollout_mfu beside it.
+                rollout_tflops=s["rollout_flops"] / self.ctx.parallel.dims.world_size / s["rollout_time"] / 1e12,
             )
             metrics.update({f"reward/{r.name}": s[f"reward/{r.name}"] / rows for r in self.rewards})
         self._reset_stats()
