@@ -117,6 +117,49 @@ def test_a_task_with_rates_of_its_own_counts_the_trainers_rate(tmp_path: Path) -
     assert plot.items_seen(records, processes=None) == [500.0]
 
 
+def grpo_record(step: int, loss: float) -> dict:
+    """A record as a GRPO run writes it: the trainer's fields (tokens_per_sec first, mfu None where no
+    peak is known), then the task's own rates, rewards by name and the rollout's TFLOP/s and MFU."""
+    return {"step": step, "loss": loss, "grad_norm": 0.4, "lr": 3e-5, "tokens_per_sec": 1000.0, "tflops": 0.02,
+            "mfu": None, "memory_gib": 0.5, "step_time_s": 0.5, "kl": 0.001, "clip_fraction": 0.0,
+            "train_tokens_per_sec": 3000.0, "reward_mean": 0.4, "reward_std": 0.2, "completion_length": 6.0,
+            "rollout_tokens_per_sec": 1500.0, "rollout_tflops": 0.04, "rollout_mfu": 50.0,
+            "reward/exact": 0.35, "reward/format": 0.5}  # fmt: skip
+
+
+def test_a_grpo_runs_records_draw_its_loss_chart(tmp_path: Path) -> None:
+    """GRPO records (the task's rates, reward/NAME, rollout_tflops and rollout_mfu, a held-out accuracy
+    at one step) draw the run's chart: its line spans the loss's range, falling, and the tokens axis
+    comes from the trainer's rate. Catches a chart reader that rejects GRPO records (the run would end
+    with "loss chart not drawn") or counts tokens from one of the task's rates."""
+    records = [grpo_record(step, loss) for step, loss in zip([1, 10, 20, 30, 40, 50], [0.3, 0.2, 0.12, 0.08, 0.05, 0.03])]
+    records[3]["heldout_accuracy"] = 0.5
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = plot.write_run_loss_chart(tmp_path, processes=1)
+    assert out.read_bytes()[:8] == PNG_SIGNATURE
+    span, left_end, right_end = curve_rows(out)
+    assert span > 0.4 * np.asarray(Image.open(out)).shape[0] and left_end < right_end
+    assert plot.items_seen(plot.read_metrics(tmp_path), processes=1)[-1] == 50 * 1000.0 * 0.5
+
+
+def test_a_grpo_run_draws_its_loss_chart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The chart at the end of a real (tiny) GRPO run: catches records the trainer writes for GRPO that
+    the chart reader refuses, which the run only logs as a warning."""
+    config = load_config("grpo_qwen3_debug", [
+        f"--job.dump_folder={tmp_path}", "--model.overrides={ n_layers = 1 }", "--training.steps=2",
+        "--rl.prompts_per_step=2", "--rl.group_size=4", "--training.global_batch_size=8", "--rl.max_new_tokens=4",
+        "--metrics.log_freq=1", "--metrics.eval_freq=0", "--training.dtype=float32",
+    ])  # fmt: skip
+    trainer = Trainer(config)
+    with caplog.at_level(logging.WARNING, logger="titan_tpu"):
+        trainer.train()
+    trainer.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert not [w for w in warnings if w.startswith("metrics:")]
+    assert (tmp_path / "loss.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert "rollout_tokens_per_sec" in plot.read_metrics(tmp_path)[-1]
+
+
 def test_a_resumed_run_that_repeats_steps_keeps_the_later_records(tmp_path: Path) -> None:
     path = write_metrics(tmp_path, [5.0, 4.0, 3.0])
     with open(path, "a") as f:  # resumed from step 10: step 20 logged again
