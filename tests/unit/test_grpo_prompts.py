@@ -126,26 +126,34 @@ def test_a_grpo_run_on_records_logs_each_reward(tmp_path: Path, monkeypatch: pyt
     assert "heldout_accuracy" in records[-1]
 
 
-def test_the_shipped_8b_config_runs_on_a_checkpoint_folder(tmp_path: Path) -> None:
-    """grpo_qwen3_8b as shipped, with its paths pointed at a debug-sized Qwen 3 folder (weights,
-    tokenizer, published template) and GSM8K-style records: one rollout, math and format rewards."""
+@pytest.mark.parametrize(
+    ("config_name", "model_name", "debug_flavor"),
+    [("grpo_qwen3_8b", "qwen3", "debug"), ("grpo_qwen3_moe_30b_a3b", "qwen3_moe", "debug_moe")],
+)
+def test_a_shipped_grpo_config_runs_on_a_checkpoint_folder(
+    tmp_path: Path, config_name: str, model_name: str, debug_flavor: str
+) -> None:
+    """A shipped GRPO config as it is, with its paths pointed at a debug-sized folder of its family
+    (weights, tokenizer, published template; the MoE's debug flavor for the 30B-A3B) and GSM8K-style
+    records: one rollout, math and format rewards. Catches a shipped config that no longer loads, a
+    layout GRPO refuses (expert parallelism), or rewards and records that do not fit each other."""
     import torch
 
     from titan_tpu.models import get_model_spec
     from titan_tpu.checkpoint.hf_export import export_model_to_hf
     from titan_tpu.data.chat_tokenizer import tokenizer_export_files
 
-    folder = tmp_path / "Qwen3-8B"
-    small = ["--model.flavor=debug", "--model.overrides={ vocab_size = 640 }"]
-    spec = get_model_spec("qwen3")
-    args = spec.build_args("debug", {"vocab_size": 640})
+    folder = tmp_path / "checkpoint"
+    small = [f"--model.flavor={debug_flavor}", "--model.overrides={ vocab_size = 640 }"]
+    spec = get_model_spec(model_name)
+    args = spec.build_args(debug_flavor, {"vocab_size": 640})
     torch.manual_seed(0)
     model = spec.model_cls(args)
     model.init_weights()
     tokenizer_files = tokenizer_export_files(str(checkpoint_folder(tmp_path / "tokenizer", "qwen3")))
     export_model_to_hf(model, folder, spec.state_dict_adapter, args, extra_files=tokenizer_files)
     problems = [{"question": q["question"], "answer": f"Add them.\n#### {q['answer']}"} for q in QUESTIONS]
-    config = load_config("grpo_qwen3_8b", [
+    config = load_config(config_name, [
         *small, f"--job.dump_folder={tmp_path / 'run'}", f"--checkpoint.initial_load_path={folder}",
         f"--data.tokenizer={folder}", f"--data.path={_records(tmp_path / 'train.jsonl', problems)}",
         f"--rl.eval_path={_records(tmp_path / 'test.jsonl', problems[:2])}", "--checkpoint.enable=false",
@@ -153,6 +161,7 @@ def test_the_shipped_8b_config_runs_on_a_checkpoint_folder(tmp_path: Path) -> No
         "--training.local_batch_size=4", "--rl.max_new_tokens=8", "--training.dtype=float32",
         "--metrics.eval_freq=1", "--activation_checkpoint.mode=none",
     ])  # fmt: skip
+    assert config.model.name == model_name
     trainer = Trainer(config)
     try:
         record = trainer.train()[-1].to_dict()
