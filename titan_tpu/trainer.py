@@ -151,8 +151,7 @@ class Trainer:
             self.device.torch_device, self.compute_dtype, self.local_batch_size, config.training.seq_len,
             autocast=self.task.ctx.uses_autocast,
             document_mask=config.data.document_mask,
-            eager_loss=self.task.chunked_loss
-            and not (config.compile.enable or self.parallel.loss_parallel_enabled),
+            eager_loss=self.task.chunked_loss and not self.parallel.loss_parallel_enabled,
             tp=dims.tp, ep=dims.ep, splash_op=self.device.splash_attention_op(),
         )  # fmt: skip
         # The kernels "auto" left to measurement, what each became and the candidates' times.

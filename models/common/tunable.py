@@ -30,8 +30,8 @@ class KernelShape:
     ep: int = 1  # expert-parallel degree: experts are split by it
     # Packed documents are kept apart (data.document_mask): attention takes document ids.
     document_mask: bool = False
-    # The task's loss runs the chunked cross-entropy eagerly: not compiled, not on vocab-sharded
-    # logits (which take F.cross_entropy), not another task's loss.
+    # The task's loss is the chunked cross-entropy (always eager, also in compiled runs; see
+    # loss_tunable.py): not on vocab-sharded logits (which take F.cross_entropy), not another task's.
     eager_loss: bool = True
     # The TPU's splash attention op, when the device has it (the device layer hands it in).
     splash_op: Callable[..., torch.Tensor] | None = None

@@ -2,8 +2,9 @@
 
 Bugs caught: candidates that chunk the timed tokens alike (timed twice for nothing) or exceed the
 memory budget; a chunk size whose loss or gradient is wrong slipping through the float32 check; a
-compiled or vocab-sharded loss measured for a chunking it never runs; a forced chunk that never
-reaches the training loss, or one above the budget accepted; a family that trains with the chunked
+vocab-sharded loss measured for a chunking it never runs; a compiling run whose loss is compiled
+(slower inside a training step than the eager measured chunk) or left unmeasured; a forced chunk that
+never reaches the training loss, or one above the budget accepted; a family that trains with the chunked
 loss but does not list the tunable."""
 
 from __future__ import annotations
@@ -40,6 +41,19 @@ def test_candidates_chunk_the_timed_tokens_differently_and_stay_within_the_budge
 
 def test_a_loss_that_does_not_chunk_eagerly_is_not_measured() -> None:
     assert LOSS_CHUNKS.candidates(ARGS, dataclasses.replace(SHAPE, eager_loss=False)) == {"2^26": 2**26}
+
+
+def test_a_compiling_run_measures_its_loss_chunk_and_runs_the_loss_eagerly(tmp_path: Path) -> None:
+    overrides = [
+        "--training.steps=1", "--model.attention_block=0", "--compile.enable=true", f"--job.dump_folder={tmp_path}",
+    ]  # fmt: skip
+    trainer = Trainer(load_config("llama3_debug", overrides))
+    try:
+        [choice] = [c for c in trainer.kernels if c.field == "loss_chunk_elements"]
+        assert len(choice.times_ms) > 1, choice  # timed among candidates, not the budget kept unmeasured
+        assert trainer.task.loss_fn is trainer.spec.loss_fn  # not a torch.compile wrapper
+    finally:
+        trainer.close()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

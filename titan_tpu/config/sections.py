@@ -279,7 +279,7 @@ class ActivationCheckpointConfig:
 
 @dataclass
 class CompileConfig:
-    enable: bool = opt(False, "torch.compile each transformer block and the loss.")
+    enable: bool = opt(False, "torch.compile each transformer block (the loss stays eager, its chunk measured).")
     backend: str = opt("auto", "torch.compile backend; auto = the device's default (inductor, or torch_tpu's).")
 
     def validate(self) -> None:

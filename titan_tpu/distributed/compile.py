@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -75,11 +74,3 @@ def _compile_children(module: nn.Module) -> tuple[str, ...] | None:
     # A class attribute, looked up on the class: wrappers (activation checkpointing) forward unknown
     # instance attributes to the module they wrap, which would answer for it.
     return getattr(type(module), "compile_children", None)
-
-
-def compile_loss(loss_fn: Callable[..., torch.Tensor], backend: str) -> Callable[..., torch.Tensor]:
-    """The loss walks the logits ([tokens, vocab]) in chunks, each upcast to float32 for its
-    log-sum-exp and, in backward, its softmax: memory-bound element-wise work that fusion shrinks
-    to one pass per chunk. Vocab-sharded (loss-parallel) logits are
-    DTensors handled by their own kernels, so the caller compiles only the plain case."""
-    return torch.compile(loss_fn, backend=backend)

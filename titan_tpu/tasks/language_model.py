@@ -18,7 +18,6 @@ from titan_tpu.data.documents import DocumentSource
 from titan_tpu.data.loader import PackedDataset, build_dataloader, build_source, stateful_loader
 from titan_tpu.data.packing import BlockStart
 from titan_tpu.data.tokenizer import Tokenizer, build_tokenizer
-from titan_tpu.distributed.compile import compile_loss, resolve_backend
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.validation import (
     held_out_loss,
@@ -88,9 +87,6 @@ class LanguageModelTask(TrainingTask):
         self.seq_len = config.training.seq_len
         self.tokenizer = build_tokenizer(config.data.tokenizer)
         self.loss_fn = ctx.spec.loss_fn
-        # Vocab-sharded logits (loss parallel) need the DTensor loss, which compile does not trace.
-        if config.compile.enable and not ctx.parallel.loss_parallel_enabled:
-            self.loss_fn = compile_loss(self.loss_fn, resolve_backend(config.compile.backend, ctx.device.type))
         self.args: Any = None
         self.dataloader: StatefulDataLoader | None = None
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None

@@ -31,7 +31,6 @@ from titan_tpu.config import ConfigError
 from titan_tpu.data.loader import stateful_loader
 from titan_tpu.data.sft_dataset import SftDataset, first_epoch_summary
 from titan_tpu.data.sft_packing import IGNORE_INDEX
-from titan_tpu.distributed.compile import compile_loss, resolve_backend
 from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.language_model import decoder_args
@@ -65,8 +64,6 @@ class SftTask(TrainingTask):
             logger.info("sft: %s: %s", self.records.description, summary.describe())
         self.summary = summary
         self.loss_fn = ctx.spec.loss_fn
-        if config.compile.enable and not ctx.parallel.loss_parallel_enabled:
-            self.loss_fn = compile_loss(self.loss_fn, resolve_backend(config.compile.backend, ctx.device.type))
         self.held_out = held_out_records(config) if config.validation.enable or self._generates() else None
         if config.validation.enable:
             self._check_held_out_rows()
