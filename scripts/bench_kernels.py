@@ -1,5 +1,6 @@
 """`scripts/bench.py --kernels`: a config's training throughput with each kernel candidate forced in
-turn, beside what "auto" picked, for every dtype the machine computes natively.
+turn, beside what "auto" picked, for every dtype the machine computes natively (or the one
+`--training.dtype=D` names).
 
     python scripts/bench.py --kernels --config llama3_debug --steps 10 --repeats 3
 
@@ -42,7 +43,9 @@ def kernel_table(config: str, steps: int, warmup: int, repeats: int, overrides: 
     spec = models.get_model_spec(load_config(config, overrides).model.name)
     override_of = {t.field: t.config_override for t in spec.tunables}
     rows: list[str] = []
-    for dtype in native_dtypes():
+    # A dtype the command forces is the one measured; else every dtype the machine computes natively.
+    forced_dtypes = [o.split("=", 1)[1] for o in overrides if o.startswith("--training.dtype=")]
+    for dtype in forced_dtypes[-1:] or native_dtypes():
         base = ["--metrics.log_freq=1000000", *overrides, f"--training.dtype={dtype}"]
         # Learns the candidates, and is not counted: a process's first run pays one-time costs
         # (allocator, thread pool, the measurement itself) that no forced run would pay.

@@ -50,3 +50,12 @@ def test_the_table_compares_auto_with_the_fastest_forced_median(
         "| llama3_debug | float32 | attention | sdpa 51 (12.8%), blocked:64 104 (26.0%) | blocked:64 "
         "| 100 (25.0%) | 96% | 96% |"
     ]
+
+
+def test_a_dtype_on_the_command_line_is_the_only_one_measured(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(bench_kernels, "native_dtypes", lambda: ["float32", "bfloat16"])
+    assert bench_kernels.kernel_table("llama3_debug", 1, 0, 3, ["--training.dtype=bfloat16"], fake_measure([])) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| llama3_debug")]
+    assert [row.split(" | ")[1] for row in rows] == ["bfloat16"]
