@@ -11,9 +11,9 @@ The loss runs eagerly also where `[compile] enable` compiles the blocks, so ever
 chunk. Compiled, the chunked loss (at the budget, since the compile time grows with the number of
 chunks) timed fast on its own, but not inside a training step: on the AVX512-BF16 AMD EPYC, a profile
 of `llama3_100m` in bf16 spent 1.78 s of a 12.4 s step in the compiled loss's own kernels (330
-tokens/s), and the same run with the loss eager at its measured chunk trained at 374-407 tokens/s;
-the output-head matmul, logits and loss of that model's micro-batch took 2.9 s compiled against 2.3 s
-eager at 2^20 (median of 3). A vocab-sharded loss (loss parallel) does not chunk at all.
+tokens/s; separate runs with the loss eager at its measured chunk read 374-407), and in one script
+the output-head matmul, logits and loss of that model's micro-batch took 2.9 s with the loss
+compiled against 2.3 s eager at 2^20 (median of 3). A vocab-sharded loss (loss parallel) does not chunk at all.
 """
 
 from __future__ import annotations
