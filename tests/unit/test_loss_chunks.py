@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.cpu_kinds import DECISIONS
 from titan_tpu import models
 from titan_tpu.config import load_config
 from titan_tpu.kernels.measure import check
@@ -43,7 +44,12 @@ def test_a_loss_that_does_not_chunk_eagerly_is_not_measured() -> None:
     assert LOSS_CHUNKS.candidates(ARGS, dataclasses.replace(SHAPE, eager_loss=False)) == {"2^26": 2**26}
 
 
-def test_a_compiling_run_measures_its_loss_chunk_and_runs_the_loss_eagerly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("decision", sorted(DECISIONS))
+def test_a_compiling_run_measures_its_loss_chunk_and_runs_the_loss_eagerly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, decision: str
+) -> None:
+    """Under either CPU decision (float32, or bf16 under autocast)."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: DECISIONS[decision])
     overrides = [
         "--training.steps=1", "--model.attention_block=0", "--compile.enable=true", f"--job.dump_folder={tmp_path}",
     ]  # fmt: skip

@@ -132,7 +132,8 @@ def test_a_grpo_runs_records_draw_its_loss_chart(tmp_path: Path) -> None:
     at one step) draw the run's chart: its line spans the loss's range, falling, and the tokens axis
     comes from the trainer's rate. Catches a chart reader that rejects GRPO records (the run would end
     with "loss chart not drawn") or counts tokens from one of the task's rates."""
-    records = [grpo_record(step, loss) for step, loss in zip([1, 10, 20, 30, 40, 50], [0.3, 0.2, 0.12, 0.08, 0.05, 0.03])]
+    losses = [0.3, 0.2, 0.12, 0.08, 0.05, 0.03]
+    records = [grpo_record(step, loss) for step, loss in zip([1, 10, 20, 30, 40, 50], losses)]
     records[3]["heldout_accuracy"] = 0.5
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     out = plot.write_run_loss_chart(tmp_path, processes=1)
