@@ -18,11 +18,9 @@ import pytest
 import torch
 
 from scripts.convert_checkpoint import main as convert_checkpoint
-from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import load_config
 from titan_tpu.data.generated_chat import conversation
-from titan_tpu.models import get_model_spec
-from titan_tpu.tasks.grpo.sampler import SamplingParams, generate
+from titan_tpu.tasks.grpo.hf_greedy import greedy_ours, greedy_transformers, load_exported
 from titan_tpu.tasks.sft.data import ChatEncoding
 
 transformers = pytest.importorskip("transformers")
@@ -38,20 +36,11 @@ def _exact_answer_rates(run: Path) -> list[tuple[int, float]]:
 
 
 def _our_model(folder: Path, config, broken: bool = False) -> torch.nn.Module:
-    spec = get_model_spec(config.model.name)
-    args = spec.flavor(config.model.flavor)
-    model = spec.model_cls(args)
-    load_hf_weights(model, folder, spec.state_dict_adapter, args)
+    model = load_exported(folder, config.model.name, config.model.flavor)
     if broken:  # negative control: one layer's gate and up projections crossed, as a mixed-up adapter would
         feed_forward = model.layers["0"].feed_forward
         feed_forward.w1.weight, feed_forward.w3.weight = feed_forward.w3.weight, feed_forward.w1.weight
-    return model.eval()
-
-
-@torch.no_grad()
-def _greedy(model: torch.nn.Module, prompts: list[list[int]], encoding: ChatEncoding) -> list[list[int]]:
-    params = SamplingParams(MAX_NEW_TOKENS, temperature=0.0, stop_ids=encoding.stop_ids)
-    return generate(model, prompts, params, encoding.pad_id, torch.device("cpu")).lists()
+    return model
 
 
 @torch.no_grad()
@@ -83,14 +72,10 @@ def test_the_debug_run_learns_the_format_and_its_export_chats_the_same_in_transf
         assert list(ids) == ours, messages
         prompts.append(ours)
 
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    theirs = []
-    for prompt in prompts:
-        out = hf_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=MAX_NEW_TOKENS,
-                                eos_token_id=list(encoding.stop_ids), pad_token_id=encoding.pad_id)  # fmt: skip
-        theirs.append(out[0, len(prompt) :].tolist())
+    theirs = greedy_transformers(folder, prompts, MAX_NEW_TOKENS, encoding.stop_ids, encoding.pad_id)
     ours = _our_model(folder, config)
-    assert _greedy(ours, prompts, encoding) == theirs
+    assert greedy_ours(ours, prompts, MAX_NEW_TOKENS, encoding.stop_ids, encoding.pad_id) == theirs
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     answered = [p + t for p, t in zip(prompts, theirs)]
     assert _logits_gap(ours, hf_model, answered) < 1e-4
     # The answers are the task's, so the comparison is between two models that learned it ...

@@ -17,6 +17,7 @@ import json
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 CHATML_BYTES = "chatml_bytes"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -51,6 +52,13 @@ def write_chatml_bytes(folder: Path) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
+    return write_chat_folder(tokenizer, folder)
+
+
+def write_chat_folder(tokenizer: Any, folder: Path) -> Path:
+    """Save a `tokenizers.Tokenizer` that holds SPECIAL_TOKENS as a checkpoint-style folder: its
+    tokenizer.json, and the ChatML template and special-token roles that the trainer and
+    transformers' AutoTokenizer read (tokenizer_config.json, generation_config.json)."""
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(folder / "tokenizer.json"))
     config = {

@@ -90,6 +90,11 @@ def prompt_set(config: TrainConfig, tokenizer: Any) -> PromptSet:
     return PromptSet(render(train), render(held_out), _stop_text(rl.stop_text, template, **rl.template_switches))
 
 
+def stop_ids(tokenizer: Any, stop_text: str) -> tuple[int, ...]:
+    """The tokens that end a completion: the stop text's last token, and the tokenizer's eos."""
+    return tuple(dict.fromkeys(tokenizer.encode(stop_text)[-1:] + [tokenizer.eos_id]))
+
+
 def _stop_text(setting: str, template: ChatTemplate | None, **switches: Any) -> str:
     if setting != "auto":
         return setting

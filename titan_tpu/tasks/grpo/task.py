@@ -24,7 +24,7 @@ from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.parallelize import parallelize_model, reshard_setting
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
-from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set
+from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set, stop_ids
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, rank_rows, token_logps
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
@@ -53,8 +53,8 @@ class GRPOTask(TrainingTask):
         self.prompts = prompt_set(config, self.tokenizer)
         stop_text = self.prompts.stop_text
         self.rewards = build_rewards(self.rl.rewards, self.rl.reference_field, stop_text)
-        stop_ids = tuple(dict.fromkeys(self.tokenizer.encode(stop_text)[-1:] + [self.tokenizer.eos_id]))
-        self.params = SamplingParams(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_p, stop_ids)
+        stops = stop_ids(self.tokenizer, stop_text)
+        self.params = SamplingParams(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_p, stops)
         self.greedy = dataclasses.replace(self.params, temperature=0.0)
         self.pad_id = self.tokenizer.eos_id
         self.rows = self.rl.prompts_per_step * self.rl.group_size

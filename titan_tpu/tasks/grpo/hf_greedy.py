@@ -1,0 +1,53 @@
+"""Greedy answers of an exported Hugging Face folder from two decoders: our KV-cached sampler on our
+model with the folder's weights, and transformers' own model and `generate`. The same weights must
+give the same tokens in both; where they do not, the export renamed, transposed or dropped a weight,
+or our model and theirs differ (positions, norms, the cache).
+
+Our sampler decodes the prompts as one left-padded batch; transformers decodes each prompt alone, so
+padding cannot hide a difference. Each answer runs through its stop token (included) or to
+`max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from titan_tpu.checkpoint.hf_import import load_hf_weights
+from titan_tpu.models import get_model_spec
+from titan_tpu.tasks.grpo.sampler import SamplingParams, generate
+
+
+def load_exported(folder: Path, model_name: str, flavor: str) -> nn.Module:
+    """Our model of `model_name`/`flavor` with the folder's weights, in fp32, for evaluation."""
+    spec = get_model_spec(model_name)
+    args = spec.flavor(flavor)
+    model = spec.model_cls(args)
+    load_hf_weights(model, folder, spec.state_dict_adapter, args)
+    return model.float().eval()
+
+
+@torch.no_grad()
+def greedy_ours(
+    model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int], pad_id: int
+) -> list[list[int]]:
+    params = SamplingParams(max_new_tokens, temperature=0.0, stop_ids=tuple(stop_ids))
+    return generate(model, prompts, params, pad_id, torch.device("cpu")).lists()
+
+
+@torch.no_grad()
+def greedy_transformers(
+    folder: Path, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int], pad_id: int
+) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    answers = []
+    for prompt in prompts:
+        out = model.generate(torch.tensor([list(prompt)]), do_sample=False, max_new_tokens=max_new_tokens,
+                             eos_token_id=list(stop_ids), pad_token_id=pad_id)  # fmt: skip
+        answers.append(out[0, len(prompt) :].tolist())
+    return answers
