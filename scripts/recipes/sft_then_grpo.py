@@ -33,14 +33,15 @@ from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa:
 skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
 
 from titan_tpu.checkpoint.hf_export import export_model_to_hf  # noqa: E402
-from titan_tpu.config import TrainConfig  # noqa: E402
+from titan_tpu.config import ConfigError, TrainConfig  # noqa: E402
 from titan_tpu.config.loader import load_config  # noqa: E402
-from titan_tpu.data.bpe import train_bpe  # noqa: E402
+from titan_tpu.data.bpe import SMALLEST_VOCAB, train_bpe  # noqa: E402
 from titan_tpu.data.chat_tokenizer import tokenizer_export_files  # noqa: E402
 from titan_tpu.tasks.grpo.recipe_eval import PhaseEvaluation, evaluate_export  # noqa: E402
 from titan_tpu.tasks.grpo.word_problem_data import RecipeData, write_recipe_data  # noqa: E402
 from titan_tpu.trainer import Trainer  # noqa: E402
 
+DEBUG_VOCAB = 512  # the qwen3 debug flavor's embedding rows
 MODEL = ["--model.name=qwen3", "--model.flavor=debug", "--training.dtype=float32"]
 
 
@@ -92,12 +93,19 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--sft-steps", type=int, default=200)
     parser.add_argument("--grpo-steps", type=int, default=100)
     parser.add_argument("--error-rate", type=float, default=0.7, help="share of two-step demonstrations that stop one step early")
-    parser.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary, special tokens included (at most the flavor's 512)")
+    parser.add_argument("--vocab-size", type=int, default=DEBUG_VOCAB, help="BPE vocabulary, bytes and special tokens included")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--eval-prompts", type=int, default=256, help="held-out problems decoded greedily after each phase")
     args, extra = parser.parse_known_args(argv)
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"--out {args.out} exists and is not empty; pick a new folder")
+    for flag in ("pretrain_steps", "sft_steps", "grpo_steps", "max_new_tokens", "eval_prompts"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if not 0 <= args.error_rate <= 1:
+        parser.error(f"--error-rate must be in [0, 1], got {args.error_rate}")
+    if not SMALLEST_VOCAB <= args.vocab_size <= DEBUG_VOCAB:
+        parser.error(f"--vocab-size must be in [{SMALLEST_VOCAB}, {DEBUG_VOCAB}] (the debug flavor's vocabulary), got {args.vocab_size}")
     start = time.perf_counter()
     data = write_recipe_data(args.out / "data", seed=0, error_rate=args.error_rate, held_out=args.eval_prompts)
     train_bpe(data.texts(), data.tokenizer, args.vocab_size)
@@ -120,4 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as error:  # a bad --section.key=value for the GRPO phase, or a phase's config
+        raise SystemExit(f"error: {error}") from None

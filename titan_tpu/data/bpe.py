@@ -16,6 +16,7 @@ from pathlib import Path
 from titan_tpu.data.chat_tokenizer import SPECIAL_TOKENS, write_chat_folder
 
 _BYTES = 256
+SMALLEST_VOCAB = _BYTES + len(SPECIAL_TOKENS) + 1  # every byte, the special tokens and one merge
 ROLES = ("system\n", "user\n", "assistant\n")
 
 
@@ -24,9 +25,8 @@ def train_bpe(texts: Iterable[str], folder: Path, vocab_size: int) -> Path:
     The vocabulary is every byte, the special tokens and the merges, so any text encodes."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    smallest = _BYTES + len(SPECIAL_TOKENS) + 1
-    if vocab_size < smallest:
-        raise ValueError(f"vocab_size must be at least {smallest} (every byte, the special tokens, one merge), got {vocab_size}")
+    if vocab_size < SMALLEST_VOCAB:
+        raise ValueError(f"vocab_size must be at least {SMALLEST_VOCAB} (every byte, the special tokens, one merge), got {vocab_size}")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
