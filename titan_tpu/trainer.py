@@ -146,6 +146,11 @@ class Trainer:
         )
         self.task: TrainingTask = task_class(self.registered.task)(context)
         args = self.task.model_args(self.spec.build_args(config.model.flavor, config.model.overrides))
+        initial = config.checkpoint.initial_load_path
+        if initial and self.spec.state_dict_adapter is not None:
+            # Before the kernels are measured at the model's shapes and the model is built: a mismatched
+            # folder should cost neither a measurement nor a materialised 405B model.
+            check_hf_config(Path(initial), self.spec.state_dict_adapter, args, self._model_name())
         dims = self.parallel.dims
         shape = KernelShape(
             self.device.torch_device, self.compute_dtype, self.local_batch_size, config.training.seq_len,
@@ -163,10 +168,6 @@ class Trainer:
         """On meta, then TP/SP -> AC -> compile -> FSDP -> materialise + init (identical weights on
         every layout; see titan_tpu/distributed/parallelize.py)."""
         config = self.config
-        initial = config.checkpoint.initial_load_path
-        if initial and self.spec.state_dict_adapter is not None:
-            # Before the model is built: a mismatched folder should not cost a materialised 405B model.
-            check_hf_config(Path(initial), self.spec.state_dict_adapter, self.model_args, self._model_name())
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
         self.model: nn.Module = parallelize_model(

@@ -129,8 +129,14 @@ def test_bfloat16_export_loads(hf_folder, tmp_path: Path) -> None:  # type: igno
     assert rel < 0.1
 
 
-def test_flavor_mismatch_is_a_config_error(hf_folder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_flavor_mismatch_is_a_config_error(hf_folder, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Refused before the kernels are measured at the wrong flavor's shapes (once 28 s for a 1B)."""
     folder, _, _ = hf_folder
+
+    def measuring(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("kernels measured before the folder was checked")
+
+    monkeypatch.setattr("titan_tpu.trainer.choose_run_kernels", measuring)
     with pytest.raises(ConfigError, match=r"config.json does not match model llama3 flavor 1B: vocab_size"):
         trainer_with(folder, tmp_path / "run", "--model.flavor=1B", "--data.tokenizer=byte")
 
