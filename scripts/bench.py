@@ -96,6 +96,39 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
         trainer.close()
 
 
+class TimedTrainer:
+    """A Trainer stepped one timed optimizer step at a time (`--kernels`, scripts/bench_kernels.py)."""
+
+    def __init__(self, config_name: str, overrides: list[str]) -> None:
+        from titan_tpu.trainer import Trainer
+
+        self.trainer = Trainer(load_config(config_name, overrides))
+        self.kernels = {choice.field: choice.pick for choice in self.trainer.kernels}
+        self.kernel_candidates = {choice.field: list(choice.times_ms) for choice in self.trainer.kernels}
+        self.items_per_step = 0
+        self.flops_per_step = 0.0
+
+    def step_seconds(self) -> float:
+        device = self.trainer.device
+        device.synchronize()
+        start = time.perf_counter()
+        _, _, self.items_per_step = self.trainer.train_step()
+        device.synchronize()
+        seconds = time.perf_counter() - start
+        self.flops_per_step = self.trainer.rates(self.items_per_step, 1.0)[1]
+        return seconds
+
+    def peak_flops(self) -> float | None:
+        """The device's peak for this run's dtype; on a CPU, probed now (titan_tpu/device/peak.py)."""
+        from titan_tpu.device import host_peak_flops
+
+        return host_peak_flops(self.trainer.device, self.trainer.compute_dtype)
+
+    def close(self) -> None:
+        self.trainer.metrics.close()
+        self.trainer.close()
+
+
 def launch(
     config_name: str, processes: int, passthrough: list[str], timeout: float | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -245,14 +278,13 @@ def matrix(args: argparse.Namespace, overrides: list[str]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--config", default="llama3_debug")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps (--kernels: interleaved rounds)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--nproc", default="", help="comma-separated process counts, e.g. 1,2,4")
     parser.add_argument("--matrix", default="", help="comma-separated configs, run for every layout")
     parser.add_argument("--layouts", default="", help=f"comma-separated layouts for --matrix: {LAYOUT_HELP}")
     parser.add_argument("--out", type=Path, default=Path("bench_results"), help="--matrix writes <out>/bench.jsonl")
     parser.add_argument("--kernels", action="store_true", help="every kernel candidate forced in turn, beside auto")
-    parser.add_argument("--repeats", type=int, default=3, help="--kernels: interleaved repeats of every run")
     parser.add_argument("--case-timeout", type=float, default=3600.0, help="seconds one --matrix case may take")
     args, overrides = parser.parse_known_args()
     try:
@@ -261,7 +293,7 @@ def main() -> int:
         if args.matrix:
             return matrix(args, overrides)
         if args.kernels:
-            return kernel_table(args.config, args.steps, args.warmup, args.repeats, overrides, measure)
+            return kernel_table(args.config, args.steps, args.warmup, overrides, TimedTrainer)
         if args.nproc:
             passthrough = [f"--steps={args.steps}", f"--warmup={args.warmup}", *overrides]
             scaling(args.config, [int(n) for n in args.nproc.split(",")], passthrough)

@@ -2,15 +2,20 @@
 turn, beside what "auto" picked, for every dtype the machine computes natively (or the one
 `--training.dtype=D` names).
 
-    python scripts/bench.py --kernels --config llama3_debug --steps 10 --repeats 3
+    python scripts/bench.py --kernels --config llama3_debug --steps 30 --warmup 3
 
-Each run is a fresh Trainer in this process, timed like bench.py's single-run mode. A shared CPU's
-speed drifts by 10-20% over minutes, more than the kernels differ, so the runs are interleaved
-(auto, every candidate, then again, each round starting one run later) `repeats` times after one
-uncounted run, and the medians compared. One JSON line per run, then a Markdown table: per dtype and kernel field, every candidate's median tokens/s and MFU, auto's
-pick, and auto's medians as a share of the fastest forced candidate's. The MFU ratio is the one that
-survives drift: each run's MFU is against a matmul peak probed in the same process right after its
-timed steps, so a run that met a slower machine is judged against a slower peak.
+A shared CPU's speed drifts by 10-20% over minutes, more than the kernels differ, so runs timed one
+after another cannot show a 5% difference. Instead every configuration of one kernel field (auto,
+and each candidate forced) is a live Trainer in this process, warmed up, and their optimizer steps
+are interleaved: one step of each, in an order that starts one later every round, `steps` rounds, with
+a matmul peak probe after every round. Adjacent steps meet the same machine, and the medians of the
+step times are compared. Auto and the candidate it picked run the same kernels, so the gap between
+those two is printed too: it is this machine's noise at this step count.
+
+One JSON line per field, then a Markdown table: per dtype and field, every candidate's median
+tokens/s and MFU (against the median probe), auto's pick, auto against the fastest forced candidate
+(every configuration trains the same FLOPs per step, so the ratio is one of step times and of MFU
+alike), and auto against its own pick forced (the noise).
 """
 
 from __future__ import annotations
@@ -18,9 +23,26 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-Measure = Callable[[str, int, int, list[str]], "dict[str, Any] | None"]
+
+class KernelRun(Protocol):
+    """One live training run: what its kernels are, and one timed optimizer step at a time."""
+
+    kernels: dict[str, str]  # field -> what it runs
+    kernel_candidates: dict[str, list[str]]  # field -> the names auto chose among
+    items_per_step: int
+    flops_per_step: float
+
+    def step_seconds(self) -> float: ...
+
+    def peak_flops(self) -> float | None: ...  # None: the device has no known peak
+
+    def close(self) -> None: ...
+
+
+Open = Callable[[str, list[str]], KernelRun]  # (config, overrides) -> a run built and ready to step
 
 
 def native_dtypes() -> list[str]:
@@ -29,14 +51,46 @@ def native_dtypes() -> list[str]:
     return ["float32", "bfloat16"] if native_bf16(resolve_device_type("auto")) else ["float32"]
 
 
-def _run(measure: Measure, config: str, steps: int, warmup: int, overrides: list[str], label: Any) -> dict[str, Any]:
-    record = measure(config, steps, warmup, overrides)
-    assert record is not None, "one process: this rank writes"
-    print(json.dumps({"forced": label, **record}), flush=True)
-    return record
+@dataclass(frozen=True)
+class Timed:
+    """A configuration's step times over the interleaved rounds."""
+
+    run: KernelRun
+    seconds: list[float]
+
+    def rate(self) -> float:
+        return self.run.items_per_step / statistics.median(self.seconds)
+
+    def mfu(self, peak: float | None) -> str:
+        if peak is None:
+            return "no peak"
+        return f"{100 * self.run.flops_per_step / statistics.median(self.seconds) / peak:.1f}%"
 
 
-def kernel_table(config: str, steps: int, warmup: int, repeats: int, overrides: list[str], measure: Measure) -> int:
+def interleave(
+    runs: dict[Any, KernelRun], rounds: int, probe: Callable[[], float | None]
+) -> tuple[dict[Any, Timed], float | None]:
+    """`rounds` rounds of one step of every run, each round starting one run later (so no run always
+    follows the same one), and a peak probe after each; (the step times, the median peak)."""
+    keys = list(runs)
+    seconds: dict[Any, list[float]] = {key: [] for key in keys}
+    peaks = []
+    for r in range(rounds):
+        shift = r % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            seconds[key].append(runs[key].step_seconds())
+        peaks.append(probe())
+    known = [peak for peak in peaks if peak is not None]
+    return {key: Timed(runs[key], seconds[key]) for key in keys}, statistics.median(known) if known else None
+
+
+def _warm(run: KernelRun, steps: int) -> KernelRun:
+    for _ in range(steps):
+        run.step_seconds()
+    return run
+
+
+def kernel_table(config: str, steps: int, warmup: int, overrides: list[str], open_run: Open) -> int:
     from titan_tpu import models
     from titan_tpu.config import load_config
 
@@ -46,36 +100,41 @@ def kernel_table(config: str, steps: int, warmup: int, repeats: int, overrides: 
     # A dtype the command forces is the one measured; else every dtype the machine computes natively.
     forced_dtypes = [o.split("=", 1)[1] for o in overrides if o.startswith("--training.dtype=")]
     for dtype in forced_dtypes[-1:] or native_dtypes():
-        base = ["--metrics.log_freq=1000000", *overrides, f"--training.dtype={dtype}"]
-        # Learns the candidates, and is not counted: a process's first run pays one-time costs
-        # (allocator, thread pool, the measurement itself) that no forced run would pay.
-        first = _run(measure, config, steps, warmup, base, "auto (not counted)")
-        rate_key = next(k for k in first if k.endswith("_per_sec_per_process"))
+        # Enough scheduled steps for auto's warm-up and its rounds for every field; no records or
+        # checkpoints in between.
+        base = [
+            "--metrics.log_freq=1000000", *overrides, f"--training.dtype={dtype}",
+            f"--training.steps={warmup + steps * len(spec.tunables)}",
+        ]  # fmt: skip
+        auto = _warm(open_run(config, base), warmup)
         # Fields with one candidate (or forced by the overrides) have nothing to compare.
-        measured = {f: names for f, names in first["kernel_candidates"].items() if len(names) > 1}
-        forced = {(f, name): [*base, override_of[f](name)] for f, names in measured.items() for name in names}
-        order: list[Any] = ["auto", *forced]
-        runs: dict[Any, list[dict[str, Any]]] = {key: [] for key in order}
-        for repeat in range(repeats):
-            # Each round starts one run later, so no configuration always meets the same moment
-            # of the machine's drift.
-            shift = repeat % len(order)
-            for key in order[shift:] + order[:shift]:
-                run_overrides, label = (base, None) if key == "auto" else (forced[key], dict([key]))
-                runs[key].append(_run(measure, config, steps, warmup, run_overrides, label))
-        rate = {key: statistics.median(r[rate_key] for r in records) for key, records in runs.items()}
-        mfu = {key: statistics.median(r["mfu_percent"] or 0.0 for r in records) for key, records in runs.items()}
-        for field in measured:
-            mine = [key for key in forced if key[0] == field]
-            cells = ", ".join(f"{name} {rate[(field, name)]:.0f} ({mfu[(field, name)]:.1f}%)" for _, name in mine)
+        measured = {f: names for f, names in auto.kernel_candidates.items() if len(names) > 1}
+        for field, names in measured.items():
+            # Only this field's runs are alive at once: every run holds a model and its optimizer.
+            forced = {name: _warm(open_run(config, [*base, override_of[field](name)]), warmup) for name in names}
+            try:
+                timed, peak = interleave({"auto": auto, **forced}, steps, auto.peak_flops)
+            finally:
+                for run in forced.values():
+                    run.close()
+            pick = auto.kernels[field]
+            fastest = max(timed[name].rate() for name in names)
+            print(json.dumps({
+                "config": config, "dtype": dtype, "field": field, "pick": pick,
+                "peak_tflops": None if peak is None else round(peak / 1e12, 4),
+                "step_seconds": {str(key): [round(s, 4) for s in t.seconds] for key, t in timed.items()},
+            }), flush=True)  # fmt: skip
+            cells = ", ".join(f"{name} {timed[name].rate():.0f} ({timed[name].mfu(peak)})" for name in names)
             rows.append(
-                f"| {config} | {dtype} | {field} | {cells} | {first['kernels'][field]} "
-                f"| {rate['auto']:.0f} ({mfu['auto']:.1f}%) | {100 * rate['auto'] / max(rate[k] for k in mine):.0f}% "
-                f"| {100 * mfu['auto'] / max(mfu[k] for k in mine):.0f}% |"
+                f"| {config} | {dtype} | {field} | {cells} | {pick} "
+                f"| {timed['auto'].rate():.0f} ({timed['auto'].mfu(peak)}) "
+                f"| {100 * timed['auto'].rate() / fastest:.1f}% "
+                f"| {100 * timed['auto'].rate() / timed[pick].rate():.1f}% |"
             )
-    print(f"\n{repeats} interleaved repeats of {steps} steps each, medians:")
-    print(f"| config | dtype | kernel | forced: {rate_key} (MFU) | auto picks | auto | auto / fastest "
-          "| auto / fastest, by MFU |")  # fmt: skip
+        auto.close()
+    print(f"\n{steps} interleaved rounds after {warmup} warm-up steps, median step times:")
+    print("| config | dtype | kernel | forced: items/s per process (MFU) | auto picks | auto | auto / fastest "
+          "| auto / its pick forced (noise) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0

@@ -1,10 +1,11 @@
 """scripts/bench.py --kernels' table from fake runs: every candidate forced through its own config
-override, medians over the interleaved repeats, auto's median against the fastest candidate's.
+override, live at once with auto, their steps interleaved round by round, medians compared.
 
-Bugs caught: comparing auto against a candidate of another field, or against the last run rather
-than the median (one repeat here is an outlier), counting the first (warm-up) run, running the rounds
-in one fixed order, forcing a field that has a single candidate, and a candidate forced with the
-wrong override."""
+Bugs caught: comparing auto against a candidate of another field, or against a mean or the last step
+rather than the median (one step here is an outlier), counting the warm-up steps, running the rounds
+in one fixed order, keeping every field's runs alive at once (or never closing them), forcing a field
+that has a single candidate, forcing a candidate with the wrong override, and a noise column that
+compares auto with some other candidate than its own pick."""
 
 from __future__ import annotations
 
@@ -14,41 +15,54 @@ import pytest
 
 from scripts import bench_kernels
 
-RATES = {  # the override a run got -> tokens/s of its successive repeats
-    None: [999.0, 100.0, 100.0, 98.0],  # the first run is the uncounted one
-    "--model.attention_block=0": [50.0, 52.0, 51.0],
-    "--model.attention_block=64": [104.0, 10.0, 104.0],
+SECONDS = {  # the attention override a run got -> its successive step times (warm-up first)
+    None: [9.0, 1.00, 5.0, 0.98, 1.00],  # auto (picks blocked:64); its second timed step an outlier
+    "--model.attention_block=0": [9.0, 2.0, 1.9, 2.1],
+    "--model.attention_block=64": [9.0, 0.95, 9.0, 0.96],
 }
+ITEMS, FLOPS = 100, 1e9
 
 
-def fake_measure(calls: list[Any]) -> Any:
-    def measure(config: str, steps: int, warmup: int, overrides: list[str]) -> dict[str, Any]:
-        forced = next((o for o in overrides if o.startswith("--model.attention_block")), None)
-        seen = sum(1 for c in calls if c == forced)
-        calls.append(forced)
-        return {
-            "tokens_per_sec_per_process": RATES[forced][seen],
-            "mfu_percent": RATES[forced][seen] / 4,
-            "kernels": {"attention": "blocked:64"},
-            "kernel_candidates": {"attention": ["sdpa", "blocked:64"], "loss_chunk_elements": ["2^26"]},
-        }
+class FakeRun:
+    def __init__(self, events: list[Any], overrides: list[str]) -> None:
+        self.forced = next((o for o in overrides if o.startswith("--model.attention_block")), None)
+        self.events = events
+        self.kernels = {"attention": "blocked:64", "loss_chunk_elements": "2^26"}
+        self.kernel_candidates = {"attention": ["sdpa", "blocked:64"], "loss_chunk_elements": ["2^26"]}
+        self.items_per_step, self.flops_per_step = ITEMS, FLOPS
+        self.steps = 0
+        events.append(("open", self.forced))
 
-    return measure
+    def step_seconds(self) -> float:
+        self.events.append(("step", self.forced))
+        self.steps += 1
+        return SECONDS[self.forced][self.steps - 1]
+
+    def peak_flops(self) -> float:
+        return 4e9
+
+    def close(self) -> None:
+        self.events.append(("close", self.forced))
 
 
-def test_the_table_compares_auto_with_the_fastest_forced_median(
+def test_the_table_interleaves_live_runs_and_compares_medians(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(bench_kernels, "native_dtypes", lambda: ["float32"])
-    calls: list[Any] = []
-    assert bench_kernels.kernel_table("llama3_debug", 1, 0, 3, [], fake_measure(calls)) == 0
+    events: list[Any] = []
+    assert bench_kernels.kernel_table("llama3_debug", 3, 1, [], lambda c, o: FakeRun(events, o)) == 0
     sdpa, block = "--model.attention_block=0", "--model.attention_block=64"
-    # One uncounted run, then three rounds, each starting one run later; nothing forces the loss.
-    assert calls == [None, None, sdpa, block, sdpa, block, None, block, None, sdpa]
+    steps = [forced for kind, forced in events if kind == "step"]
+    # Auto warms up, then each forced run; then three rounds, each starting one run later.
+    assert events[:2] == [("open", None), ("step", None)]
+    assert steps == [None, sdpa, block, None, sdpa, block, sdpa, block, None, block, None, sdpa]
+    # Forced runs are closed after their field; auto last. Nothing forces the single-candidate loss.
+    assert events[-3:] == [("close", sdpa), ("close", block), ("close", None)]
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| llama3_debug")]
+    # Medians: auto 1.00 s, sdpa 2.0 s, blocked:64 0.96 s -> 100, 50, 104 items/s; MFU against 4e9.
     assert row == [
-        "| llama3_debug | float32 | attention | sdpa 51 (12.8%), blocked:64 104 (26.0%) | blocked:64 "
-        "| 100 (25.0%) | 96% | 96% |"
+        "| llama3_debug | float32 | attention | sdpa 50 (12.5%), blocked:64 104 (26.0%) | blocked:64 "
+        "| 100 (25.0%) | 96.0% | 96.0% |"
     ]
 
 
@@ -56,6 +70,21 @@ def test_a_dtype_on_the_command_line_is_the_only_one_measured(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(bench_kernels, "native_dtypes", lambda: ["float32", "bfloat16"])
-    assert bench_kernels.kernel_table("llama3_debug", 1, 0, 3, ["--training.dtype=bfloat16"], fake_measure([])) == 0
+    opened: list[list[str]] = []
+
+    def open_run(config: str, overrides: list[str]) -> FakeRun:
+        opened.append(overrides)
+        return FakeRun([], overrides)
+
+    assert bench_kernels.kernel_table("llama3_debug", 3, 1, ["--training.dtype=bfloat16"], open_run) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| llama3_debug")]
     assert [row.split(" | ")[1] for row in rows] == ["bfloat16"]
+    # The last dtype on the command line wins, and the schedule covers auto's steps over every field.
+    assert opened and all("--training.steps=7" in o for o in opened)
+
+
+def test_a_device_without_a_known_peak_shows_no_mfu() -> None:
+    run = FakeRun([], [])
+    run.steps = 1
+    timed, peak = bench_kernels.interleave({"auto": run}, 2, lambda: None)
+    assert peak is None and timed["auto"].mfu(peak) == "no peak"

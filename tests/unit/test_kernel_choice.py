@@ -21,6 +21,7 @@ import torch
 from tests.kernel_fakes import SHAPE, FakeArgs, FakeClock, FakeKernel, fake_tunable
 from titan_tpu.kernels.cache import FILE_NAME, KernelCache
 from titan_tpu.kernels.choose import KernelChoice, choose_kernels
+from titan_tpu.kernels.measure import BUDGET_S, MAX_ROUNDS, MIN_ROUNDS
 from titan_tpu.models.common.attention_kernels import AutoAttention, SdpaAttention, attention_kernel
 from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.models.common.tunable import KernelShape
@@ -169,10 +170,23 @@ def test_a_hopeless_candidate_is_timed_once() -> None:
     clock = FakeClock()
     [choice] = choose({"a": FakeKernel(0.001), "b": FakeKernel(0.010)}, clock)[1]
     assert choice.pick == "a" and choice.times_ms["b"] == pytest.approx(10.0)
-    assert clock.reads == 8 + 2  # a: warm-up and 3 timed runs, 2 reads each; b: its warm-up
+    # a: its warm-up and MAX_ROUNDS timed runs (40 ms in all, under the budget), 2 reads each; b: its warm-up.
+    assert clock.reads == 2 * (1 + MAX_ROUNDS) + 2
     clock = FakeClock()
     choose({"a": FakeKernel(0.001), "b": FakeKernel(0.003)}, clock)
-    assert clock.reads == 8 + 8
+    assert clock.reads == 2 * 2 * (1 + MAX_ROUNDS)
+
+
+def test_rounds_run_until_the_budget_once_the_minimum_is_timed() -> None:
+    """Short kernels get more rounds (the noise of one run is ~30% on a shared CPU), long ones the
+    minimum: bugs caught are a fixed round count, or a budget that stops before MIN_ROUNDS."""
+    # Two candidates of equal cost: a round costs twice the cost; 0.1 s -> 8 rounds reach 1.6 s > 1.5 s.
+    assert BUDGET_S == 1.5
+    for cost, rounds in ((0.1, 8), (1.0, MIN_ROUNDS), (0.001, MAX_ROUNDS)):
+        clock = FakeClock()
+        choose({"a": FakeKernel(cost), "b": FakeKernel(cost)}, clock)
+        # Less the correctness check (the reference, then each candidate) and the two warm-ups.
+        assert (clock.runs - 3 - 2) / 2 == rounds, cost
 
 
 def test_an_autocast_run_is_measured_under_autocast_with_its_inputs_dtype() -> None:

@@ -11,9 +11,14 @@ import torch
 
 from titan_tpu.models.common.tunable import KernelShape, Tunable, relative_error
 
-# Timed iterations per candidate after one warm-up (which also builds any kernel caches, and is
-# timed only to spot a hopeless candidate).
-ITERATIONS = 3
+# Timed rounds (one run of every candidate each) after one warm-up, which also builds any kernel
+# caches and is timed only to spot a hopeless candidate: at least MIN_ROUNDS, then more until the
+# rounds have taken BUDGET_S or MAX_ROUNDS are done. One run varies by 30% on a shared CPU, so three
+# rounds ranked SDPA over blocks of 64 in one process of two while 40 ranked them 1.2x apart every
+# time (llama3_debug, bf16, 2-core AMD EPYC); the budget buys those rounds where a run is short.
+MIN_ROUNDS = 3
+MAX_ROUNDS = 40
+BUDGET_S = 1.5
 # A candidate whose warm-up takes this many times the fastest warm-up is not timed further: it
 # cannot win, and the slowest candidates (small blocks at long sequences) would cost the most
 # start-up. The margin is wide because a first call also pays one-time costs.
@@ -82,7 +87,7 @@ def time_once(run: Run, value: Any, synchronize: Callable[[], None], timer: Call
 def time_candidates(
     run: Run, values: dict[str, Any], synchronize: Callable[[], None], timer: Callable[[], float]
 ) -> dict[str, float]:
-    """Each candidate's median seconds over ITERATIONS runs after a warm-up, or just its warm-up's
+    """Each candidate's median seconds over the timed rounds after a warm-up, or just its warm-up's
     time when that is over HOPELESS times the fastest warm-up.
 
     The runs go round-robin (every candidate once, then again), not one candidate's runs after
@@ -93,9 +98,12 @@ def time_candidates(
     warm_up = {name: time_once(run, value, synchronize, timer) for name, value in values.items()}
     fastest = min(warm_up.values())
     samples: dict[str, list[float]] = {name: [] for name, t in warm_up.items() if t <= HOPELESS * fastest}
-    for _ in range(ITERATIONS):
+    spent, rounds = 0.0, 0
+    while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and spent < BUDGET_S):
         for name in samples:
             samples[name].append(time_once(run, values[name], synchronize, timer))
+            spent += samples[name][-1]
+        rounds += 1
     return {name: statistics.median(samples[name]) if name in samples else warm_up[name] for name in values}
 
 
