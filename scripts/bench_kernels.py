@@ -6,7 +6,7 @@ turn, beside what "auto" picked, for every dtype the machine computes natively (
 
 A shared CPU's speed drifts by 10-20% over minutes, more than the kernels differ, so runs timed one
 after another cannot show a 5% difference. Instead every configuration of one kernel field (auto,
-and each candidate forced) is a live Trainer in this process, warmed up, and their optimizer steps
+and each candidate forced) is a live Trainer in this process, built fresh and warmed up, and their optimizer steps
 are interleaved: one step of each, in an order that starts one later every round, `steps` rounds, with
 a matmul peak probe after every round. Adjacent steps meet the same machine, and the medians of the
 step times are compared. Auto and the candidate it picked run the same kernels, so the gap between
@@ -100,22 +100,26 @@ def kernel_table(config: str, steps: int, warmup: int, overrides: list[str], ope
     # A dtype the command forces is the one measured; else every dtype the machine computes natively.
     forced_dtypes = [o.split("=", 1)[1] for o in overrides if o.startswith("--training.dtype=")]
     for dtype in forced_dtypes[-1:] or native_dtypes():
-        # Enough scheduled steps for auto's warm-up and its rounds for every field; no records or
-        # checkpoints in between.
+        # Scheduled steps for the warm-up and the rounds; no records or checkpoints in between.
         base = [
             "--metrics.log_freq=1000000", *overrides, f"--training.dtype={dtype}",
-            f"--training.steps={warmup + steps * len(spec.tunables)}",
+            f"--training.steps={warmup + steps}",
         ]  # fmt: skip
-        auto = _warm(open_run(config, base), warmup)
+        first = open_run(config, base)  # learns the candidates
         # Fields with one candidate (or forced by the overrides) have nothing to compare.
-        measured = {f: names for f, names in auto.kernel_candidates.items() if len(names) > 1}
-        for field, names in measured.items():
-            # Only this field's runs are alive at once: every run holds a model and its optimizer.
-            forced = {name: _warm(open_run(config, [*base, override_of[field](name)]), warmup) for name in names}
+        measured = {f: names for f, names in first.kernel_candidates.items() if len(names) > 1}
+        for index, (field, names) in enumerate(measured.items()):
+            # Every run of a field starts fresh, so all have trained the same steps on the same data:
+            # an MoE step's cost follows the routing, which changes as the model learns. Only this
+            # field's runs are alive at once: every run holds a model and its optimizer.
+            auto = _warm(first if index == 0 else open_run(config, base), warmup)
+            runs = {"auto": auto}
             try:
-                timed, peak = interleave({"auto": auto, **forced}, steps, auto.peak_flops)
+                for name in names:
+                    runs[name] = _warm(open_run(config, [*base, override_of[field](name)]), warmup)
+                timed, peak = interleave(runs, steps, auto.peak_flops)
             finally:
-                for run in forced.values():
+                for run in runs.values():
                     run.close()
             pick = auto.kernels[field]
             fastest = max(timed[name].rate() for name in names)
@@ -131,7 +135,8 @@ def kernel_table(config: str, steps: int, warmup: int, overrides: list[str], ope
                 f"| {100 * timed['auto'].rate() / fastest:.1f}% "
                 f"| {100 * timed['auto'].rate() / timed[pick].rate():.1f}% |"
             )
-        auto.close()
+        if not measured:
+            first.close()
     print(f"\n{steps} interleaved rounds after {warmup} warm-up steps, median step times:")
     print("| config | dtype | kernel | forced: items/s per process (MFU) | auto picks | auto | auto / fastest "
           "| auto / its pick forced (noise) |")  # fmt: skip
