@@ -105,6 +105,7 @@ class TimedTrainer:
         self.trainer = Trainer(load_config(config_name, overrides))
         self.kernels = {choice.field: choice.pick for choice in self.trainer.kernels}
         self.kernel_candidates = {choice.field: list(choice.times_ms) for choice in self.trainer.kernels}
+        self.kernel_sources = {choice.field: choice.source for choice in self.trainer.kernels}
         self.items_per_step = 0
         self.flops_per_step = 0.0
 

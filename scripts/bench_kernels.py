@@ -32,6 +32,7 @@ class KernelRun(Protocol):
 
     kernels: dict[str, str]  # field -> what it runs
     kernel_candidates: dict[str, list[str]]  # field -> the names auto chose among
+    kernel_sources: dict[str, str]  # field -> how auto decided ("measured in 1.7 s", "cached", ...)
     items_per_step: int
     flops_per_step: float
 
@@ -125,6 +126,7 @@ def kernel_table(config: str, steps: int, warmup: int, overrides: list[str], ope
             fastest = max(timed[name].rate() for name in names)
             print(json.dumps({
                 "config": config, "dtype": dtype, "field": field, "pick": pick,
+                "decided": first.kernel_sources[field],  # the first run's: its start-up cost
                 "peak_tflops": None if peak is None else round(peak / 1e12, 4),
                 "step_seconds": {str(key): [round(s, 4) for s in t.seconds] for key, t in timed.items()},
             }), flush=True)  # fmt: skip

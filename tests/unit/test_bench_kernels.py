@@ -30,6 +30,7 @@ class FakeRun:
         self.events = events
         self.kernels = {"attention": "blocked:64", "loss_chunk_elements": "2^26"}
         self.kernel_candidates = {"attention": ["sdpa", "blocked:64"], "loss_chunk_elements": ["2^26"]}
+        self.kernel_sources = {"attention": "measured in 1.0 s", "loss_chunk_elements": "only candidate"}
         self.items_per_step, self.flops_per_step = ITEMS, FLOPS
         self.steps = 0
         events.append(("open", self.forced))
@@ -102,6 +103,7 @@ def test_every_run_of_every_field_has_trained_the_same_steps(monkeypatch: pytest
         def __init__(self, events: list[Any], overrides: list[str]) -> None:
             super().__init__(events, overrides)
             self.kernel_candidates = {"attention": ["sdpa", "blocked:64"], "loss_chunk_elements": ["2^26", "2^18"]}
+            self.kernel_sources = {"attention": "cached", "loss_chunk_elements": "cached"}
 
         def close(self) -> None:
             closed.append(self.steps)
