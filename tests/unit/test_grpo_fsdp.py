@@ -1,5 +1,5 @@
-"""GRPO under FSDP on 2 CPU processes and under TP 2 x FSDP 2 on 4 (gloo): the first steps' losses
-equal one process's.
+"""GRPO under FSDP on 2 CPU processes, and a MoE policy under EP 2 in FSDP 4 and TP 2 x FSDP 2 on 4
+(gloo): the first steps' losses equal one process's.
 
 At the first step of a rollout the ratio is exactly 1, so with equal completion lengths the loss is the
 mean advantage, 0 up to rounding, on any layout; the first step is compared by its gradient norm, and
@@ -34,6 +34,9 @@ OVERRIDES = [
 
 
 TP_2_FSDP_2 = ["--parallelism.tp=2", "--parallelism.sequence_parallel=false"]
+EP_2_FSDP_4 = ["--parallelism.ep=2"]
+# Held-out decoding at the last step, 3 prompts: under EP 2 in FSDP 4 the fourth rank has none of its own.
+MOE = ["--model.name=qwen3_moe", "--model.flavor=debug_moe", "--metrics.eval_freq=2", "--rl.eval_prompts=3"]
 
 
 def worker(out: Path, decision: str, *layout: str) -> None:
@@ -57,27 +60,43 @@ def _run(tmp_path: Path, nproc: int, decision: str, *layout: str) -> list[dict]:
     sys.path.insert(0, str(ROOT / "tests" / "distributed"))
     from launch import torchrun
 
-    out = tmp_path / f"{decision}-p{nproc}"
+    out = tmp_path / f"run{len(list(tmp_path.iterdir()))}-{decision}-p{nproc}"
     out.mkdir()
     torchrun(nproc, Path(__file__), str(out), decision, *layout)
     return json.loads((out / "result.json").read_text())
 
 
-@pytest.mark.slow
-def test_fsdp_first_step_loss_matches_one_process(tmp_path: Path) -> None:
-    """In float32 (the decision of CPUs without native bf16, pretended on every CPU), FSDP 2 and
-    TP 2 x FSDP 2 against one process."""
-    one, one_next = _run(tmp_path, 1, "fp32")
+def _assert_layouts_match_one_process(tmp_path: Path, model: list[str], layouts: list[tuple[int, list[str]]]) -> None:
+    one, one_next = _run(tmp_path, 1, "fp32", *model)
     assert one["reward_std"] > 0, "the test reward must vary within groups, or nothing is learned"
     assert one["grad_norm"] > 1e-3
     assert abs(one_next["loss"]) > 1e-5
-    for nproc, layout in ((2, []), (4, TP_2_FSDP_2)):
-        first, second = _run(tmp_path, nproc, "fp32", *layout)
+    for nproc, layout in layouts:
+        first, second = _run(tmp_path, nproc, "fp32", *model, *layout)
         print(f"{nproc} processes {layout}: rollout tokens/s {first['rollout_tokens_per_sec']:.1f} "
               f"(1 process {one['rollout_tokens_per_sec']:.1f})")
         assert first["reward_mean"] == pytest.approx(one["reward_mean"], rel=1e-12)  # the same completions
+        assert first["completion_length"] == pytest.approx(one["completion_length"], rel=1e-12)
         assert first["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
         assert second["loss"] == pytest.approx(one_next["loss"], rel=1e-4)
+        assert second.get("heldout_accuracy") == one_next.get("heldout_accuracy")  # greedy: the same answers
+
+
+@pytest.mark.slow
+def test_fsdp_first_step_loss_matches_one_process(tmp_path: Path) -> None:
+    """In float32 (the decision of CPUs without native bf16, pretended on every CPU), FSDP 2 against
+    one process (tensor parallelism: the MoE test below, whose attention and head are dense)."""
+    _assert_layouts_match_one_process(tmp_path, [], [(2, [])])
+
+
+@pytest.mark.slow
+def test_moe_expert_and_tensor_parallel_match_one_process(tmp_path: Path) -> None:
+    """A Qwen 3 MoE policy, EP 2 in FSDP 4 and TP 2 x FSDP 2 against one process. Under EP the ranks of
+    an ep group sample other prompts yet exchange tokens in every MoE layer, so they decode in
+    lockstep (sampler.generate; its semantics: test_grpo_sampler.py): a rank that stopped decoding on
+    its own, or one without a held-out prompt that skipped the evaluation's decoding, would leave the
+    others waiting in an all-to-all (a hang, reported by the launcher's timeout)."""
+    _assert_layouts_match_one_process(tmp_path, MOE, [(4, EP_2_FSDP_4), (4, TP_2_FSDP_2)])
 
 
 @pytest.mark.slow

@@ -1,11 +1,10 @@
 """Which parallel layouts GRPO accepts: tensor parallelism without sequence or loss parallelism (the
 rollout's prompts and one-token decode steps have any length, which a sequence shard cannot split, and
-sampling needs whole-vocabulary logits), no expert parallelism yet. Each refusal is one line naming
-the keys to set. Parity of the accepted layouts with one process: test_grpo_fsdp.py.
+sampling needs whole-vocabulary logits). Each refusal is one line naming the keys to set. Parity of
+the accepted layouts (FSDP, TP, EP) with one process: test_grpo_fsdp.py.
 
 Bugs caught: a layout refused that works (TP), or accepted and then failing deep inside the first
-rollout with a shape error (sequence parallel) or a hang (expert all-to-alls on ranks that stop
-decoding at different steps)."""
+rollout with a shape error (sequence parallel)."""
 
 from __future__ import annotations
 
@@ -32,7 +31,6 @@ def test_tensor_parallelism_without_sequence_or_loss_parallelism_is_accepted() -
 @pytest.mark.parametrize(("options", "dims", "message"), [
     ({"sequence_parallel": True}, ParallelDims(1, 2, 2, 1, 4), "parallelism.sequence_parallel = false"),
     ({"loss_parallel": True}, ParallelDims(1, 2, 2, 1, 4), "parallelism.loss_parallel = false"),
-    ({}, ParallelDims(1, 4, 1, 2, 4), "set parallelism.ep = 1"),
 ])  # fmt: skip
 def test_a_layout_grpo_cannot_run_is_one_line(options: dict, dims: ParallelDims, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as error:

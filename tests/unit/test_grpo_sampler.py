@@ -145,3 +145,35 @@ def test_dropping_finished_rows_from_the_batch_changes_no_completion(monkeypatch
     assert results[1.0] == results[0.0]
     lengths = {len(ids) for ids in results[0.0][0]}
     assert len(lengths) > 1 and any(results[0.0][1]), "rows must stop at different steps for this to test anything"
+
+
+def test_a_rank_in_lockstep_decodes_until_every_rank_has_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under expert parallelism every forward exchanges tokens with the other ranks of the ep group,
+    which sample other prompts: a rank whose rows have all stopped must keep running forwards (on at
+    least one row) until the group's all-reduce says every rank has stopped, and its completions must
+    not change. The other rank is simulated: the all-reduce reports it still decoding for 9 checks.
+    Bugs caught: a rank leaving the decode loop on its own decision (the others then wait in an
+    all-to-all for ever), the batch compacted to no rows, padding steps leaking into a completion."""
+    import titan_tpu.tasks.grpo.sampler as sampler
+
+    model = tiny_model()
+    free = generate(model, PROMPTS, SamplingParams(12, temperature=0.0), PAD, torch.device("cpu"))
+    stops = tuple({int(free.tokens[i, 1]) for i in range(len(PROMPTS))})  # every row stops by its 2nd token
+    params = SamplingParams(12, temperature=0.0, stop_ids=stops)
+    batches: list[int] = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda tokens, **kw: (batches.append(tokens.shape[0]), forward(tokens, **kw))[1])
+    alone = generate(model, PROMPTS, params, PAD, torch.device("cpu"))
+    alone_forwards = len(batches)
+    batches.clear()
+    other_rank_running = iter([1] * 9)
+
+    def all_reduce(tensor: torch.Tensor, op: object, group: object) -> None:
+        tensor.copy_(torch.maximum(tensor, torch.tensor([next(other_rank_running, 0)], dtype=tensor.dtype)))
+
+    monkeypatch.setattr(sampler.dist, "all_reduce", all_reduce)
+    locked = generate(model, PROMPTS, params, PAD, torch.device("cpu"), lockstep=object())  # type: ignore[arg-type]
+    assert alone_forwards == 2, "every row must stop at its 2nd token for the forward counts below"
+    assert len(batches) == 1 + 9 and min(batches) > 0  # the prefill, then one step per check the other rank ran
+    assert locked.lists() == alone.lists() and locked.stopped.tolist() == alone.stopped.tolist()
+    assert not locked.mask[:, 2:].any() and (locked.tokens[:, 2:] == PAD).all()

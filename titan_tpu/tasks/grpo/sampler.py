@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
@@ -108,14 +109,18 @@ def generate(
     pad_id: int,
     device: torch.device,
     uniforms: torch.Tensor | None = None,
+    lockstep: dist.ProcessGroup | None = None,
 ) -> Completions:
     """Complete every prompt with the KV cache, stopping early once every row has stopped.
 
     `uniforms` [B, max_new_tokens]: the per-row random numbers (see `row_uniforms`); unused at
-    temperature 0. The early stop is this process's own decision, so its forward may run only
-    collectives whose other ranks decide alike: under FSDP, call it inside `gathered_for_generation`;
-    tensor-parallel ranks hold the same rows and replicated logits, so they sample the same tokens and
-    stop at the same step.
+    temperature 0. Without `lockstep` the early stop is this process's own decision, so its forward
+    may run only collectives whose other ranks decide alike: under FSDP, call it inside
+    `gathered_for_generation`; tensor-parallel ranks hold the same rows and replicated logits, so they
+    sample the same tokens and stop at the same step. `lockstep` is the group whose ranks hold other
+    rows yet exchange activations in every forward (expert parallelism's all-to-alls): they stop
+    together, once all of them have, and a rank whose rows have all stopped keeps decoding padding
+    until then, so every rank runs the same number of forwards.
     """
     tokens, real = left_pad(prompts, pad_id, device)
     batch, width = tokens.shape
@@ -134,11 +139,12 @@ def generate(
         out[active, t] = next_tokens
         mask[active, t] = ~stopped[active]
         stopped[active] = stopped[active] | torch.isin(next_tokens, stop_ids)
-        if t + 1 == params.max_new_tokens or bool(stopped.all()):
+        if t + 1 == params.max_new_tokens or _all_stopped(stopped, lockstep):
             out, mask = out[:, : t + 1], mask[:, : t + 1]
             break
         running = (~stopped[active]).nonzero().squeeze(1)
-        if len(running) <= len(active) * COMPACT_BELOW:
+        # Never down to no row: a rank in lockstep still runs its forwards (a batch of none is not one).
+        if 0 < len(running) <= len(active) * COMPACT_BELOW:
             # Drop the finished rows from the cache and the batch: with long completions most of a
             # rollout's rows finish early, and decoding them on as padding would cost as much as
             # the rows still running.
@@ -146,6 +152,15 @@ def generate(
             active, next_tokens = active[running], next_tokens[running]
         logits = logits_of(model(next_tokens[:, None], cache=cache, start_pos=width + t))[:, -1].float()
     return Completions(tokens=out, mask=mask, stopped=stopped)
+
+
+def _all_stopped(stopped: torch.Tensor, lockstep: dist.ProcessGroup | None) -> bool:
+    """Whether every row has stopped: this rank's rows, or every rank's of the `lockstep` group."""
+    if lockstep is None:
+        return bool(stopped.all())
+    running = (~stopped).any().to(torch.int32).reshape(1)
+    dist.all_reduce(running, op=dist.ReduceOp.MAX, group=lockstep)
+    return not bool(running)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from titan_tpu.checkpoint.hf_import import load_hf_weights
@@ -40,8 +41,6 @@ class GRPOTask(TrainingTask):
         config = ctx.config
         self.rl = config.rl
         parallel = ctx.parallel
-        if parallel.dims.ep_enabled:
-            raise ConfigError("training.task = 'grpo' runs with data and tensor parallelism; set parallelism.ep = 1")
         if parallel.dims.tp_enabled and (parallel.sequence_parallel or parallel.loss_parallel):
             # Prompts, decode steps (one token) and rollout rows have any length, which a sequence
             # shard cannot split evenly; sampling needs every row's whole vocabulary.
@@ -123,6 +122,12 @@ class GRPOTask(TrainingTask):
     def _reshard_after(self, model: nn.Module) -> Any:
         return reshard_setting(model, self.ctx.config, self.ctx.compute_dtype, self.ctx.device.type)
 
+    def _lockstep(self) -> dist.ProcessGroup | None:
+        """The ranks that decode in lockstep: under expert parallelism the ranks of one ep group hold
+        other prompts but exchange tokens in every MoE layer of every forward (sampler.generate)."""
+        parallel = self.ctx.parallel
+        return parallel.ep_mesh.get_group() if parallel.dims.ep_enabled else None
+
     def _global(self, values: torch.Tensor) -> torch.Tensor:
         """Sum of a [k, N] tensor over data-parallel ranks (each rank fills only its own rows)."""
         return sum_over(values.to(self.ctx.device), self.dp_mesh).cpu() if self.dp_mesh is not None else values
@@ -155,7 +160,7 @@ class GRPOTask(TrainingTask):
         seeds = [hash((ctx.config.training.seed, rollout_index, r)) % (2**63) for r in mine]
         with gathered_for_generation(model, self._reshard_after(model)):
             out = generate(model, [prompts[r] for r in mine], self.params, self.pad_id, ctx.device,
-                           uniforms=row_uniforms(seeds, rl.max_new_tokens))
+                           uniforms=row_uniforms(seeds, rl.max_new_tokens), lockstep=self._lockstep())
         completions = dict(zip(mine, out.lists()))
         # Rewards, each reward's part and lengths of this rank's rows, summed with the other ranks'.
         parts = score(self.rewards, self._completions([taken[r // rl.group_size] for r in mine],
@@ -262,9 +267,14 @@ class GRPOTask(TrainingTask):
         held_out = self.prompts.held_out[: self.rl.eval_prompts or None]
         mine = held_out[self.ctx.dp_rank :: self.ctx.dp_world]
         correct = 0.0
-        if mine:
+        lockstep = self._lockstep()
+        if mine or (lockstep is not None and held_out):
+            # In lockstep, a rank left without a prompt still decodes one (unscored), so that the
+            # forwards of the ranks with prompts find it.
+            asked = mine or held_out[:1]
             with gathered_for_generation(model, self._reshard_after(model)):
-                out = generate(model, [p.ids for p in mine], self.greedy, self.pad_id, self.ctx.device)
+                out = generate(model, [p.ids for p in asked], self.greedy, self.pad_id, self.ctx.device, lockstep=lockstep)
+        if mine:
             first = self.rewards[0]
             correct = sum(score([first], self._completions(mine, out.lists()))[first.name])
         total = self._global(torch.tensor([[correct, float(len(mine))]], dtype=torch.float64))[0]
