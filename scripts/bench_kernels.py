@@ -8,8 +8,8 @@ A shared CPU's speed drifts by 10-20% over minutes, more than the kernels differ
 after another cannot show a 5% difference. Instead every configuration of one kernel field (auto,
 and each candidate forced) is a live Trainer in this process, built fresh and warmed up, and their optimizer steps
 are interleaved: one step of each, in an order that starts one later every round, `steps` rounds, with
-a matmul peak probe after every round. Adjacent steps meet the same machine, and the medians of the
-step times are compared. Auto and the candidate it picked run the same kernels, so the gap between
+a matmul peak probe after every round. Adjacent steps meet the same machine, and each step is taken
+against its round's median before the medians are compared (`Timed.step`). Auto and the candidate it picked run the same kernels, so the gap between
 those two is printed too: it is this machine's noise at this step count.
 
 One JSON line per field, then a Markdown table: per dtype and field, every candidate's median
@@ -54,25 +54,36 @@ def native_dtypes() -> list[str]:
 
 @dataclass(frozen=True)
 class Timed:
-    """A configuration's step times over the interleaved rounds."""
+    """A configuration's step times over the interleaved rounds, and each round's median step (of
+    every configuration)."""
 
     run: KernelRun
     seconds: list[float]
+    round_medians: list[float]
+
+    def step(self) -> float:
+        """The typical step: the median over rounds of this step against its round's median, times
+        the median round. The machine's drift between rounds (25% over minutes of long steps) then
+        cancels: a configuration whose slow or fast step fell in a slow or fast round is not ranked
+        by that round."""
+        relative = [s / m for s, m in zip(self.seconds, self.round_medians)]
+        return statistics.median(relative) * statistics.median(self.round_medians)
 
     def rate(self) -> float:
-        return self.run.items_per_step / statistics.median(self.seconds)
+        return self.run.items_per_step / self.step()
 
     def mfu(self, peak: float | None) -> str:
         if peak is None:
             return "no peak"
-        return f"{100 * self.run.flops_per_step / statistics.median(self.seconds) / peak:.1f}%"
+        return f"{100 * self.run.flops_per_step / self.step() / peak:.1f}%"
 
 
 def interleave(
     runs: dict[Any, KernelRun], rounds: int, probe: Callable[[], float | None]
 ) -> tuple[dict[Any, Timed], float | None]:
     """`rounds` rounds of one step of every run, each round starting one run later (so no run always
-    follows the same one), and a peak probe after each; (the step times, the median peak)."""
+    follows the same one), and a peak probe after each; (the step times with their rounds' medians,
+    the median peak)."""
     keys = list(runs)
     seconds: dict[Any, list[float]] = {key: [] for key in keys}
     peaks = []
@@ -81,8 +92,10 @@ def interleave(
         for key in keys[shift:] + keys[:shift]:
             seconds[key].append(runs[key].step_seconds())
         peaks.append(probe())
+    round_medians = [statistics.median(seconds[key][r] for key in keys) for r in range(rounds)]
     known = [peak for peak in peaks if peak is not None]
-    return {key: Timed(runs[key], seconds[key]) for key in keys}, statistics.median(known) if known else None
+    timed = {key: Timed(runs[key], seconds[key], round_medians) for key in keys}
+    return timed, statistics.median(known) if known else None
 
 
 def _warm(run: KernelRun, steps: int) -> KernelRun:
@@ -139,7 +152,7 @@ def kernel_table(config: str, steps: int, warmup: int, overrides: list[str], ope
             )
         if not measured:
             first.close()
-    print(f"\n{steps} interleaved rounds after {warmup} warm-up steps, median step times:")
+    print(f"\n{steps} interleaved rounds after {warmup} warm-up steps, medians of steps against their round's:")
     print("| config | dtype | kernel | forced: items/s per process (MFU) | auto picks | auto | auto / fastest "
           "| auto / its pick forced (noise) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")

@@ -2,7 +2,8 @@
 override, live at once with auto, their steps interleaved round by round, medians compared.
 
 Bugs caught: comparing auto against a candidate of another field, or against a mean or the last step
-rather than the median (one step here is an outlier), counting the warm-up steps, running the rounds
+rather than the median (one step here is an outlier), ranking by raw medians that the machine's drift
+between rounds decides, counting the warm-up steps, running the rounds
 in one fixed order, keeping every field's runs alive at once (or never closing them), carrying one
 auto run from field to field, forcing a field
 that has a single candidate, forcing a candidate with the wrong override, and a noise column that
@@ -10,6 +11,7 @@ compares auto with some other candidate than its own pick."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import pytest
@@ -61,10 +63,12 @@ def test_the_table_interleaves_live_runs_and_compares_medians(
     # Every run of the field is closed after it. Nothing forces the single-candidate loss.
     assert events[-3:] == [("close", None), ("close", sdpa), ("close", block)]
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| llama3_debug")]
-    # Medians: auto 1.00 s, sdpa 2.0 s, blocked:64 0.96 s -> 100, 50, 104 items/s; MFU against 4e9.
+    # Round medians 1.00, 5.0, 0.98 s (the middle round is slow for two runs). Steps against them:
+    # auto 1, 1, 1; sdpa 2, 0.38, 2.14; blocked:64 0.95, 1.8, 0.98. Medians 1, 2, 0.98, times the
+    # median round 1.00 s -> 100, 50, 102 items/s; MFU against 4e9.
     assert row == [
-        "| llama3_debug | float32 | attention | sdpa 50 (12.5%), blocked:64 104 (26.0%) | blocked:64 "
-        "| 100 (25.0%) | 96.0% | 96.0% |"
+        "| llama3_debug | float32 | attention | sdpa 50 (12.5%), blocked:64 102 (25.5%) | blocked:64 "
+        "| 100 (25.0%) | 98.0% | 98.0% |"
     ]
 
 
@@ -110,3 +114,24 @@ def test_every_run_of_every_field_has_trained_the_same_steps(monkeypatch: pytest
 
     assert bench_kernels.kernel_table("llama3_debug", 3, 1, [], lambda c, o: TwoFields([], o)) == 0
     assert closed == [1 + 3] * 6  # auto and two candidates, for each of the two fields
+
+
+def test_drift_between_rounds_does_not_rank_the_runs() -> None:
+    """The machine slows down round by round (factors 1, 2, 3); run "b" is 5% slower than "a" but
+    had one fast step (half its time) in the middle round. Raw medians would rank b twice as fast
+    (1.05 s against 2.0 s); each step against its round's median ranks a first, by 5%."""
+
+    class Fixed(FakeRun):
+        def __init__(self, times: list[float]) -> None:
+            super().__init__([], [])
+            self.times = times
+
+        def step_seconds(self) -> float:
+            self.steps += 1
+            return self.times[self.steps - 1]
+
+    a, b = Fixed([1.0, 2.0, 3.0]), Fixed([1.05, 1.05, 3.15])
+    timed, _ = bench_kernels.interleave({"a": a, "b": b}, 3, lambda: None)
+    assert timed["a"].rate() / timed["b"].rate() == pytest.approx(1.05, rel=0.01)
+    # Negative control: the raw medians of the same steps rank them the other way.
+    assert statistics.median(timed["a"].seconds) > statistics.median(timed["b"].seconds)
