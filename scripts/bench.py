@@ -6,9 +6,11 @@
         --steps 10 --out bench_results/
 
 The peak behind MFU is the device's table entry, or on a CPU a matmul probe run in this same process
-just before the timed steps, so MFU compares like with like. With --nproc, the script re-launches
-itself under torchrun for each process count and adds the scaling efficiency (tokens/s per process
-relative to one process).
+after every timed step: MFU is the median over the steps of each step's FLOP/s against the probe
+beside it, so a shared CPU's drift between minutes does not set a whole run against one lucky or
+unlucky probe. Tokens/s and TFLOP/s are over the timed steps alone (the probes excluded). With
+--nproc, the script re-launches itself under torchrun for each process count and adds the scaling
+efficiency (tokens/s per process relative to one process).
 
 --matrix runs every (config x layout) case, each in its own process(es), and writes one JSON line per
 case to <out>/bench.jsonl as it finishes (one file to plot and compare, in the format of metrics.jsonl;
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -58,15 +61,21 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
         trainer.device.synchronize()
         warmup_s = time.perf_counter() - start  # with compile.enable, mostly compiling
         trainer.device.reset_peak_memory()
-        items = 0
-        start = time.perf_counter()
+        items, seconds, peaks, mfus = 0, [], [], []
         for _ in range(steps):
+            start = time.perf_counter()
             loss, _, step_items = trainer.train_step()
+            trainer.device.synchronize()
+            seconds.append(time.perf_counter() - start)
             items += step_items
-        trainer.device.synchronize()
-        elapsed = time.perf_counter() - start
-        # Re-measure the peak now, under the same threads and memory state as the timed steps.
-        peak = host_peak_flops(trainer.device, trainer.compute_dtype)
+            # The peak probed right after each step (the device's table entry on accelerators), under
+            # the same threads and memory state: a shared CPU's speed drifts by 10-20% over minutes,
+            # so each step is set against the probe beside it, and MFU is the median of those.
+            peaks.append(host_peak_flops(trainer.device, trainer.compute_dtype))
+            if peaks[-1]:
+                mfus.append(100 * trainer.rates(step_items, seconds[-1])[1] / peaks[-1])
+        elapsed = sum(seconds)
+        peak = statistics.median(peaks) if all(peaks) else None
         items_per_sec, flops_per_sec = trainer.rates(items, elapsed)
         unit = trainer.task.unit
         record = {
@@ -80,7 +89,7 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
             f"{unit}_per_sec_per_process": round(items_per_sec, 1),
             "tflops_per_process": round(flops_per_sec / 1e12, 4),
             "peak_tflops": round(peak / 1e12, 4) if peak else None,
-            "mfu_percent": round(100 * flops_per_sec / peak, 2) if peak else None,
+            "mfu_percent": round(statistics.median(mfus), 2) if peak else None,
             "peak_memory_gib": round(trainer.device.peak_memory_gib(), 3),
             "step_time_s": round(elapsed / steps, 4),
             "warmup_s": round(warmup_s, 2),
