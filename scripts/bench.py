@@ -71,7 +71,7 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
             # The peak probed right after each step (the device's table entry on accelerators), under
             # the same threads and memory state: a shared CPU's speed drifts by 10-20% over minutes,
             # so each step is set against the probe beside it, and MFU is the median of those.
-            peaks.append(host_peak_flops(trainer.device, trainer.compute_dtype))
+            peaks.append(host_peak_flops(trainer.device, trainer.compute_dtype, fresh=True))
             if peaks[-1]:
                 mfus.append(100 * trainer.rates(step_items, seconds[-1])[1] / peaks[-1])
         elapsed = sum(seconds)
@@ -132,7 +132,7 @@ class TimedTrainer:
         """The device's peak for this run's dtype; on a CPU, probed now (titan_tpu/device/peak.py)."""
         from titan_tpu.device import host_peak_flops
 
-        return host_peak_flops(self.trainer.device, self.trainer.compute_dtype)
+        return host_peak_flops(self.trainer.device, self.trainer.compute_dtype, fresh=True)
 
     def close(self) -> None:
         self.trainer.metrics.close()
