@@ -235,9 +235,19 @@ def sharded_layers() -> dict[str, float]:
 
 
 def single_process_init(config: Any) -> dict[str, torch.Tensor]:
-    """What a single process initialises (the full model is tiny), by canonical parameter name."""
-    spec = models.get_model_spec(config.model.name)
-    args = dataclasses.replace(spec.flavor(config.model.flavor), max_seq_len=config.training.seq_len)
+    """What a single process initialises (the full model is tiny), by canonical parameter name.
+    Layouts differ in their parallelism, compile and checkpointing keys, none of which changes the
+    initial values, so each model, flavor, sequence length and seed is built once per process (the
+    layout-invariant init draws every row from its own generator: seconds on 4 processes)."""
+    return _single_process_init(config.model.name, config.model.flavor, config.training.seq_len, config.training.seed)
+
+
+@functools.cache
+def _single_process_init(model_name: str, flavor: str, seq_len: int, seed: int) -> dict[str, torch.Tensor]:
+    config = load_config("llama3_debug", [f"--model.name={model_name}", f"--model.flavor={flavor}",
+                                          f"--training.seq_len={seq_len}", f"--training.seed={seed}"])  # fmt: skip
+    spec = models.get_model_spec(model_name)
+    args = dataclasses.replace(spec.flavor(flavor), max_seq_len=seq_len)
     with torch.device("meta"):
         model = spec.model_cls(args)
     ctx = ParallelContext(ParallelDims(1, 1, 1, 1, 1))
