@@ -6,11 +6,12 @@ turn, beside what "auto" picked, for every dtype the machine computes natively (
 
 A shared CPU's speed drifts by 10-20% over minutes, more than the kernels differ, so runs timed one
 after another cannot show a 5% difference. Instead every configuration of one kernel field (auto,
-and each candidate forced) is a live Trainer in this process, built fresh and warmed up, and their optimizer steps
-are interleaved: one step of each, in an order that starts one later every round, `steps` rounds, with
-a matmul peak probe after every round. Adjacent steps meet the same machine, and each step is taken
-against its round's median before the medians are compared (`Timed.step`). Auto and the candidate it picked run the same kernels, so the gap between
-those two is printed too: it is this machine's noise at this step count.
+and each candidate forced) is a live Trainer in this process, built fresh and warmed up, and their
+optimizer steps are interleaved: one step of each, in an order that starts one later every round,
+`steps` rounds, with a matmul peak probe after every round. Adjacent steps meet the same machine, and
+each step is taken against its round's median before the medians are compared (`Timed.step`). Auto
+and the candidate it picked run the same kernels, so the gap between those two is printed too: it is
+this machine's noise at this step count.
 
 One JSON line per field, then a Markdown table: per dtype and field, every candidate's median
 tokens/s and MFU (against the median probe), auto's pick, auto against the fastest forced candidate

@@ -104,7 +104,7 @@ class ShardingInvariantInit(TorchDispatchMode):
                 return original(tensor, mean, std, a, b, generator=generator)
             # Off the mode stack while drawing: else each of the few ops per row (a model has
             # thousands of rows) would come back through __torch_dispatch__ in Python, which made
-            # this init 10x slower. (Within __torch_dispatch__, torch takes the mode off itself.)
+            # this init 3-4x slower. (Within __torch_dispatch__, torch takes the mode off itself.)
             TorchDispatchMode.__exit__(self, None, None, None)
             try:
                 self._fill(tensor, Sampler("trunc_normal", (mean, std, a, b)))
