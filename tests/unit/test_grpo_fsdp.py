@@ -66,7 +66,8 @@ def _run(tmp_path: Path, nproc: int, decision: str, *layout: str) -> list[dict]:
     return json.loads((out / "result.json").read_text())
 
 
-def _assert_layouts_match_one_process(tmp_path: Path, model: list[str], layouts: list[tuple[int, list[str]]]) -> None:
+def _assert_layouts_match_one_process(tmp_path: Path, model: list[str], layouts: list[tuple[int, list[str]]]) -> dict:
+    """The checks of every layout against one process; returns the one process's second record."""
     one, one_next = _run(tmp_path, 1, "fp32", *model)
     assert one["reward_std"] > 0, "the test reward must vary within groups, or nothing is learned"
     assert one["grad_norm"] > 1e-3
@@ -80,6 +81,7 @@ def _assert_layouts_match_one_process(tmp_path: Path, model: list[str], layouts:
         assert first["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
         assert second["loss"] == pytest.approx(one_next["loss"], rel=1e-4)
         assert second.get("heldout_accuracy") == one_next.get("heldout_accuracy")  # greedy: the same answers
+    return one_next
 
 
 @pytest.mark.slow
@@ -96,7 +98,8 @@ def test_moe_expert_and_tensor_parallel_match_one_process(tmp_path: Path) -> Non
     lockstep (sampler.generate; its semantics: test_grpo_sampler.py): a rank that stopped decoding on
     its own, or one without a held-out prompt that skipped the evaluation's decoding, would leave the
     others waiting in an all-to-all (a hang, reported by the launcher's timeout)."""
-    _assert_layouts_match_one_process(tmp_path, MOE, [(4, EP_2_FSDP_4), (4, TP_2_FSDP_2)])
+    one_next = _assert_layouts_match_one_process(tmp_path, MOE, [(4, EP_2_FSDP_4), (4, TP_2_FSDP_2)])
+    assert "heldout_accuracy" in one_next  # else the held-out comparison above compared two absences
 
 
 @pytest.mark.slow
