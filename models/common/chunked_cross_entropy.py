@@ -3,9 +3,9 @@
 `F.cross_entropy(logits.float(), ...)` keeps float32 log-probabilities ([tokens, V]) from forward into
 backward, and backward makes float32 gradients of the log-probabilities and of the upcast logits: for
 Llama 3 (V = 128256) at 8192 tokens that is 4.2 GB kept and 8.4 GB transient per sequence, more than
-the rest of the model's activations. Here forward keeps only the logits (which exist anyway) and one
-float32 log-sum-exp per token; backward recomputes the softmax from them. Each pass walks the tokens
-in chunks and upcasts one chunk at a time, so float32 memory is bounded by one chunk.
+the rest of the model's activations. Here one pass walks the tokens in chunks, upcasting one chunk
+at a time, and computes the loss and (in training) its gradient in the logits' dtype: float32 memory
+is bounded by one chunk, and what is kept for backward is that gradient, the logits' size.
 """
 
 from __future__ import annotations
@@ -31,45 +31,64 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     logits [N, V] in any float dtype, labels [N] (int64); labels equal to `ignore_index` contribute
     nothing. The arithmetic runs in float32, or float64 for float64 logits. With every label ignored
     the loss is 0/0 = nan and the gradient zero, as with `F.cross_entropy(reduction="mean")`.
+
+    Where a gradient will be wanted, forward computes it too: d loss / d logits needs the softmax that
+    the log-sum-exp has just exponentiated, so one pass over the chunks does both, and backward only
+    scales it by the incoming gradient (the loss is a scalar, so that is exact). Forward then keeps
+    the gradient (the logits' size and dtype) instead of the logits, which the model may then free;
+    the exp over every logit, the loss's dominant cost, runs once per step instead of twice.
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, tokens_per_chunk: int
+        ctx: Any,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        ignore_index: int,
+        tokens_per_chunk: int,
+        with_grad: bool,
     ) -> torch.Tensor:
         counted, targets = _counted_targets(labels, ignore_index)
-        lse = torch.empty(logits.shape[0], dtype=_accumulation_dtype(logits), device=logits.device)
-        for start in range(0, logits.shape[0], tokens_per_chunk):
-            lse[start : start + tokens_per_chunk] = _log_sum_exp(logits[start : start + tokens_per_chunk])
-        target_logits = logits.gather(1, targets.unsqueeze(1)).squeeze(1).to(lse.dtype)
         count = counted.sum()
-        loss = torch.where(counted, lse - target_logits, 0.0).sum() / count
-        # The labels exist anyway; the mask and targets are recomputed rather than kept (9 bytes a token).
-        ctx.save_for_backward(logits, labels, lse, count)
-        ctx.ignore_index, ctx.tokens_per_chunk = ignore_index, tokens_per_chunk
-        return loss
+        accumulation = _accumulation_dtype(logits)
+        lse = torch.empty(logits.shape[0], dtype=accumulation, device=logits.device)
+        # d loss / d logits = (softmax - one_hot(label)) / count on counted rows, 0 elsewhere.
+        # clamp: with no counted label every row is zero already; 1/0 would turn 0 into nan.
+        row_scale = counted.to(accumulation) / count.clamp(min=1)
+        grad_logits = torch.empty_like(logits) if with_grad else None
+        rows = torch.arange(min(tokens_per_chunk, logits.shape[0]), device=logits.device)
+        for start in range(0, logits.shape[0], tokens_per_chunk):
+            end = start + tokens_per_chunk
+            chunk = logits[start:end]
+            # The chunk's one float32 buffer: shifted by the row max, exponentiated in place.
+            row_max = chunk.amax(dim=1).to(accumulation)  # the max is exact in any dtype
+            # A row of -inf would give -inf - -inf = nan; shifting it by 0 instead gives log(0) = -inf.
+            row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)
+            exps = (chunk - row_max.unsqueeze(1)).exp_()
+            sums = exps.sum(dim=1)
+            lse[start:end] = sums.log() + row_max
+            if grad_logits is not None:
+                scale = row_scale[start:end]
+                exps.mul_((scale / sums).unsqueeze(1))  # the softmax, scaled
+                exps[rows[: exps.shape[0]], targets[start:end]] -= scale
+                grad_logits[start:end] = exps  # cast to the logits' dtype
+            del exps  # else it lives on while the next chunk's buffer is made: two chunks at once
+        target_logits = logits.gather(1, targets.unsqueeze(1)).squeeze(1).to(accumulation)
+        # Held on ctx, not saved: backward scales it in place and lets it go (it is neither an input
+        # nor an output, which is what save_for_backward guards).
+        ctx.grad_logits = grad_logits
+        return torch.where(counted, lse - target_logits, 0.0).sum() / count
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        logits, labels, lse, count = ctx.saved_tensors
-        counted, targets = _counted_targets(labels, ctx.ignore_index)
-        # d loss / d logits = (softmax - one_hot(label)) * grad / count on counted rows, 0 elsewhere.
-        # clamp: with no counted label every row is zero already; 1/0 would turn 0 into nan.
-        row_scale = counted.to(lse.dtype) * (grad_loss.to(lse.dtype) / count.clamp(min=1))
-        grad_logits = torch.empty_like(logits)
-        rows = torch.arange(logits.shape[0], device=logits.device)
-        step = ctx.tokens_per_chunk
-        for start in range(0, logits.shape[0], step):
-            end = start + step
-            # The subtraction promotes to float32 (lse's dtype) and allocates the chunk's one float32
-            # buffer; the rest works in place on it (never on `logits`, which float32 input would alias).
-            probs = logits[start:end] - lse[start:end].unsqueeze(1)
-            probs.exp_()
-            probs[rows[: probs.shape[0]], targets[start:end]] -= 1.0
-            probs.mul_(row_scale[start:end].unsqueeze(1))
-            grad_logits[start:end] = probs  # cast to the logits' dtype
-            del probs  # else it lives on while the next chunk's buffer is made: two chunks at once
-        return grad_logits, None, None, None
+        grad_logits, ctx.grad_logits = ctx.grad_logits, None
+        if grad_logits is None:
+            raise RuntimeError(
+                "the chunked cross-entropy's gradient was not computed (forward ran without grad) or was "
+                "already used (a second backward through it, e.g. retain_graph=True, is not supported)"
+            )
+        # A 0-dim float32 factor: the product is taken in float32 and rounded once to the logits' dtype.
+        return grad_logits.mul_(grad_loss), None, None, None, None
 
 
 def _counted_targets(labels: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,20 +102,11 @@ def _accumulation_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
-def _log_sum_exp(chunk: torch.Tensor) -> torch.Tensor:
-    """Float32 log-sum-exp of each row, with one float32 buffer of the chunk's size
-    (`torch.logsumexp` on an upcast chunk would hold two)."""
-    row_max = chunk.amax(dim=1).to(_accumulation_dtype(chunk))  # the max is exact in any dtype
-    # A row of -inf would give -inf - -inf = nan; shifting it by 0 instead gives log(0) = -inf.
-    row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)
-    shifted = chunk - row_max.unsqueeze(1)
-    return shifted.exp_().sum(dim=1).log_() + row_max
-
-
 def chunked_cross_entropy(
     logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, tokens_per_chunk: int | None = None
 ) -> torch.Tensor:
     """Mean cross-entropy of logits [N, V] against labels [N]; `tokens_per_chunk` defaults to
     `chunk_tokens(V)`."""
     step = chunk_tokens(logits.shape[-1]) if tokens_per_chunk is None else tokens_per_chunk
-    return ChunkedCrossEntropy.apply(logits, labels, ignore_index, step)
+    with_grad = torch.is_grad_enabled() and logits.requires_grad
+    return ChunkedCrossEntropy.apply(logits, labels, ignore_index, step, with_grad)
