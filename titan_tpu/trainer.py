@@ -41,6 +41,7 @@ from titan_tpu.distributed.topology import build_rank_layout
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 from titan_tpu.metrics.mfu import mfu_percent, task_flops_per_sec, with_task_mfu
 from titan_tpu.metrics.plot import write_run_loss_chart
+from titan_tpu.metrics.profiler import StepProfiler
 from titan_tpu.metrics.progress import Progress
 from titan_tpu.optim import build_lr_scheduler, build_optimizer
 from titan_tpu.registered_names import RegisteredNames, check_registered_names
@@ -195,6 +196,7 @@ class Trainer:
         resolved = self.resolved.effective()
         run_config = {name: dataclasses.asdict(section) for name, section in resolved.sections().items()}
         self.metrics = MetricsLogger(self.config.metrics, self.dump_folder, self.is_writer, run_config=run_config)
+        self.profiler = StepProfiler(self.config.profiling, self.dump_folder, self.process.rank, self.device.type)
 
     def _setup_checkpointing(self) -> None:
         config = self.config
@@ -326,15 +328,16 @@ class Trainer:
                 record_now = self._is_record_step(step)
                 saving = self.checkpointer.will_save(step, last=step == training.steps)
                 lr = self.lr_scheduler.get_last_lr()[0]
-                loss, items = self.forward_backward()
-                window.losses.append(loss)
-                window.items += items
-                window.steps += 1
-                if record_now or saving:
-                    # Before the optimizer step: a non-finite loss of this step never reaches the
-                    # weights, and one of an earlier step of the window never reaches a checkpoint.
-                    mean_loss = self._read_losses(window.losses, first_step=step - window.steps + 1)[-1]
-                grad_norm = self.optimizer_step()
+                with self.profiler.step(step):
+                    loss, items = self.forward_backward()
+                    window.losses.append(loss)
+                    window.items += items
+                    window.steps += 1
+                    if record_now or saving:
+                        # Before the optimizer step: a non-finite loss of this step never reaches the
+                        # weights, and one of an earlier step of the window never reaches a checkpoint.
+                        mean_loss = self._read_losses(window.losses, first_step=step - window.steps + 1)[-1]
+                    grad_norm = self.optimizer_step()
                 if compiling is not None:
                     self.device.synchronize()  # the time of the compile and the step, not of queueing them
                     compiling.advance()
@@ -353,6 +356,7 @@ class Trainer:
             self.comm.raise_if_timeout(error)
             raise
         finally:
+            self.profiler.close()
             self.checkpointer.close()
             self.metrics.close()
         if self.is_writer and self.config.metrics.plot_loss:

@@ -31,6 +31,7 @@ from titan_tpu.config.sections import (
     ModelConfig,
     OptimizerConfig,
     ParallelismConfig,
+    ProfilingConfig,
     TrainingConfig,
     ValidationConfig,
 )
@@ -74,6 +75,7 @@ class TrainConfig:
     compile: CompileConfig = dataclasses.field(default_factory=CompileConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    profiling: ProfilingConfig = dataclasses.field(default_factory=ProfilingConfig)
     flux: FluxConfig = dataclasses.field(default_factory=FluxConfig)
     validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
     rl: RLConfig = dataclasses.field(default_factory=RLConfig)
@@ -82,6 +84,11 @@ class TrainConfig:
     def validate(self) -> None:
         for section in self.sections().values():
             section.validate()
+        if self.profiling.enable and self.profiling.start_step > self.training.steps:
+            raise ConfigError(
+                f"profiling.start_step: {self.profiling.start_step} is after the run's last step "
+                f"(training.steps = {self.training.steps}); trace a step the run takes"
+            )
 
     def sections(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

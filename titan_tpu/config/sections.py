@@ -333,6 +333,22 @@ class MetricsConfig:
 
 
 @dataclass
+class ProfilingConfig:
+    enable: bool = opt(False, "Trace optimizer steps with torch.profiler (Perfetto / TensorBoard traces).")
+    start_step: int = opt(3, "First traced optimizer step (1-based; the first steps compile and warm up).")
+    active_steps: int = opt(2, "Number of consecutive steps traced from start_step.")
+    trace_folder: str = opt("profile_traces", "Folder for the traces, relative to job.dump_folder.")
+    memory: bool = opt(
+        False, "Also record allocations: in the trace, and on CUDA an allocator snapshot (memory viz)."
+    )
+
+    def validate(self) -> None:
+        require(self.start_step >= 1, "profiling.start_step", f"must be >= 1, got {self.start_step}")
+        require(self.active_steps >= 1, "profiling.active_steps", f"must be >= 1, got {self.active_steps}")
+        require(bool(self.trace_folder), "profiling.trace_folder", "must not be empty")
+
+
+@dataclass
 class ValidationConfig:
     enable: bool = opt(
         False,

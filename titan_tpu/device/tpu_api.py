@@ -34,6 +34,8 @@ TORCH_TPU_CALLS: dict[str, tuple[str, ...]] = {
     ),
     # Rank layout of the device mesh on the chips' interconnect (dp_replicate over DCN).
     "torch.tpu.distributed.topology_aware_mesh": ("mesh_shape", "dcn_mesh_shape", "allow_split_physical_axes"),
+    # Device-trace options of torch.profiler on TPU (a class); titan_tpu/device/tracing.py.
+    "torch.tpu.profiler.TpuProfilerConfig": ("run_dir", "worker_rank"),
     # The launcher's per-host environment for multi-host jobs.
     "torch.tpu.distributed.set_tpu_launch_env": ("nnodes", "nproc_per_node"),
 }
