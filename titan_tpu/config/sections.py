@@ -55,8 +55,8 @@ class ModelConfig:
     attention_block: int = opt(
         -1,
         "Causal attention kernel: 0 = scaled_dot_product_attention, N = plain matmuls in N-token "
-        "query blocks, -1 = automatic: splash on TPU, SDPA on GPU and CPU, blocked in bf16 on CPUs "
-        "with native bf16 matmuls.",
+        "query blocks, -1 = automatic: the fastest correct candidate measured at the run's shapes "
+        "(SDPA, blocks of 64-512, splash on TPU), cached per machine.",
     )
     overrides: dict[str, Any] = opt_table(
         "Model arguments set on top of the flavor, e.g. { n_layers = 2, dim = 512 }; each is checked "
