@@ -130,6 +130,7 @@ def test_dropping_finished_rows_from_the_batch_changes_no_completion(monkeypatch
     random numbers, are those of decoding the whole batch to the end."""
     import titan_tpu.tasks.grpo.sampler as sampler
 
+    monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", 1)  # a chance to compact after every token
     model = tiny_model()
     prompts = [[5 + i, 9, 23 + i] for i in range(8)]
     free = generate(model, prompts, SamplingParams(12, temperature=1.0), PAD, torch.device("cpu"),
@@ -156,6 +157,7 @@ def test_a_rank_in_lockstep_decodes_until_every_rank_has_stopped(monkeypatch: py
     all-to-all for ever), the batch compacted to no rows, padding steps leaking into a completion."""
     import titan_tpu.tasks.grpo.sampler as sampler
 
+    monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", 1)  # the counts below are per token
     model = tiny_model()
     free = generate(model, PROMPTS, SamplingParams(12, temperature=0.0), PAD, torch.device("cpu"))
     stops = tuple({int(free.tokens[i, 1]) for i in range(len(PROMPTS))})  # every row stops by its 2nd token
@@ -177,3 +179,27 @@ def test_a_rank_in_lockstep_decodes_until_every_rank_has_stopped(monkeypatch: py
     assert len(batches) == 1 + 9 and min(batches) > 0  # the prefill, then one step per check the other rank ran
     assert locked.lists() == alone.lists() and locked.stopped.tolist() == alone.stopped.tolist()
     assert not locked.mask[:, 2:].any() and (locked.tokens[:, 2:] == PAD).all()
+
+
+def test_the_host_looks_at_the_stopped_rows_every_few_tokens_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator each look at which rows stopped waits for the device, so it happens every
+    STOP_CHECK_EVERY tokens; rows stopped in between decode padding, and the completions (tokens,
+    masks, trimmed length) are those of looking after every token. Bugs caught: a look per token, a
+    padding step leaking into a completion, the completions not trimmed to the last real token."""
+    import titan_tpu.tasks.grpo.sampler as sampler
+
+    model = tiny_model()
+    free = generate(model, PROMPTS, SamplingParams(12, temperature=0.0), PAD, torch.device("cpu"))
+    stops = tuple({int(free.tokens[i, 1]) for i in range(len(PROMPTS))})  # every row stops by its 2nd token
+    params = SamplingParams(12, temperature=0.0, stop_ids=stops)
+    looks: list[int] = []
+    all_stopped = sampler._all_stopped
+    monkeypatch.setattr(sampler, "_all_stopped", lambda stopped, group: (looks.append(1), all_stopped(stopped, group))[1])
+    results = {}
+    for every in (1, 4):
+        monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", every)
+        looks.clear()
+        got = generate(model, PROMPTS, params, PAD, torch.device("cpu"))
+        results[every] = (got.tokens.tolist(), got.mask.tolist(), got.stopped.tolist(), len(looks))
+    assert results[1][3] == 2 and results[4][3] == 1  # stopped at token 2: looked at tokens 1, 2 / at token 4
+    assert results[4][:3] == results[1][:3] and len(results[1][0][0]) == 2

@@ -99,6 +99,10 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
 
 # The decode batch is compacted once the rows still running are at most this share of it.
 COMPACT_BELOW = 0.75
+# Decode steps between two looks at which rows have stopped. Each look reads device memory on the
+# host (whether all have stopped, which rows still run), which on an accelerator waits for the queue
+# to drain: every token would stall it. Rows that stop in between decode padding until the next look.
+STOP_CHECK_EVERY = 8
 
 
 @torch.no_grad()
@@ -139,19 +143,24 @@ def generate(
         out[active, t] = next_tokens
         mask[active, t] = ~stopped[active]
         stopped[active] = stopped[active] | torch.isin(next_tokens, stop_ids)
-        if t + 1 == params.max_new_tokens or _all_stopped(stopped, lockstep):
-            out, mask = out[:, : t + 1], mask[:, : t + 1]
+        if t + 1 == params.max_new_tokens:
             break
-        running = (~stopped[active]).nonzero().squeeze(1)
-        # Never down to no row: a rank in lockstep still runs its forwards (a batch of none is not one).
-        if 0 < len(running) <= len(active) * COMPACT_BELOW:
-            # Drop the finished rows from the cache and the batch: with long completions most of a
-            # rollout's rows finish early, and decoding them on as padding would cost as much as
-            # the rows still running.
-            cache.keep_rows(running)
-            active, next_tokens = active[running], next_tokens[running]
+        if (t + 1) % STOP_CHECK_EVERY == 0:
+            if _all_stopped(stopped, lockstep):
+                break
+            running = (~stopped[active]).nonzero().squeeze(1)
+            # Never down to no row: a rank in lockstep still runs its forwards (a batch of none is not one).
+            if 0 < len(running) <= len(active) * COMPACT_BELOW:
+                # Drop the finished rows from the cache and the batch: with long completions most of a
+                # rollout's rows finish early, and decoding them on as padding would cost as much as
+                # the rows still running.
+                cache.keep_rows(running)
+                active, next_tokens = active[running], next_tokens[running]
         logits = logits_of(model(next_tokens[:, None], cache=cache, start_pos=width + t))[:, -1].float()
-    return Completions(tokens=out, mask=mask, stopped=stopped)
+    # Up to the last generated token of any row: the steps after every row had stopped (until the
+    # look that saw it) hold padding only.
+    length = int(mask.any(dim=0).nonzero().max()) + 1
+    return Completions(tokens=out[:, :length], mask=mask[:, :length], stopped=stopped)
 
 
 def _all_stopped(stopped: torch.Tensor, lockstep: dist.ProcessGroup | None) -> bool:
