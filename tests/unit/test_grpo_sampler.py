@@ -29,6 +29,13 @@ def tiny_model() -> Qwen3Model:
     return model.eval()
 
 
+def greedy_stopping_at_the_second_token(model: Qwen3Model) -> SamplingParams:
+    """Greedy decoding of PROMPTS with stop tokens that end every row by its 2nd token."""
+    free = generate(model, PROMPTS, SamplingParams(12, temperature=0.0), PAD, torch.device("cpu"))
+    stops = tuple({int(free.tokens[i, 1]) for i in range(len(PROMPTS))})
+    return SamplingParams(12, temperature=0.0, stop_ids=stops)
+
+
 @torch.no_grad()
 def uncached_greedy(model: Qwen3Model, prompt: list[int], steps: int) -> list[int]:
     tokens = list(prompt)
@@ -159,9 +166,7 @@ def test_a_rank_in_lockstep_decodes_until_every_rank_has_stopped(monkeypatch: py
 
     monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", 1)  # the counts below are per token
     model = tiny_model()
-    free = generate(model, PROMPTS, SamplingParams(12, temperature=0.0), PAD, torch.device("cpu"))
-    stops = tuple({int(free.tokens[i, 1]) for i in range(len(PROMPTS))})  # every row stops by its 2nd token
-    params = SamplingParams(12, temperature=0.0, stop_ids=stops)
+    params = greedy_stopping_at_the_second_token(model)
     batches: list[int] = []
     forward = model.forward
     monkeypatch.setattr(model, "forward", lambda tokens, **kw: (batches.append(tokens.shape[0]), forward(tokens, **kw))[1])
@@ -189,9 +194,7 @@ def test_the_host_looks_at_the_stopped_rows_every_few_tokens_only(monkeypatch: p
     import titan_tpu.tasks.grpo.sampler as sampler
 
     model = tiny_model()
-    free = generate(model, PROMPTS, SamplingParams(12, temperature=0.0), PAD, torch.device("cpu"))
-    stops = tuple({int(free.tokens[i, 1]) for i in range(len(PROMPTS))})  # every row stops by its 2nd token
-    params = SamplingParams(12, temperature=0.0, stop_ids=stops)
+    params = greedy_stopping_at_the_second_token(model)
     looks: list[int] = []
     all_stopped = sampler._all_stopped
     monkeypatch.setattr(sampler, "_all_stopped", lambda stopped, group: (looks.append(1), all_stopped(stopped, group))[1])
