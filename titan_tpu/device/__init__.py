@@ -9,6 +9,7 @@ per-window peak memory, the device's name, the compute dtype it runs natively an
 - `peak`: peak FLOP/s for MFU (published table, or the CPU probe shared per host).
 - `tpu_api`: every torch_tpu function the project calls, by public path.
 - `tpu_runtime`: what a process without TPU device files sets before torch loads.
+- `tracing`: what `torch.profiler` records on each device type (`[profiling]`).
 
 The names below are loaded from their modules on first use, so that importing
 `titan_tpu.device.tpu_runtime` imports no torch: the entry points call it before `import torch`,
