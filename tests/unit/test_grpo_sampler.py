@@ -206,3 +206,33 @@ def test_the_host_looks_at_the_stopped_rows_every_few_tokens_only(monkeypatch: p
         results[every] = (got.tokens.tolist(), got.mask.tolist(), got.stopped.tolist(), len(looks))
     assert results[1][3] == 2 and results[4][3] == 1  # stopped at token 2: looked at tokens 1, 2 / at token 4
     assert results[4][:3] == results[1][:3] and len(results[1][0][0]) == 2
+
+
+def test_the_sampled_log_probs_are_a_training_forwards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each generated token's recorded log-probability equals the log-softmax of a plain forward over
+    the unpadded prompt and completion (fp32, 1e-5), on left-padded prompts of other lengths, at
+    temperature 0.7 with top-p, rows stopping at different steps and the batch compacted; 0 off the
+    mask. Catches log-probs of the tempered or top-p distribution (the negative control), one step
+    off, another row's after compaction, or left padding leaking into them."""
+    import titan_tpu.tasks.grpo.sampler as sampler
+
+    monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", 1)
+    monkeypatch.setattr(sampler, "COMPACT_BELOW", 1.0)
+    model = tiny_model()
+    prompts = [[5 + i, 9, 23 + i, 7][: 1 + i % 4] for i in range(8)]
+    params = SamplingParams(10, temperature=0.7, top_p=0.9)
+    free = generate(model, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    stops = tuple({int(free.tokens[i, 2 + i % 5]) for i in range(0, 8, 2)})
+    params = dataclasses.replace(params, stop_ids=stops)
+    got = generate(model, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    assert len({len(ids) for ids in got.lists()}) > 1, "rows must stop at different steps for this to test anything"
+    assert (got.logps[~got.mask] == 0).all()
+    tempered = []
+    for prompt, ids, logps in zip(prompts, got.lists(), got.logp_lists()):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + ids]))[0, len(prompt) - 1 : -1].float()
+        expected = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+        torch.testing.assert_close(logps, expected, rtol=1e-5, atol=1e-5)
+        tempered.append(torch.log_softmax(logits / 0.7, dim=-1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1))
+    # Negative control: the tempered distribution's log-probs are not within the tolerance.
+    assert any(not torch.allclose(t, l, rtol=1e-5, atol=1e-5) for t, l in zip(tempered, got.logp_lists()))

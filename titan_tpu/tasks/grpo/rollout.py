@@ -1,5 +1,8 @@
 """One rollout batch: prompts -> G sampled completions each -> rewards -> advantages -> training
-micro-batches carrying the rollout policy's (and the reference's) per-token log-probabilities.
+micro-batches carrying the rollout policy's (and the reference's) per-token log-probabilities. The
+rollout policy's are the sampler's own, recorded from the logits each token was drawn from: the
+same function of the same weights as a training forward over the finished row (the KV cache and
+left padding change the rounding only), without that forward's cost.
 
 Rows are numbered globally: row = prompt index x G + completion index, the same on every parallel
 layout. The batch is cut into mini-batches of `global_batch` rows in order (one optimizer step each);
@@ -23,11 +26,15 @@ from titan_tpu.tasks.validation import logits_of
 class MicroBatch:
     """tokens [b, L]: prompt then completion, right-padded; mask [b, L-1] marks the positions whose
     next token is a completion token; old/ref log-probs [b, L-1] of those next tokens; advantages [b];
-    token_normaliser: the mini-batch's completion tokens / (micro-batches x ranks) (token_mean)."""
+    token_normaliser: the mini-batch's completion tokens / (micro-batches x ranks) (token_mean).
+
+    old_logps is None where the batch is trained by the very weights that sampled it (the first
+    mini-batch of a rollout used once): the old log-probs are then the training forward's own,
+    detached, so the importance ratio is exactly 1 there."""
 
     tokens: torch.Tensor
     mask: torch.Tensor
-    old_logps: torch.Tensor
+    old_logps: torch.Tensor | None
     ref_logps: torch.Tensor | None
     advantages: torch.Tensor
     token_normaliser: float
@@ -64,6 +71,17 @@ def pack_sequences(
     return tokens.to(device), mask.to(device)
 
 
+def place_completion_logps(
+    prompt_lengths: Sequence[int], completion_logps: Sequence[torch.Tensor], mask: torch.Tensor
+) -> torch.Tensor:
+    """Each row's completion log-probs [T_i] at its completion positions of a [b, L-1] tensor laid out
+    like `pack_sequences`' mask (the position before each token predicts it); 0 elsewhere."""
+    placed = torch.zeros(mask.shape, dtype=torch.float32)
+    for i, (prompt_len, logps) in enumerate(zip(prompt_lengths, completion_logps)):
+        placed[i, prompt_len - 1 : prompt_len - 1 + len(logps)] = logps
+    return placed.to(mask.device)
+
+
 def build_micro_batches(
     rows: list[list[int]],
     prompts: dict[int, list[int]],
@@ -75,14 +93,18 @@ def build_micro_batches(
     dp_world: int,
     pad_id: int,
     device: torch.device,
-    policy_logps: Callable[[torch.Tensor], torch.Tensor],
+    sampled_logps: dict[int, torch.Tensor],
     reference_logps: Callable[[torch.Tensor], torch.Tensor] | None,
+    first_on_policy: bool,
 ) -> list[MicroBatch]:
-    """Micro-batches of every mini-batch in `rows` (this rank's rows per mini-batch), with the log-probs
-    of the policy as it is now (the rollout policy) and of the reference. `completion_lengths` [N] holds
-    every row's completion length, all ranks' rows included."""
+    """Micro-batches of every mini-batch in `rows` (this rank's rows per mini-batch), with the rollout
+    policy's log-probs of each row's completion tokens (`sampled_logps`, as the sampler recorded them)
+    and the reference's. `completion_lengths` [N] holds every row's completion length, all ranks'
+    rows included. `first_on_policy`: the first mini-batch is trained before any update (each
+    mini-batch is used once), so it trains on its own log-probs (its old_logps None)."""
     batches = []
-    for mini in rows:
+    for index, mini in enumerate(rows):
+        on_policy = first_on_policy and index == 0
         micro_count = len(mini) // micro_batch
         first = mini[0] // global_batch * global_batch
         mini_batch_tokens = float(completion_lengths[first : first + global_batch].sum())
@@ -93,7 +115,9 @@ def build_micro_batches(
                 MicroBatch(
                     tokens=tokens,
                     mask=mask,
-                    old_logps=policy_logps(tokens),
+                    old_logps=None if on_policy else place_completion_logps(
+                        [len(prompts[r]) for r in chunk], [sampled_logps[r] for r in chunk], mask
+                    ),
                     ref_logps=reference_logps(tokens) if reference_logps is not None else None,
                     advantages=advantages[chunk].to(device),
                     token_normaliser=mini_batch_tokens / (micro_count * dp_world),

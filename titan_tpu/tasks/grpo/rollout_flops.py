@@ -12,8 +12,8 @@ A rollout row with a prompt of P tokens and a completion of T tokens (stop token
   (P forward(P): no causal discount, as training counts it), then one decode step per generated token
   fed back, the j-th against the P + j keys its cache then holds, j = 1 .. T-1 (the last token is
   never fed back: nothing is sampled after it);
-- each log-probability pass over prompt + completion (the rollout policy's, and the reference's when
-  rl.beta > 0): (P + T) forward(P + T), the row's full square.
+- each log-probability pass over prompt + completion (the reference's, when rl.beta > 0; the rollout
+  policy's are recorded while sampling): (P + T) forward(P + T), the row's full square.
 
 What the batch also computes for padding (left-padded prompts, finished rows decoded until the batch
 is compacted, right-padded log-prob micro-batches) is overhead, not model work, and is not counted,

@@ -46,14 +46,22 @@ class SamplingParams:
 @dataclass
 class Completions:
     """tokens [B, T] (padding after a row's stop token is `pad_id`); mask [B, T] is True on generated
-    tokens up to and including the stop token; stopped [B] says whether a row stopped by itself."""
+    tokens up to and including the stop token; stopped [B] says whether a row stopped by itself;
+    logps [B, T] (float32, 0 off the mask): each generated token's log-probability under the model's
+    own distribution, before temperature and top-p, the quantity a training forward's log-softmax
+    gives (GRPO's old log-probabilities)."""
 
     tokens: torch.Tensor
     mask: torch.Tensor
     stopped: torch.Tensor
+    logps: torch.Tensor
 
     def lists(self) -> list[list[int]]:
         return [row[m].tolist() for row, m in zip(self.tokens, self.mask)]
+
+    def logp_lists(self) -> list[torch.Tensor]:
+        """Each row's log-probabilities of its completion tokens (the ones `lists` gives), on the host."""
+        return [row[m].cpu() for row, m in zip(self.logps, self.mask)]
 
 
 def row_uniforms(seeds: Sequence[int], length: int) -> torch.Tensor:
@@ -133,6 +141,7 @@ def generate(
     stop_ids = torch.tensor(params.stop_ids, dtype=torch.long, device=device)
     out = torch.full((batch, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.bool, device=device)
+    logps = torch.zeros(batch, params.max_new_tokens, dtype=torch.float32, device=device)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
     active = torch.arange(batch, device=device)  # the rows still decoding, in the cache's row order
     if uniforms is not None:
@@ -141,7 +150,11 @@ def generate(
         step_uniforms = uniforms[active, t] if uniforms is not None else None
         next_tokens = pick_tokens(logits, params, step_uniforms).masked_fill(stopped[active], pad_id)
         out[active, t] = next_tokens
-        mask[active, t] = ~stopped[active]
+        live = ~stopped[active]
+        mask[active, t] = live
+        # From the logits the token was drawn from: no second forward is needed for them.
+        token_logps = torch.log_softmax(logits, dim=-1).gather(-1, next_tokens[:, None]).squeeze(-1)
+        logps[active, t] = token_logps.masked_fill(~live, 0.0)
         stopped[active] = stopped[active] | torch.isin(next_tokens, stop_ids)
         if t + 1 == params.max_new_tokens:
             break
@@ -160,7 +173,7 @@ def generate(
     # Up to the last generated token of any row: the steps after every row had stopped (until the
     # look that saw it) hold padding only.
     length = int(mask.any(dim=0).nonzero().max()) + 1
-    return Completions(tokens=out[:, :length], mask=mask[:, :length], stopped=stopped)
+    return Completions(tokens=out[:, :length], mask=mask[:, :length], stopped=stopped, logps=logps[:, :length])
 
 
 def _all_stopped(stopped: torch.Tensor, lockstep: dist.ProcessGroup | None) -> bool:

@@ -162,6 +162,7 @@ class GRPOTask(TrainingTask):
             out = generate(model, [prompts[r] for r in mine], self.params, self.pad_id, ctx.device,
                            uniforms=row_uniforms(seeds, rl.max_new_tokens), lockstep=self._lockstep())
         completions = dict(zip(mine, out.lists()))
+        sampled_logps = dict(zip(mine, out.logp_lists()))
         # Rewards, each reward's part and lengths of this rank's rows, summed with the other ranks'.
         parts = score(self.rewards, self._completions([taken[r // rl.group_size] for r in mine],
                                                       [completions[r] for r in mine]))  # fmt: skip
@@ -178,13 +179,14 @@ class GRPOTask(TrainingTask):
         reference = self.reference
         batches = build_micro_batches(
             rows, prompts, completions, advantages, lengths, global_batch, ctx.local_batch_size, ctx.dp_world,
-            self.pad_id, ctx.device, lambda tokens: token_logps(model, tokens),
+            self.pad_id, ctx.device, sampled_logps,
             (lambda tokens: token_logps(reference, tokens)) if reference is not None else None,
+            first_on_policy=rl.updates_per_rollout == 1,
         )
         for _ in range(rl.updates_per_rollout):
             self.queue.extend(batches)
         # The rollout's time is all of it that is not the policy update: sampling, rewards, and the
-        # old (and reference) log-probabilities of the micro-batches.
+        # reference's log-probabilities of the micro-batches.
         rollout_time = time.perf_counter() - start
         stats = self._stats
         stats["rollouts"] += 1
@@ -198,15 +200,16 @@ class GRPOTask(TrainingTask):
         # the whole job, which step_metrics shares out per process as the trainer's TFLOP/s are.
         cost = ForwardCost.of_family(ctx.spec.flops_per_token, self.args)
         every_row = [(len(taken[r // rl.group_size].ids), int(lengths[r])) for r in range(self.rows)]
-        stats["rollout_flops"] += rollout_flops(cost, every_row, scoring_passes=1 + (reference is not None))
+        stats["rollout_flops"] += rollout_flops(cost, every_row, scoring_passes=int(reference is not None))
 
     # ------------------------------------------------------------------------------ loss
 
     def loss(self, model: nn.Module, batch: MicroBatch) -> TaskLoss:
         rl = self.rl
         logps = token_logps(model, batch.tokens)
+        old_logps = logps.detach() if batch.old_logps is None else batch.old_logps
         terms = grpo_loss(
-            logps, batch.old_logps, batch.advantages, batch.mask, eps_low=rl.eps_low, eps_high=rl.eps_high,
+            logps, old_logps, batch.advantages, batch.mask, eps_low=rl.eps_low, eps_high=rl.eps_high,
             aggregation=rl.loss_aggregation, max_completion_tokens=rl.max_new_tokens, beta=rl.beta,  # type: ignore[arg-type]
             ref_logps=batch.ref_logps, token_normaliser=batch.token_normaliser,
         )
