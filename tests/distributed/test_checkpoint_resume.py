@@ -48,15 +48,25 @@ def copy_step(source: Path, step: int, dump: Path) -> None:
 
 @pytest.mark.slow
 def test_fsdp2_resume_is_bitwise_exact(tmp_path: Path) -> None:
+    """Also past a damaged newest checkpoint: step 20's files are checked half by each rank, and the
+    one with a flipped byte (whichever rank checks it) sends both back to step 10."""
     fsdp = ["--parallelism.dp_shard=2", "--checkpoint.interval=10"]
     straight = torchrun(2, tmp_path / "straight", *fsdp)
     assert sorted(straight) == list(range(1, 21))
-    # The run "stopped" after step 10: a dump folder holding only what it had saved by then.
+    # The run "stopped" after step 10: a dump folder holding what it had saved by then, and a step 20
+    # that was damaged on disk.
     copy_step(tmp_path / "straight", 10, tmp_path / "resumed")
+    damaged = tmp_path / "resumed" / "checkpoint" / "step-20"
+    shutil.copytree(tmp_path / "straight" / "checkpoint" / "step-20", damaged)
+    largest = max((p for p in damaged.iterdir() if p.name != layout.MANIFEST), key=lambda p: p.stat().st_size)
+    raw = bytearray(largest.read_bytes())
+    raw[len(raw) // 3] ^= 0x10
+    largest.write_bytes(bytes(raw))
     resumed = torchrun(2, tmp_path / "resumed", *fsdp)
     assert sorted(resumed) == list(range(11, 21))
     mismatched = {s: (resumed[s], straight[s]) for s in resumed if resumed[s] != straight[s]}
     assert not mismatched, f"resumed != straight at {mismatched}"
+    assert (damaged.parent / "step-20.damaged-corrupted" / largest.name).read_bytes() == bytes(raw)
 
 
 def in_process(dump: Path, *args: str) -> tuple[int, dict[int, float]]:

@@ -163,11 +163,12 @@ def test_truncated_file_names_folder_and_file(tmp_path: Path) -> None:
     with open(data_file, "r+b") as f:
         f.truncate(data_file.stat().st_size // 2)
     with pytest.raises(ConfigError) as err:
-        _load(tmp_path)
+        _load(tmp_path, on_damage="stop")
     message = str(err.value)
     assert "\n" not in message
     assert str(folder) in message and "__0_0.distcp" in message and "truncated" in message
-    assert "load_step" in message
+    assert "load_step" in message and "on_damage" in message and "other complete: 2" in message
+    assert folder.is_dir()  # stop moves nothing
     assert _load(tmp_path, load_step=2) == 2  # an older one still loads
 
 
@@ -178,14 +179,14 @@ def test_flipped_byte_is_detected(tmp_path: Path) -> None:
     raw[len(raw) // 2] ^= 0xFF
     data_file.write_bytes(bytes(raw))
     with pytest.raises(ConfigError, match=r"step-4: file __0_0\.distcp is corrupted"):
-        _load(tmp_path)
+        _load(tmp_path, on_damage="stop")
 
 
 def test_missing_manifest_or_metadata(tmp_path: Path) -> None:
     folder = _saved(tmp_path)
     (folder / ".metadata").unlink()
     with pytest.raises(ConfigError, match=r"step-4: file \.metadata is missing"):
-        _load(tmp_path)
+        _load(tmp_path, on_damage="stop")
 
 
 def test_load_step_that_does_not_exist(tmp_path: Path) -> None:
@@ -259,3 +260,80 @@ def test_unreadable_data_is_one_line_even_when_the_manifest_agrees(tmp_path: Pat
         _load(tmp_path)
     assert str(err.value).startswith(f"checkpoint {folder}: could not be loaded: ")
     assert "\n" not in str(err.value)
+
+
+def _flip(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def _append(path: Path) -> None:
+    with open(path, "ab") as f:
+        f.write(b"x")
+
+
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+@pytest.mark.parametrize(
+    ("damage", "target", "why"),
+    [
+        (_flip, "__0_0.distcp", "corrupted"),
+        (_truncate, "__0_0.distcp", "truncated"),
+        (_append, ".metadata", "extended"),
+        (Path.unlink, "__0_0.distcp", "missing"),
+        (lambda p: p.write_text("{not json"), layout.MANIFEST, "manifest"),
+    ],
+    ids=["flipped", "truncated", "appended", "deleted", "bad_manifest"],
+)
+def test_fallback_moves_the_damaged_newest_aside_under_its_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage, target: str, why: str  # type: ignore[no-untyped-def]
+) -> None:
+    """Each kind of damage to the newest checkpoint: it is moved to step-4.damaged-<why> with its files
+    as they were and a note of what was found, one warning says so, and step 2 loads. Catches a damaged
+    checkpoint loaded or deleted, and a name that does not say why."""
+    folder = _saved(tmp_path)
+    damage(folder / target)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with caplog.at_level("WARNING"):
+        assert _load(tmp_path) == 2
+    aside = tmp_path / "checkpoint" / f"step-4.damaged-{why}"
+    assert not folder.exists() and {p.name: p.read_bytes() for p in aside.iterdir() if p.name != layout.DAMAGE_NOTE} == before
+    assert target in (aside / layout.DAMAGE_NOTE).read_text()
+    assert layout.complete_steps(tmp_path / "checkpoint") == [2]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and target in warnings[0] and aside.name in warnings[0]
+
+
+def test_an_explicit_load_step_that_is_damaged_stops_and_moves_nothing(tmp_path: Path) -> None:
+    folder = _saved(tmp_path)
+    _flip(folder / "__0_0.distcp")
+    with pytest.raises(ConfigError, match=r"step-4: file __0_0\.distcp is corrupted .*; pick another") as err:
+        _load(tmp_path, load_step=4)
+    assert "on_damage" not in str(err.value)  # naming the step is a request for that one
+    assert folder.is_dir() and layout.complete_steps(tmp_path / "checkpoint") == [2, 4]
+
+
+def test_when_every_checkpoint_is_damaged_the_run_starts_fresh_and_keeps_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = _saved(tmp_path)
+    _flip(folder / "__0_0.distcp")
+    _truncate(folder.parent / "step-2" / "__0_0.distcp")
+    with caplog.at_level("WARNING"):
+        assert _load(tmp_path) is None
+    root = tmp_path / "checkpoint"
+    assert sorted(p.name for p in root.iterdir()) == ["step-2.damaged-truncated", "step-4.damaged-corrupted"]
+    assert "no intact checkpoint left" in caplog.records[-1].getMessage()
+    # A run from scratch saves beside them and its retention never touches them.
+    run(tmp_path, 6, keep_latest_k=1)
+    assert sorted(p.name for p in root.iterdir()) == ["step-2.damaged-truncated", "step-4.damaged-corrupted", "step-6"]
+
+
+def test_a_second_damage_of_the_same_step_gets_a_name_of_its_own(tmp_path: Path) -> None:
+    (tmp_path / "step-4.damaged-corrupted").mkdir()
+    assert layout.damaged_dir(tmp_path, 4, "corrupted").name == "step-4.damaged-corrupted-2"
+    assert layout.damaged_dir(tmp_path, 4, "missing").name == "step-4.damaged-missing"

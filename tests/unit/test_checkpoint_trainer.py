@@ -72,3 +72,30 @@ def test_seed_checkpoint_gives_every_run_the_same_start(tmp_path: Path) -> None:
             assert torch.equal(value, seed_weights[key]), key
     finally:
         trainer.close()
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    """A byte flipped in the newest checkpoint's largest file: the restart (checkpoint.on_damage at its
+    default, fallback) moves that folder aside untouched, resumes from the checkpoint before it, and
+    every later loss equals the uninterrupted run's bit for bit. Catches a damaged checkpoint loaded,
+    deleted or altered, a fallback that skips past the previous one, and a resume that is not exact."""
+    start, straight = train(tmp_path / "a", "--training.steps=6", "--checkpoint.interval=2")
+    assert start == 0 and layout.complete_steps(tmp_path / "a" / "checkpoint") == [2, 4, 6]
+    # "Stopped after step 4", whose save was then damaged on disk.
+    root = tmp_path / "b" / "checkpoint"
+    root.mkdir(parents=True)
+    for step in (2, 4):
+        shutil.copytree(tmp_path / "a" / "checkpoint" / f"step-{step}", root / f"step-{step}")
+    largest = max((p for p in (root / "step-4").iterdir() if p.name != layout.MANIFEST), key=lambda p: p.stat().st_size)
+    raw = bytearray(largest.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    largest.write_bytes(bytes(raw))
+    start, resumed = train(tmp_path / "b", "--training.steps=6", "--checkpoint.interval=2")
+    assert start == 2 and sorted(resumed) == [3, 4, 5, 6]
+    for step in (3, 4, 5, 6):
+        assert resumed[step] == straight[step], f"step {step}: {resumed[step]!r} != {straight[step]!r}"
+    aside = root / "step-4.damaged-corrupted"
+    assert (aside / largest.name).read_bytes() == bytes(raw)
+    assert largest.name in (aside / layout.DAMAGE_NOTE).read_text()
+    # The resumed run saved its own step 4 and 6 beside the damaged folder; retention left it alone.
+    assert layout.complete_steps(root) == [2, 4, 6]

@@ -169,7 +169,7 @@ def _checkpoint_model_tensors(step_folder: Path) -> dict[str, TensorStorageMetad
     manifest = layout.read_manifest(step_folder)
     problem = check_files(step_folder, manifest["files"], sorted(manifest["files"]))
     if problem is not None:
-        raise ConfigError(problem)
+        raise ConfigError(str(problem))
     metadata = read_metadata_file(step_folder / ".metadata")
     return {
         key.removeprefix("model."): md

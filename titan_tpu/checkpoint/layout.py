@@ -6,6 +6,8 @@
             manifest.json           written last, before the rename: files, sizes, CRC-32s
         .step-20.tmp-1a2b3c4d/      a save in progress (or left by a killed run): never loaded
         .step-5.deleting-1a2b3c4d/  retention moving an old checkpoint out of sight before deleting it
+        step-30.damaged-corrupted/  failed its check when a run resumed from it (checkpoint.on_damage =
+                                    "fallback"): moved aside, never loaded, never deleted
 
 A checkpoint counts as complete only when its folder has the final name AND its manifest. The rename is
 atomic, so a run killed at any moment leaves either the old set of complete checkpoints or the new one.
@@ -34,6 +36,7 @@ from titan_tpu.config.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+DAMAGE_NOTE = "damage.txt"  # in a folder moved aside as damaged: when, and what was found
 FORMAT_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _TEMP_RE = re.compile(r"^\.step-(\d+)\.(tmp|deleting)-[0-9a-z]+$")
@@ -45,6 +48,16 @@ def step_dir(root: Path, step: int) -> Path:
 
 def temp_dir(root: Path, step: int, run_id: str) -> Path:
     return root / f".step-{step}.tmp-{run_id}"
+
+
+def damaged_dir(root: Path, step: int, why: str) -> Path:
+    """Where a damaged `step-N` goes: `step-N.damaged-<why>`, with -2, -3, ... when taken before."""
+    folder = root / f"step-{step}.damaged-{why}"
+    copy = 2
+    while folder.exists():
+        folder = root / f"step-{step}.damaged-{why}-{copy}"
+        copy += 1
+    return folder
 
 
 def is_complete(folder: Path) -> bool:

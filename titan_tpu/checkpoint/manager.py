@@ -34,11 +34,14 @@ from titan_tpu.checkpoint.state import (
     check_model_fits,
 )
 from titan_tpu.checkpoint.storage import (
+    METADATA_FILE,
     ChecksummingWriter,
+    Damage,
     SafeFileSystemReader,
     SafeLoadPlanner,
     check_files,
     describe_error,
+    fsync_dir,
     quiet_single_process,
     read_metadata_file,
     referenced_files,
@@ -273,10 +276,7 @@ class CheckpointManager:
         """
         if not self.cfg.enable:
             return None
-        choice = layout.choose_step(self.root, self.cfg.load_step) if self.rank == 0 else None
-        step, error, newer = self._broadcast(choice)
-        if error is not None:
-            raise ConfigError(error)
+        step, newer, moved = self._choose_intact()
         if newer:
             self._say(
                 logging.WARNING,
@@ -286,10 +286,13 @@ class CheckpointManager:
                 ", ".join(map(str, newer)),
             )
         if step is None:
-            self._say(logging.INFO, "checkpoint: nothing to resume in %s; starting fresh", self.root)
+            if moved:
+                names = ", ".join(path.name for path in moved)
+                self._say(logging.WARNING, "checkpoint: no intact checkpoint left in %s (moved aside: %s); starting fresh", self.root, names)
+            else:
+                self._say(logging.INFO, "checkpoint: nothing to resume in %s; starting fresh", self.root)
             return None
         folder = layout.step_dir(self.root, step)
-        self._verify(folder)
         metadata = read_metadata_file(folder / ".metadata")
         states = self._states_to_load(folder, metadata)
         state_dict = {name: state.state_dict() for name, state in states.items()}
@@ -315,24 +318,69 @@ class CheckpointManager:
         self._say(logging.INFO, "checkpoint: loaded %s (%s)", folder, ", ".join(states))
         return step
 
-    def _verify(self, folder: Path) -> None:
-        """Sizes and CRC-32s of every file against the manifest, the files split between the ranks."""
-        manifest = layout.read_manifest(folder)
-        files = manifest["files"]
-        metadata_problem = check_files(folder, files, [".metadata"]) if self.rank == 0 else None
+    def _choose_intact(self) -> tuple[int | None, list[int], list[Path]]:
+        """The step to load: checkpoint.load_step's, or the newest complete one whose files pass their
+        check, the damaged ones newer than it moved aside first (checkpoint.on_damage = "fallback");
+        with the complete steps after it and the folders moved aside."""
+        moved: list[Path] = []
+        while True:
+            choice = layout.choose_step(self.root, self.cfg.load_step) if self.rank == 0 else None
+            step, error, newer = self._broadcast(choice)
+            if error is not None:
+                raise ConfigError(error)
+            if step is None:
+                return None, newer, moved
+            folder = layout.step_dir(self.root, step)
+            damage = self._verify(folder)
+            if damage is None:
+                return step, newer, moved
+            if self.cfg.load_step != -1 or self.cfg.on_damage == "stop":
+                others = ", ".join(str(s) for s in layout.complete_steps(self.root) if s != step) or "none"
+                fallback = ' or checkpoint.on_damage = "fallback"' if self.cfg.load_step == -1 else ""
+                raise ConfigError(f"{damage}; pick another with --checkpoint.load_step{fallback} (other complete: {others})")
+            moved.append(self._move_aside(folder, damage))
+            self._say(
+                logging.WARNING,
+                "checkpoint: %s; moved it to %s (kept, never loaded) and trying the one before",
+                damage,
+                moved[-1],
+            )
+
+    def _verify(self, folder: Path) -> Damage | None:
+        """Sizes and CRC-32s of every file against the manifest, the files split between the ranks:
+        the first rank's damage found, the same on every rank, or None."""
+        damage = self._check(folder)
+        found = [d for d in self._gather(damage) if d is not None]
+        return found[0] if found else None
+
+    def _check(self, folder: Path) -> Damage | None:
+        try:
+            files = layout.read_manifest(folder)["files"]
+        except ConfigError as e:
+            return Damage("manifest", str(e))
+        metadata_damage = check_files(folder, files, [METADATA_FILE]) if self.rank == 0 else None
         names = sorted(files)
         mine = [name for i, name in enumerate(names) if i % self.world_size == self.rank]
-        problem = metadata_problem or check_files(folder, files, mine)
-        if problem is None and self.rank == 0:
-            unlisted = referenced_files(read_metadata_file(folder / ".metadata")) - set(files)
+        damage = metadata_damage or check_files(folder, files, mine)
+        if damage is None and self.rank == 0:
+            unlisted = referenced_files(read_metadata_file(folder / METADATA_FILE)) - set(files)
             if unlisted:
-                problem = f"checkpoint {folder}: file {sorted(unlisted)[0]} is not in its {layout.MANIFEST}"
-        problems = [p for p in self._gather(problem) if p is not None]
-        if problems:
-            listed = ", ".join(map(str, layout.complete_steps(self.root)))
-            raise ConfigError(
-                f"{problems[0]}; pick another with --checkpoint.load_step (complete: {listed})"
-            )
+                message = f"checkpoint {folder}: file {sorted(unlisted)[0]} is not in its {layout.MANIFEST}"
+                damage = Damage("unlisted", message)
+        return damage
+
+    def _move_aside(self, folder: Path, damage: Damage) -> Path:
+        """Rename a damaged checkpoint out of the loadable names (rank 0), with a note of what was found;
+        the new path, on every rank."""
+        aside = None
+        if self.rank == 0:
+            aside = layout.damaged_dir(self.root, int(folder.name.removeprefix("step-")), damage.why)
+            folder.rename(aside)
+            fsync_dir(self.root)
+            (aside / layout.DAMAGE_NOTE).write_text(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {damage}\n", encoding="utf-8")
+        aside = self._broadcast(aside)
+        self._barrier()
+        return aside
 
     def _states_to_load(self, folder: Path, metadata: Metadata) -> dict[str, Any]:
         keys = metadata.state_dict_metadata

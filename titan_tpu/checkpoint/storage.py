@@ -16,6 +16,7 @@ import pickle
 import warnings
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +176,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def check_files(folder: Path, files: dict[str, dict[str, int]], names: list[str]) -> str | None:
+@dataclass(frozen=True)
+class Damage:
+    """What is wrong with a checkpoint folder: `why`, one word for the name the folder is moved aside
+    under (missing, truncated, extended, corrupted, unlisted, manifest), and `message`, one line that
+    names the folder and the file."""
+
+    why: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def check_files(folder: Path, files: dict[str, dict[str, int]], names: list[str]) -> Damage | None:
     """The first problem with `names` (a subset of the manifest's files), or None when all are intact."""
     for name in names:
         expected = files[name]
@@ -183,13 +197,13 @@ def check_files(folder: Path, files: dict[str, dict[str, int]], names: list[str]
         try:
             size = path.stat().st_size
         except FileNotFoundError:
-            return f"checkpoint {folder}: file {name} is missing"
+            return Damage("missing", f"checkpoint {folder}: file {name} is missing")
         if size != expected["size"]:
-            kind = "truncated" if size < expected["size"] else "longer than written"
+            why, kind = ("truncated", "truncated") if size < expected["size"] else ("extended", "longer than written")
             sizes = f"{size} bytes, manifest says {expected['size']}"
-            return f"checkpoint {folder}: file {name} is {kind} ({sizes})"
+            return Damage(why, f"checkpoint {folder}: file {name} is {kind} ({sizes})")
         if file_digest(path)["crc32"] != expected["crc32"]:
-            return f"checkpoint {folder}: file {name} is corrupted (CRC-32 differs from the manifest)"
+            return Damage("corrupted", f"checkpoint {folder}: file {name} is corrupted (CRC-32 differs from the manifest)")
     return None
 
 

@@ -296,6 +296,12 @@ class CheckpointConfig:
         "disabled", "async writes in the background while training continues."
     )
     load_step: int = opt(-1, "Resume from this step; -1 takes the newest complete checkpoint.")
+    on_damage: Literal["fallback", "stop"] = opt(
+        "fallback",
+        "When the newest checkpoint fails its check at resume (a file missing, truncated or not matching its "
+        "CRC-32): fallback = move it aside as step-N.damaged-<why> (kept, never loaded) and resume from the "
+        "previous one; stop = refuse to start, naming the file. A load_step named explicitly always stops.",
+    )
     initial_load_path: str = opt(
         "", "Hugging Face folder (config.json + safetensors) to take the initial weights from."
     )
