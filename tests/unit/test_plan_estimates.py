@@ -122,3 +122,25 @@ def test_the_command_prints_the_plan(capsys: pytest.CaptureFixture[str]) -> None
     assert "dp_replicate 1 x dp_shard 32 x tp 8" in out and "fits:" in out and "MFU" in out
     assert main(["--config", "llama3_70b", "--chips", "v6e-256", "--parallelism.dp_shard=3"]) == 2
     assert "dp_shard 3 x tp 8 = 24, but 256 processes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("mode", "option", "wrapped"), [("full", "2", 8), ("selective", "2", 4), ("selective", "op", 8)])
+def test_activation_offload_leaves_one_checkpointed_input_on_the_device(mode: str, option: str, wrapped: int) -> None:
+    """With offload, every checkpointed block's kept input moves to host memory but the one in flight:
+    what is kept into backward falls by (checkpointed blocks - 1) inputs, and the peak by at most
+    that (full checkpointing, at the last block's backward: the 7 inputs before it, less the one in
+    flight). Catches inputs of unwrapped blocks counted as moved, none moved, and the one in flight
+    left out. (Not measured: on a CPU host the host memory is the device's.)"""
+    from titan_tpu.config.sections import ActivationCheckpointConfig
+    from titan_tpu.models.planning import BlockActivations
+    from titan_tpu.plan.activations import Geometry, estimate_activations
+
+    block = BlockActivations(full=100.0, selective_op=40.0, checkpointed=10.0, backward=30.0)
+    geometry = Geometry(micro_batch=2, tokens_per_sample=1000, act_bytes=2)
+    plain = estimate_activations(block, 8, geometry, ActivationCheckpointConfig(mode, option))
+    offloaded = estimate_activations(block, 8, geometry, ActivationCheckpointConfig(mode, option, offload=True))
+    one_input = 10 * geometry.tokens
+    assert plain.kept - offloaded.kept == (wrapped - 1) * one_input
+    assert 0 < plain.peak - offloaded.peak <= (wrapped - 1) * one_input
+    if mode == "full":
+        assert plain.peak - offloaded.peak == 6 * one_input

@@ -248,8 +248,18 @@ class ActivationCheckpointConfig:
     selective_option: str = opt(
         "2", "With mode = selective: 'op' (save matmul outputs) or N (checkpoint every Nth block)."
     )
+    offload: bool = opt(
+        False,
+        "Keep what each checkpointed block saves for backward (its inputs) in host memory until its "
+        "recomputation; on a CPU host the same hooks run and copy nothing.",
+    )
 
     def validate(self) -> None:
+        require(
+            not (self.offload and self.mode == "none"),
+            "activation_checkpoint.offload",
+            "offloads what checkpointed blocks keep; set mode = full or selective with it",
+        )
         option = self.selective_option
         require(
             option == "op" or (option.isdigit() and int(option) >= 1),

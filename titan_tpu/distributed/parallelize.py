@@ -1,6 +1,7 @@
 """The one fixed order in which a model built on `meta` is parallelised and materialised:
 
-    TP/SP (the model's own plan) -> activation checkpointing -> torch.compile -> FSDP
+    TP/SP (the model's own plan) -> activation checkpointing -> torch.compile -> activation offload
+    -> FSDP
     -> to_empty(device) -> init_weights() under sharding-invariant random init
 
 so no rank ever holds the whole model, and the weights are the same whatever the layout.
@@ -19,6 +20,7 @@ from torch import nn
 
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.distributed.activation_checkpoint import apply_activation_checkpointing
+from titan_tpu.distributed.activation_offload import apply_activation_offload
 from titan_tpu.distributed.compile import apply_compile, resolve_backend
 from titan_tpu.distributed.fsdp import FSDPPolicy, apply_fsdp
 from titan_tpu.distributed.parallel_dims import ParallelContext
@@ -82,6 +84,9 @@ def parallelize_model(
     apply_activation_checkpointing(containers, config.activation_checkpoint)
     if config.compile.enable:
         apply_compile(containers, resolve_backend(config.compile.backend, device.type))
+    if config.activation_checkpoint.offload:
+        # On the (compiled) blocks as they now stand, so the hooks run eagerly around them.
+        apply_activation_offload(containers, config.activation_checkpoint.wraps_block)
     if dims.fsdp_enabled:
         apply_fsdp(model, blocks(model), ctx.fsdp_mesh, ctx.fsdp)
     model.to_empty(device=torch.device("cpu") if ctx.fsdp.cpu_offload else device)

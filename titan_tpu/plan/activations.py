@@ -101,12 +101,20 @@ def estimate_activations(
     whole = [ac.wraps_block(index) and not ac.op_level for index in range(n_blocks)]
     kept_by_block = [block.checkpointed if wrapped else block.selective_op if ac.op_level else block.full
                      for wrapped in whole]  # fmt: skip
-    kept = sum(kept_by_block) + head_kept
+    in_flight = 0.0
+    if ac.offload:
+        # Each checkpointed block's input (part of what it keeps) waits in host memory; the device
+        # holds one in flight: being copied out in forward, or back for its block in backward.
+        kept_by_block = [kept - (block.checkpointed if ac.wraps_block(index) else 0.0)
+                         for index, kept in enumerate(kept_by_block)]  # fmt: skip
+        in_flight = block.checkpointed
+    kept = sum(kept_by_block) + head_kept + in_flight
     # Backward frees each block's activations once it is done, last block first. While block i runs
     # backward the blocks before it still hold theirs; block i holds all of its own (recomputed, if
     # checkpointed, beside the input it kept) and its backward's gradients.
     while_blocks = max(
         sum(kept_by_block[:index]) + block.full + block.backward + (block.checkpointed if wrapped else 0.0)
+        + in_flight
         for index, wrapped in enumerate(whole)
     )
     peak = max(kept + head_transient, while_blocks)
