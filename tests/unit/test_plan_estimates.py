@@ -144,3 +144,30 @@ def test_activation_offload_leaves_one_checkpointed_input_on_the_device(mode: st
     assert 0 < plain.peak - offloaded.peak <= (wrapped - 1) * one_input
     if mode == "full":
         assert plain.peak - offloaded.peak == 6 * one_input
+
+
+def test_the_search_ranks_layouts_that_fit_and_prints_overrides_that_reproduce_them() -> None:
+    """llama3_8b on v6e-8: every layout found fits, they come best MFU first, the best is at least
+    as fast as the shipped layout, and its printed overrides, loaded as train.py loads them, plan to
+    the same memory and MFU. Catches a layout kept that does not fit, a wrong order, and an override
+    line that is not the layout it was planned from (a lever left out of it)."""
+    from titan_tpu.plan.search import search
+
+    cluster = parse_chips("v6e-8")
+    shipped = make_plan(load_config("llama3_8b", []), cluster)
+    fitting, closest = search(load_config("llama3_8b", []), cluster, shipped.compute_efficiency)
+    assert fitting and closest is None
+    assert all(candidate.plan.fit.fits for candidate in fitting)
+    mfus = [candidate.plan.step.mfu for candidate in fitting]
+    assert mfus == sorted(mfus, reverse=True) and mfus[0] >= shipped.step.mfu
+    for candidate in fitting[:3]:
+        replanned = make_plan(load_config("llama3_8b", list(candidate.overrides)), cluster)
+        assert replanned.fit.need == candidate.plan.fit.need
+        assert replanned.step.mfu == pytest.approx(candidate.plan.step.mfu, rel=1e-12)
+
+
+def test_the_search_says_what_is_over_when_nothing_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", "llama3_405b", "--chips", "v5e-8", "--search"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("no layout fits (llama3 405B on v5e-8); the closest is ")
+    assert "--parallelism.tp=" in out and "the largest is optimizer" in out

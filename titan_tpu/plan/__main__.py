@@ -1,6 +1,7 @@
-"""`python -m titan_tpu.plan --config NAME --chips NAME-COUNT [--efficiency F] [--section.key=value ...]`
+"""`python -m titan_tpu.plan --config NAME --chips NAME-COUNT [--efficiency F] [--search [--top N]] [--section.key=value ...]`
 
-Prints whether the run fits in each device's HBM, by how much, and its estimated step time and MFU.
+Prints whether the run fits in each device's HBM, by how much, and its estimated step time and MFU;
+with --search, the layouts that fit ranked by estimated MFU, each as train.py overrides (search.py).
 The overrides are train.py's, loaded by the same `load_config`. Bad input: one line, exit status 2.
 """
 
@@ -17,9 +18,12 @@ from titan_tpu.plan.chips import parse_chips, valid_chip_names  # noqa: E402
 from titan_tpu.plan.roofline import COMPUTE_EFFICIENCY  # noqa: E402
 
 USAGE = (
-    "usage: python -m titan_tpu.plan --config NAME --chips NAME-COUNT [--efficiency F] [--section.key=VALUE ...]\n"
+    "usage: python -m titan_tpu.plan --config NAME --chips NAME-COUNT [--efficiency F] [--search [--top N]] "
+    "[--section.key=VALUE ...]\n"
     f"  --chips       one of {valid_chip_names()}; e.g. v6e-256, v5p-128, h100-8\n"
-    f"  --efficiency  fraction of peak FLOP/s the matmuls sustain (default {COMPUTE_EFFICIENCY})"
+    f"  --efficiency  fraction of peak FLOP/s the matmuls sustain (default {COMPUTE_EFFICIENCY})\n"
+    "  --search      try every layout (dp_replicate, tp, ep, micro-batch, checkpointing, offload, reduce dtype)\n"
+    "                and print the best that fit as overrides; --top N of them (default 5)"
 )
 
 
@@ -47,6 +51,13 @@ def main(argv: list[str]) -> int:
         config_name = _take(argv, "--config")
         chips = _take(argv, "--chips")
         efficiency_text = _take(argv, "--efficiency")
+        top_text = _take(argv, "--top")
+        searching = "--search" in argv
+        if searching:
+            argv.remove("--search")
+        top = 5 if top_text is None else int(top_text)
+        if top < 1:
+            raise ConfigError(f"--top: must be >= 1, got {top_text}")
         if config_name is None or chips is None:
             raise ConfigError("--config and --chips are required (see --help)")
         cluster = parse_chips(chips)
@@ -58,10 +69,16 @@ def main(argv: list[str]) -> int:
         from titan_tpu.registered_names import check_registered_names
 
         check_registered_names(config)
-        from titan_tpu.plan.report import render
+        from titan_tpu.plan.report import render, render_search
 
-        print(render(make_plan(config, cluster, efficiency)))
-    except ValueError as e:  # ConfigError, and a --efficiency that is not a number
+        if searching:
+            from titan_tpu.plan.search import search
+
+            fitting, closest = search(config, cluster, efficiency)
+            print(render_search(fitting, closest, top, f"{config.model.name} {config.model.flavor} on {cluster.name}"))
+        else:
+            print(render(make_plan(config, cluster, efficiency)))
+    except ValueError as e:  # ConfigError, and a --efficiency or --top that is not a number
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

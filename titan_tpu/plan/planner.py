@@ -8,6 +8,7 @@ get on an accelerator: `training.dtype = "auto"` is bfloat16 on every chip the p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from titan_tpu import models
@@ -69,11 +70,15 @@ def layout_of(config: TrainConfig, devices: int) -> Layout:
     return Layout(dims, micro_batch, grad_accum, precision_of(config))
 
 
-def plan_memory(config: TrainConfig, devices: int) -> MemoryPlan:
-    """Memory of the most loaded of `devices` processes, without a cluster (no HBM, no roofline)."""
+CensusOf = Callable[[TrainConfig, ParallelDims], Census]
+
+
+def plan_memory(config: TrainConfig, devices: int, census_of: CensusOf = census) -> MemoryPlan:
+    """Memory of the most loaded of `devices` processes, without a cluster (no HBM, no roofline).
+    `census_of` builds the model's census (on meta: a search over layouts passes a cached one)."""
     layout = layout_of(config, devices)
     dims = layout.dims
-    model = census(config, dims)
+    model = census_of(config, dims)
     work = workload(config, model.args)
     parallelism = config.parallelism
     geometry = Geometry(
@@ -95,8 +100,10 @@ def plan_memory(config: TrainConfig, devices: int) -> MemoryPlan:
     return MemoryPlan(layout, model, work, activations, memory)
 
 
-def make_plan(config: TrainConfig, cluster: Cluster, compute_efficiency: float = COMPUTE_EFFICIENCY) -> Plan:
-    detail = plan_memory(config, cluster.devices)
+def make_plan(
+    config: TrainConfig, cluster: Cluster, compute_efficiency: float = COMPUTE_EFFICIENCY, census_of: CensusOf = census
+) -> Plan:
+    detail = plan_memory(config, cluster.devices, census_of)
     layout, model, work = detail.layout, detail.census, detail.workload
     dims, args = layout.dims, model.args
     if cluster.chip.fast_link == "ICI" and dims.dp_replicate % cluster.slices:

@@ -6,6 +6,7 @@ from titan_tpu.plan.chips import GIB
 from titan_tpu.plan.memory import HBM_RESERVE
 from titan_tpu.plan.planner import Plan
 from titan_tpu.plan.roofline import COLLECTIVE_EFFICIENCY
+from titan_tpu.plan.search import Candidate
 
 
 def gib(value: float) -> str:
@@ -58,3 +59,44 @@ def render(plan: Plan) -> str:
         f"  MFU           {100 * step.mfu:.1f}%",
     ]
     return "\n".join(lines)
+
+
+def _layout_line(plan: Plan) -> str:
+    config, layout = plan.config, plan.detail.layout
+    ac = config.activation_checkpoint
+    checkpointing = ac.mode if ac.mode != "selective" else f"selective {ac.selective_option}"
+    if ac.offload:
+        checkpointing += " + offload"
+    reduce = config.parallelism.fsdp_reduce_dtype if layout.precision.compute_bytes == 2 else "float32"
+    return (
+        f"{layout.dims.describe()}; micro-batch {layout.micro_batch} x {layout.grad_accum}; checkpointing "
+        f"{checkpointing}; reduce {reduce}"
+    )
+
+
+def render_search(fitting: list[Candidate], closest: Candidate | None, top: int, tried: str) -> str:
+    """The best `top` fitting layouts with their overrides; or, when none fits, the closest one and
+    where its memory goes."""
+    if fitting:
+        lines = [f"{len(fitting)} layouts fit ({tried}); the best {min(top, len(fitting))} by estimated MFU:"]
+        for rank, candidate in enumerate(fitting[:top], 1):
+            plan = candidate.plan
+            lines += [
+                f"{rank}. MFU {100 * plan.step.mfu:.1f}%, step {plan.step.step_s:.3f} s, "
+                f"{gib(plan.fit.need)} of {gib(plan.fit.usable)}: {_layout_line(plan)}",
+                "   " + " ".join(candidate.overrides),
+            ]
+        return "\n".join(lines)
+    if closest is None:
+        return f"no layout the trainer accepts ({tried})"
+    plan = closest.plan
+    memory = plan.detail.memory
+    terms = {"parameters": memory.parameters, "gradients": memory.gradients, "optimizer": memory.optimizer,
+             "activations": memory.activations, "buffers": memory.buffers}  # fmt: skip
+    largest = max(terms, key=terms.__getitem__)
+    return "\n".join([
+        f"no layout fits ({tried}); the closest is {gib(-plan.fit.margin)} over: {_layout_line(plan)}",
+        "   " + " ".join(closest.overrides),
+        "   " + ", ".join(f"{name} {gib(value)}" for name, value in terms.items())
+        + f" = {gib(memory.total)} against {gib(plan.fit.usable)} usable; the largest is {largest}",
+    ])  # fmt: skip
