@@ -103,13 +103,15 @@ LAYOUTS: dict[str, list[str]] = {
     ],
     "tp4": ["--parallelism.tp=4", "--parallelism.loss_parallel=true"],
     # Extra coverage, same loss: replication only (fully_shard on a (2, 1) mesh), TP without
-    # sequence parallelism, full activation checkpointing under FSDP.
+    # sequence parallelism, full activation checkpointing under FSDP with the offload hooks on each
+    # block beside FSDP's (on this CPU host they copy nothing: tests/unit/test_activation_offload.py).
     "tp2_replicate2_nosp_ac": [
         "--parallelism.tp=2",
         "--parallelism.dp_replicate=2",
         "--parallelism.dp_shard=1",
         "--parallelism.sequence_parallel=false",
         "--activation_checkpoint.mode=full",
+        "--activation_checkpoint.offload=true",
     ],
     # Gradient accumulation under FSDP: 2 micro-batches of 1 sequence per rank and step, where every
     # other layout takes one batch (a missing or doubled 1/accumulation would scale the gradients).
