@@ -236,3 +236,41 @@ def test_the_sampled_log_probs_are_a_training_forwards(monkeypatch: pytest.Monke
         tempered.append(torch.log_softmax(logits / 0.7, dim=-1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1))
     # Negative control: the tempered distribution's log-probs are not within the tolerance.
     assert any(not torch.allclose(t, l, rtol=1e-5, atol=1e-5) for t, l in zip(tempered, got.logp_lists()))
+
+
+def test_compiled_blocks_decode_the_same_tokens_and_stop_recompiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With its blocks compiled as `compile.enable` compiles them (inductor), the sampler draws the
+    same tokens with the same log-probs (fp32, 1e-5) as eager, rows stopping and the batch shrinking
+    on the way; after a rollout of other sizes, a third compiles nothing more. Catches a compiled
+    decode step that mishandles the cache or its mask (other tokens) and shapes specialised per
+    step or per batch (a compilation per token: the second call's count)."""
+    import copy
+
+    import titan_tpu.tasks.grpo.sampler as sampler
+    from torch._dynamo.utils import counters
+
+    from titan_tpu.distributed.compile import apply_compile
+    from titan_tpu.distributed.parallelize import block_containers
+
+    monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", 1)
+    monkeypatch.setattr(sampler, "COMPACT_BELOW", 1.0)
+    model = tiny_model()
+    compiled = copy.deepcopy(model)
+    apply_compile(block_containers(compiled), "inductor")
+    prompts = [[5 + i, 9, 23 + i, 7][: 1 + i % 4] for i in range(8)]
+    free = generate(model, prompts, SamplingParams(10), PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    params = SamplingParams(10, stop_ids=tuple({int(free.tokens[i, 2 + i % 5]) for i in range(0, 8, 2)}))
+    eager = generate(model, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    torch._dynamo.reset()
+    counters.clear()
+    got = generate(compiled, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    assert len({len(ids) for ids in eager.lists()}) > 1, "rows must stop at different steps for this to test anything"
+    assert got.lists() == eager.lists()
+    torch.testing.assert_close(got.logps, eager.logps, rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] >= 2  # the prompt and the decode step: the blocks ran compiled
+    # Other prompt widths and batch sizes: compiled once more with those sizes dynamic, then never again.
+    for width, rows in ((6, 6), (3, 5)):
+        others = [[3, 1, 4, 1, 5, 9][: 1 + i % width] for i in range(rows)]
+        before = counters["stats"]["unique_graphs"]
+        generate(compiled, others, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(rows)), 10))
+    assert counters["stats"]["unique_graphs"] == before
