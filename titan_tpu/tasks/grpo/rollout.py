@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,7 +53,12 @@ def rank_rows(n_rows: int, global_batch: int, dp_rank: int, dp_world: int) -> li
 
 def token_logps(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Log-probability of every next token: [b, L] -> [b, L-1], in float32."""
-    logits = logits_of(model(tokens))[:, :-1].float()
+    return logps_of(model(tokens), tokens)
+
+
+def logps_of(output: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """`token_logps` from the model's output over `tokens` (logits, or an MoE output carrying them)."""
+    logits = logits_of(output)[:, :-1].float()
     return logits.gather(-1, tokens[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 

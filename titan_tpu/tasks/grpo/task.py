@@ -27,7 +27,7 @@ from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
 from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set, stop_ids
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
-from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, rank_rows, token_logps
+from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, logps_of, rank_rows, token_logps
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
 from titan_tpu.tasks.grpo.sampler import SamplingParams, generate, gathered_for_generation, row_uniforms
 from titan_tpu.tasks.language_model import decoder_args
@@ -74,6 +74,8 @@ class GRPOTask(TrainingTask):
         self.stream = PromptStream(self.prompts.train, seed=config.training.seed)
         self.queue: deque[MicroBatch] = deque()
         self.reference: nn.Module | None = None
+        # Set by the first loss of a mixture of experts, which adds its routers' aux loss and logs it.
+        self._is_moe = False
         self.args: Any = None
         self._last_exit: float | None = None
         self._reset_stats()
@@ -206,17 +208,25 @@ class GRPOTask(TrainingTask):
 
     def loss(self, model: nn.Module, batch: MicroBatch) -> TaskLoss:
         rl = self.rl
-        logps = token_logps(model, batch.tokens)
+        output = model(batch.tokens)
+        logps = logps_of(output, batch.tokens)
         old_logps = logps.detach() if batch.old_logps is None else batch.old_logps
         terms = grpo_loss(
             logps, old_logps, batch.advantages, batch.mask, eps_low=rl.eps_low, eps_high=rl.eps_high,
             aggregation=rl.loss_aggregation, max_completion_tokens=rl.max_new_tokens, beta=rl.beta,  # type: ignore[arg-type]
             ref_logps=batch.ref_logps, token_normaliser=batch.token_normaliser,
         )
+        loss, aux_loss = terms.loss, torch.zeros((), device=terms.loss.device)
+        if not isinstance(output, torch.Tensor):
+            # A mixture of experts: its routers' load-balancing loss, weighted as pretraining weighs it
+            # (models/qwen3/model.py `moe_loss`; TRL's GRPOTrainer adds it the same way).
+            self._is_moe = True
+            aux_loss = output.aux_loss.detach()
+            loss = loss + output.aux_loss_coef * output.aux_loss
         # Summed on the device: reading them here would make the host wait for every micro-batch.
-        self._loss_sums += torch.stack([terms.kl, terms.clip_fraction])
+        self._loss_sums += torch.stack([terms.kl, terms.clip_fraction, aux_loss.to(terms.kl.dtype)])
         self._stats["micro_batches"] += 1
-        return TaskLoss(terms.loss, items=batch.real_tokens)
+        return TaskLoss(loss, items=batch.real_tokens)
 
     # ------------------------------------------------------------------------------ metrics
 
@@ -224,7 +234,8 @@ class GRPOTask(TrainingTask):
         keys = ("rollouts", "reward_sum", "reward_std_sum", "length_sum", "rollout_time", "rollout_flops",
                 "micro_batches", "train_tokens", "train_time", *(f"reward/{r.name}" for r in self.rewards))  # fmt: skip
         self._stats: dict[str, float] = dict.fromkeys(keys, 0.0)
-        self._loss_sums = torch.zeros(2, device=self.ctx.device)  # k3 KL and clip fraction of each micro-batch
+        # k3 KL, clip fraction and (MoE) router aux loss of each micro-batch
+        self._loss_sums = torch.zeros(3, device=self.ctx.device)
 
     def step_metrics(self) -> dict[str, float]:
         """Means since the last record: rollout numbers are global already; the per-rank loss numbers
@@ -235,10 +246,12 @@ class GRPOTask(TrainingTask):
         s = self._stats
         counts = torch.tensor([s["micro_batches"], s["train_tokens"], s["train_time"]], dtype=torch.float64)
         local = torch.cat([self._loss_sums.cpu().double(), counts])
-        kl, clip, micro, train_tokens, train_time = self._global(local[None])[0].tolist()
+        kl, clip, aux, micro, train_tokens, train_time = self._global(local[None])[0].tolist()
         metrics: dict[str, float] = {}
         if micro > 0:
             metrics.update(kl=kl / micro, clip_fraction=clip / micro)
+            if self._is_moe:
+                metrics["aux_loss"] = aux / micro
         if train_time > 0:
             metrics["train_tokens_per_sec"] = train_tokens / (train_time / self.ctx.dp_world)
         if s["rollouts"] > 0:
