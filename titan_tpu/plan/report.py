@@ -76,7 +76,7 @@ def _layout_line(plan: Plan) -> str:
 
 def render_search(fitting: list[Candidate], closest: Candidate | None, top: int, tried: str) -> str:
     """The best `top` fitting layouts with their overrides; or, when none fits, the closest one and
-    where its memory goes."""
+    where its memory goes. `tried` names what was searched (model on cluster)."""
     if fitting:
         lines = [f"{len(fitting)} layouts fit ({tried}); the best {min(top, len(fitting))} by estimated MFU:"]
         for rank, candidate in enumerate(fitting[:top], 1):

@@ -3,8 +3,8 @@
 The levers, each an override train.py takes: dp_replicate (multiples of the slice count), tp (1, 2,
 4, 8), ep (MoE only, powers of two), dp_shard (what the others leave), the micro-batch
 (`training.local_batch_size`, powers of two dividing each rank's share of the global batch),
-activation checkpointing (none, selective per op, selective every 2nd block, full; the last two
-kinds also with offload) and the gradient reduction dtype under bf16. Layouts the trainer would
+activation checkpointing (none, selective per op, selective every 2nd block, full; per op and full
+also with offload) and the gradient reduction dtype under bf16. Layouts the trainer would
 refuse (heads or experts that do not divide, a batch that does not split) are skipped the way the
 trainer refuses them. Among equal MFUs the search prefers float32 reduction and no offload: they
 cost nothing in the planner's model, but bf16 reduction changes the numbers (README, Parallelism)
