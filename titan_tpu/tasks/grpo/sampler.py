@@ -153,7 +153,8 @@ def generate(
         live = ~stopped[active]
         mask[active, t] = live
         # From the logits the token was drawn from: no second forward is needed for them.
-        token_logps = torch.log_softmax(logits, dim=-1).gather(-1, next_tokens[:, None]).squeeze(-1)
+        # (the picked logit less the log-sum-exp: no [B, V] log-softmax is kept)
+        token_logps = logits.gather(-1, next_tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         logps[active, t] = token_logps.masked_fill(~live, 0.0)
         stopped[active] = stopped[active] | torch.isin(next_tokens, stop_ids)
         if t + 1 == params.max_new_tokens:
