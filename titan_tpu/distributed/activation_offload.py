@@ -78,15 +78,10 @@ def offload_saved_tensors(block: nn.Module) -> None:
     block.register_forward_hook(leave, always_call=True)
 
 
-def apply_activation_offload(containers: list[nn.ModuleDict | nn.ModuleList], is_checkpointed: Callable[[int], bool]) -> int:
+def apply_activation_offload(containers: list[nn.ModuleDict | nn.ModuleList], is_checkpointed: Callable[[int], bool]) -> None:
     """Offload the saved tensors of every checkpointed block (`is_checkpointed(index)`, counted across
-    containers as activation checkpointing counts them); returns how many."""
-    offloaded = 0
-    index = 0
-    for container in containers:
-        for block in container.children():
-            if is_checkpointed(index):
-                offload_saved_tensors(block)
-                offloaded += 1
-            index += 1
-    return offloaded
+    containers as activation checkpointing counts them)."""
+    every_block = (block for container in containers for block in container.children())
+    for index, block in enumerate(every_block):
+        if is_checkpointed(index):
+            offload_saved_tensors(block)

@@ -14,6 +14,7 @@ and offload moves memory over the host link, whose time the planner does not cha
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -49,44 +50,42 @@ def _powers_of_two_dividing(value: int) -> list[int]:
     return [1 << k for k in range(value.bit_length()) if value % (1 << k) == 0]
 
 
-def _variants(config: TrainConfig, cluster: Cluster) -> Iterator[tuple[tuple[str, ...], TrainConfig]]:
-    devices = cluster.devices
+def _layouts(config: TrainConfig, cluster: Cluster) -> Iterator[tuple[int, int, int, int, int]]:
+    """(dp_replicate, dp_shard, tp, ep, micro-batch) that divide the cluster and the global batch."""
+    devices, global_batch = cluster.devices, config.training.global_batch_size
     is_moe = models.get_model_spec(config.model.name).expert_routing is not None
-    bf16 = config.training.dtype != "float32"
-    for tp in TP_DEGREES:
-        for per_slice in REPLICAS_PER_SLICE:
-            replicate = per_slice * cluster.slices
-            if devices % (replicate * tp):
-                continue
-            shard = devices // (replicate * tp)
-            for ep in EP_DEGREES if is_moe else (1,):
-                if shard % ep:
-                    continue
-                global_batch = config.training.global_batch_size
-                if global_batch % (replicate * shard):
-                    continue
-                for micro in _powers_of_two_dividing(global_batch // (replicate * shard)):
-                    for mode, option, offload in CHECKPOINTING:
-                        for reduce in ("float32", "bfloat16") if bf16 else ("float32",):
-                            overrides = (
-                                f"--parallelism.dp_replicate={replicate}", f"--parallelism.dp_shard={shard}",
-                                f"--parallelism.tp={tp}", f"--parallelism.ep={ep}",
-                                f"--training.local_batch_size={micro}", f"--activation_checkpoint.mode={mode}",
-                                f"--activation_checkpoint.selective_option={option}",
-                                f"--activation_checkpoint.offload={str(offload).lower()}",
-                                f"--parallelism.fsdp_reduce_dtype={reduce}",
-                            )  # fmt: skip
-                            yield overrides, dataclasses.replace(
-                                config,
-                                parallelism=dataclasses.replace(
-                                    config.parallelism, dp_replicate=replicate, dp_shard=shard, tp=tp, ep=ep,
-                                    fsdp_reduce_dtype=reduce,
-                                ),
-                                training=dataclasses.replace(config.training, local_batch_size=micro),
-                                activation_checkpoint=dataclasses.replace(
-                                    config.activation_checkpoint, mode=mode, selective_option=option, offload=offload
-                                ),
-                            )  # fmt: skip
+    for tp, per_slice, ep in itertools.product(TP_DEGREES, REPLICAS_PER_SLICE, EP_DEGREES if is_moe else (1,)):
+        replicate = per_slice * cluster.slices
+        if devices % (replicate * tp):
+            continue
+        shard = devices // (replicate * tp)
+        if shard % ep or global_batch % (replicate * shard):
+            continue
+        for micro in _powers_of_two_dividing(global_batch // (replicate * shard)):
+            yield replicate, shard, tp, ep, micro
+
+
+def _variants(config: TrainConfig, cluster: Cluster) -> Iterator[tuple[tuple[str, ...], TrainConfig]]:
+    reduces = ("float32", "bfloat16") if config.training.dtype != "float32" else ("float32",)
+    for (replicate, shard, tp, ep, micro), (mode, option, offload), reduce in itertools.product(
+        _layouts(config, cluster), CHECKPOINTING, reduces
+    ):
+        overrides = (
+            f"--parallelism.dp_replicate={replicate}", f"--parallelism.dp_shard={shard}",
+            f"--parallelism.tp={tp}", f"--parallelism.ep={ep}", f"--training.local_batch_size={micro}",
+            f"--activation_checkpoint.mode={mode}", f"--activation_checkpoint.selective_option={option}",
+            f"--activation_checkpoint.offload={str(offload).lower()}", f"--parallelism.fsdp_reduce_dtype={reduce}",
+        )  # fmt: skip
+        yield overrides, dataclasses.replace(
+            config,
+            parallelism=dataclasses.replace(
+                config.parallelism, dp_replicate=replicate, dp_shard=shard, tp=tp, ep=ep, fsdp_reduce_dtype=reduce
+            ),
+            training=dataclasses.replace(config.training, local_batch_size=micro),
+            activation_checkpoint=dataclasses.replace(
+                config.activation_checkpoint, mode=mode, selective_option=option, offload=offload
+            ),
+        )
 
 
 def search(config: TrainConfig, cluster: Cluster, compute_efficiency: float) -> tuple[list[Candidate], Candidate | None]:
