@@ -2,14 +2,16 @@
 takes without vLLM) on the same weights, prompts and budget, in this one process.
 
     python scripts/bench_rollout.py [--config qwen3_debug] [--completions 128] [--new-tokens 256]
-        [--dtype float32] [--repeats 5]
+        [--dtype float32] [--repeats 5] [--prompt-tokens 16 48] [--buckets 1]
 
 The model is the config's, initialised from its seed and exported to a Hugging Face folder that
 transformers loads, so both generate from identical weights. Prompts are seeded random token
-sequences of 16 to 48 tokens (left-padded for both); sampling at temperature 1 with no stop token,
-so every completion runs the whole budget and both produce completions x new-tokens tokens. Ours
-runs twice: eager, and with every block compiled as `compile.enable = true` compiles a run's blocks
-(compiled and warmed up before any timing).
+sequences of 16 to 48 tokens (--prompt-tokens; left-padded for both); sampling at temperature 1
+with no stop token, so every completion runs the whole budget and both produce completions x
+new-tokens tokens. Ours runs twice: eager, and with every block compiled as `compile.enable = true`
+compiles a run's blocks (compiled and warmed up before any timing); with --buckets N > 1 a third
+time, eager over the prompts sorted by length in N batches (what `rl.rollout_buckets = N` does),
+and the GRPO run with it.
 
 The last is what a GRPO run logs: `grpo_qwen3_debug` on a prompt file (the samplers' prompt
 lengths, in letters, which its byte tokenizer makes one token each; completions / 8 of them x 8;
@@ -18,8 +20,8 @@ too) trains the optimizer steps of one rollout batch, and its record's `rollout_
 read: sampling, rewards and any log-probability pass, all of a rollout but the policy update (a
 fresh trainer per repeat, built outside that time). Prints one JSON line per run and the median
 tokens/s of each, with the ratios ours / transformers, eager and compiled (the GRPO issue asks for
-at least 2x on qwen3_debug, fp32, 128 x 256), and GRPO's logged rate / ours eager (at least 0.8),
-each the median of the repeats' own ratios.
+at least 2x on qwen3_debug, fp32, 128 x 256), GRPO's logged rate / ours eager (bucketed with
+--buckets; at least 0.8) and bucketed / one batch, each the median of the repeats' own ratios.
 """
 
 from __future__ import annotations
@@ -47,18 +49,18 @@ from titan_tpu.config import load_config  # noqa: E402
 PAD = 0
 
 
-def _prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
+def _prompts(count: int, vocab: int, seed: int, shortest: int, longest: int) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(1, vocab) for _ in range(rng.randint(16, 48))] for _ in range(count)]
+    return [[rng.randrange(1, vocab) for _ in range(rng.randint(shortest, longest))] for _ in range(count)]
 
 
-def _ours(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int) -> float:
-    from titan_tpu.tasks.grpo.sampler import SamplingParams, generate, row_uniforms
+def _ours(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, buckets: int = 1) -> float:
+    from titan_tpu.tasks.grpo.sampler import SamplingParams, generate_by_length, row_uniforms
 
     params = SamplingParams(new_tokens, temperature=1.0)
     uniforms = row_uniforms(list(range(len(prompts))), new_tokens)
     start = time.perf_counter()
-    out = generate(model, prompts, params, PAD, torch.device("cpu"), uniforms=uniforms)
+    out = generate_by_length(model, prompts, params, PAD, torch.device("cpu"), buckets, uniforms)
     elapsed = time.perf_counter() - start
     assert out.tokens.shape == (len(prompts), new_tokens)
     return out.tokens.numel() / elapsed
@@ -78,7 +80,7 @@ def _theirs(hf_model: torch.nn.Module, prompts: list[list[int]], new_tokens: int
     return generated.numel() / elapsed
 
 
-def _grpo(prompt_lengths: list[int], new_tokens: int, dtype: str, folder: Path) -> float:
+def _grpo(prompt_lengths: list[int], new_tokens: int, dtype: str, buckets: int, folder: Path) -> float:
     """One rollout batch of a GRPO run (len(prompt_lengths) / 8 prompts of those lengths x 8
     completions) and its steps; the rollout rate its record logs."""
     import dataclasses
@@ -94,7 +96,7 @@ def _grpo(prompt_lengths: list[int], new_tokens: int, dtype: str, folder: Path) 
         f"--job.dump_folder={folder / 'run'}", f"--training.dtype={dtype}", "--rl.task=data",
         "--data.source=files", f"--data.path={folder / 'prompts.jsonl'}", f"--rl.max_new_tokens={new_tokens}",
         f"--training.seq_len={max(prompt_lengths) + new_tokens + 8}", f"--rl.prompts_per_step={len(prompt_lengths) // group}",
-        f"--rl.group_size={group}", "--metrics.eval_freq=0", "--checkpoint.enable=false",
+        f"--rl.group_size={group}", f"--rl.rollout_buckets={buckets}", "--metrics.eval_freq=0", "--checkpoint.enable=false",
     ]  # fmt: skip
     config = load_config("grpo_qwen3_debug", overrides)
     steps = len(prompt_lengths) // config.training.global_batch_size
@@ -118,6 +120,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--prompt-tokens", type=int, nargs=2, default=[16, 48], metavar=("SHORTEST", "LONGEST"))
+    parser.add_argument("--buckets", type=int, default=1, help="> 1 adds ours over prompts sorted in this many batches")
     opts, overrides = parser.parse_known_args(argv)
     import transformers
 
@@ -132,7 +136,7 @@ def main(argv: list[str]) -> int:
     model = spec.model_cls(args)
     model.init_weights()
     model = model.to(dtype).eval()
-    prompts = _prompts(opts.completions, args.vocab_size, config.training.seed)
+    prompts = _prompts(opts.completions, args.vocab_size, config.training.seed, *opts.prompt_tokens)
     with tempfile.TemporaryDirectory() as folder:
         export_model_to_hf(model, Path(folder) / "hf", spec.state_dict_adapter, args, dtype=opts.dtype)
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(Path(folder) / "hf", dtype=dtype).eval()
@@ -149,13 +153,18 @@ def main(argv: list[str]) -> int:
     _ours(compiled, prompts, opts.new_tokens)
     print(json.dumps({"compiled_blocks_warmup_s": round(time.perf_counter() - start, 1)}), flush=True)
     rates: dict[str, list[float]] = {"ours": [], "ours_compiled": [], "transformers": [], "grpo_logged": []}
+    if opts.buckets > 1:
+        rates["ours_bucketed"] = []
     runs = tempfile.TemporaryDirectory()
     for repeat in range(opts.repeats):
         grpo_folder = Path(runs.name) / f"grpo_{repeat}"
         runners = [("ours", lambda: _ours(model, prompts, opts.new_tokens)),
                    ("ours_compiled", lambda: _ours(compiled, prompts, opts.new_tokens)),
                    ("transformers", lambda: _theirs(hf_model, prompts, opts.new_tokens)),
-                   ("grpo_logged", lambda: _grpo([len(p) for p in prompts], opts.new_tokens, opts.dtype, grpo_folder))]  # fmt: skip
+                   ("grpo_logged", lambda: _grpo([len(p) for p in prompts], opts.new_tokens, opts.dtype, opts.buckets,
+                                                 grpo_folder))]  # fmt: skip
+        if opts.buckets > 1:
+            runners.insert(1, ("ours_bucketed", lambda: _ours(model, prompts, opts.new_tokens, opts.buckets)))
         # Every other repeat in reverse order, so a machine that speeds up or slows down during a
         # repeat favours no runner.
         for name, run in runners if repeat % 2 == 0 else runners[::-1]:
@@ -170,13 +179,20 @@ def main(argv: list[str]) -> int:
     # repeats, which a ratio of medians taken from different repeats would carry.
     ratio = statistics.median(o / t for o, t in zip(rates["ours"], rates["transformers"]))
     compiled_ratio = statistics.median(o / t for o, t in zip(rates["ours_compiled"], rates["transformers"]))
-    logged_share = statistics.median(g / o for g, o in zip(rates["grpo_logged"], rates["ours"]))
+    # A GRPO run samples as ours does with its rl.rollout_buckets, here --buckets.
+    sampled = "ours_bucketed" if opts.buckets > 1 else "ours"
+    logged_share = statistics.median(g / o for g, o in zip(rates["grpo_logged"], rates[sampled]))
+    bucketed = {}
+    if opts.buckets > 1:
+        bucketed = {"ours_bucketed_tokens_per_sec": statistics.median(rates["ours_bucketed"]),
+                    "bucketed_over_ours": round(statistics.median(b / o for b, o in zip(rates["ours_bucketed"], rates["ours"])), 2)}  # fmt: skip
     print(json.dumps({
         "model": f"{config.model.name}/{config.model.flavor}", "dtype": opts.dtype, "threads": torch.get_num_threads(),
-        "completions": opts.completions, "new_tokens": opts.new_tokens, "ours_tokens_per_sec": ours,
+        "completions": opts.completions, "new_tokens": opts.new_tokens, "prompt_tokens": opts.prompt_tokens,
+        "buckets": opts.buckets, "ours_tokens_per_sec": ours,
         "transformers_tokens_per_sec": theirs, "grpo_logged_tokens_per_sec": logged,
         "ours_compiled_tokens_per_sec": ours_compiled, "ratio": round(ratio, 2),
-        "compiled_ratio": round(compiled_ratio, 2), "logged_over_ours": round(logged_share, 2),
+        "compiled_ratio": round(compiled_ratio, 2), "logged_over_ours": round(logged_share, 2), **bucketed,
     }))  # fmt: skip
     return 0
 

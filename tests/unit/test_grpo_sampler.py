@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from titan_tpu.models.qwen3 import QWEN3_FLAVORS, Qwen3Model
-from titan_tpu.tasks.grpo.sampler import SamplingParams, generate, pick_tokens, row_uniforms
+from titan_tpu.tasks.grpo import sampler
+from titan_tpu.tasks.grpo.sampler import (
+    SamplingParams,
+    generate,
+    generate_by_length,
+    length_buckets,
+    pick_tokens,
+    row_uniforms,
+)
 
 PAD = 0
 PROMPTS = [[5, 9, 23, 7, 11], [42, 8], [100, 3, 17], [64]]
@@ -135,7 +143,6 @@ def test_the_moe_model_decodes_the_same_tokens_cached_and_uncached() -> None:
 def test_dropping_finished_rows_from_the_batch_changes_no_completion(monkeypatch: pytest.MonkeyPatch) -> None:
     """The decode batch shrinks as rows stop (sampler.COMPACT_BELOW); every row's tokens, with its own
     random numbers, are those of decoding the whole batch to the end."""
-    import titan_tpu.tasks.grpo.sampler as sampler
 
     monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", 1)  # a chance to compact after every token
     model = tiny_model()
@@ -162,7 +169,6 @@ def test_a_rank_in_lockstep_decodes_until_every_rank_has_stopped(monkeypatch: py
     not change. The other rank is simulated: the all-reduce reports it still decoding for 9 checks.
     Bugs caught: a rank leaving the decode loop on its own decision (the others then wait in an
     all-to-all for ever), the batch compacted to no rows, padding steps leaking into a completion."""
-    import titan_tpu.tasks.grpo.sampler as sampler
 
     monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", 1)  # the counts below are per token
     model = tiny_model()
@@ -191,7 +197,6 @@ def test_the_host_looks_at_the_stopped_rows_every_few_tokens_only(monkeypatch: p
     STOP_CHECK_EVERY tokens; rows stopped in between decode padding, and the completions (tokens,
     masks, trimmed length) are those of looking after every token. Bugs caught: a look per token, a
     padding step leaking into a completion, the completions not trimmed to the last real token."""
-    import titan_tpu.tasks.grpo.sampler as sampler
 
     model = tiny_model()
     params = greedy_stopping_at_the_second_token(model)
@@ -214,7 +219,6 @@ def test_the_sampled_log_probs_are_a_training_forwards(monkeypatch: pytest.Monke
     temperature 0.7 with top-p, rows stopping at different steps and the batch compacted; 0 off the
     mask. Catches log-probs of the tempered or top-p distribution (the negative control), one step
     off, another row's after compaction, or left padding leaking into them."""
-    import titan_tpu.tasks.grpo.sampler as sampler
 
     monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", 1)
     monkeypatch.setattr(sampler, "COMPACT_BELOW", 1.0)
@@ -246,7 +250,6 @@ def test_compiled_blocks_decode_the_same_tokens_and_stop_recompiling(monkeypatch
     step or per batch (a compilation per token: the second call's count)."""
     import copy
 
-    import titan_tpu.tasks.grpo.sampler as sampler
     from torch._dynamo.utils import counters
 
     from titan_tpu.distributed.compile import apply_compile
@@ -274,3 +277,40 @@ def test_compiled_blocks_decode_the_same_tokens_and_stop_recompiling(monkeypatch
         before = counters["stats"]["unique_graphs"]
         generate(compiled, others, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(rows)), 10))
     assert counters["stats"]["unique_graphs"] == before
+
+
+def test_length_buckets_sort_rows_by_prompt_length_in_runs_of_equal_size() -> None:
+    lengths = [5, 2, 9, 2, 7]
+    assert length_buckets(lengths, 1) == [[1, 3, 0, 4, 2]]
+    assert length_buckets(lengths, 2) == [[1, 3], [0, 4, 2]]
+    assert length_buckets(lengths, 9) == [[1], [3], [0], [4], [2]]  # never an empty batch
+
+
+@pytest.mark.parametrize("buckets", [2, 3])
+def test_sampling_in_length_buckets_changes_no_completion(buckets: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches rows put back in the wrong order, a bucket padded to every prompt's longest, and the
+    uniforms, log-probs or stop flags of one row given to another."""
+    model = tiny_model()
+    prompts = PROMPTS + [[7, 1, 2, 3, 4, 5, 6], [9, 9]]
+    free = generate(model, prompts, SamplingParams(10, temperature=0.0), PAD, torch.device("cpu"))
+    # Row 0 stops at its 3rd token; the rows of other buckets run on, so the batches' widths differ.
+    params = SamplingParams(10, temperature=1.0, top_p=0.9, stop_ids=(int(free.tokens[0, 2]),))
+    uniforms = row_uniforms(list(range(20, 20 + len(prompts))), 10)
+    one = generate(model, prompts, params, PAD, torch.device("cpu"), uniforms=uniforms)
+    widths: list[int] = []
+    real_generate = sampler.generate
+
+    def recording_generate(model: torch.nn.Module, asked: list[list[int]], *args: object) -> sampler.Completions:
+        widths.append(max(len(p) for p in asked))
+        return real_generate(model, asked, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sampler, "generate", recording_generate)
+    split = generate_by_length(model, prompts, params, PAD, torch.device("cpu"), buckets, uniforms)
+    assert split.lists() == one.lists() and split.stopped.tolist() == one.stopped.tolist()
+    torch.testing.assert_close(split.logps, one.logps, rtol=0, atol=1e-5)
+    assert split.mask.shape == one.mask.shape and split.mask.tolist() == one.mask.tolist()
+    # Each batch is padded to its own longest prompt only: the shortest prompts' batch to 2 tokens.
+    assert len(widths) == buckets and widths[0] == 2 and widths[-1] == 7
+    # Negative control: the same rows under other uniforms are other completions, so a mix-up shows.
+    other = generate_by_length(model, prompts, params, PAD, torch.device("cpu"), buckets, uniforms.roll(1, 0))
+    assert other.lists() != one.lists()

@@ -127,6 +127,13 @@ class RLConfig:
     temperature: float = opt(1.0, "Sampling temperature of the rollouts (0 = greedy).")
     top_p: float = opt(1.0, "Nucleus sampling: keep the likeliest tokens whose mass reaches top_p.")
     max_new_tokens: int = opt(8, "Longest completion, in tokens; a completion also ends at the stop text.")
+    rollout_buckets: int = opt(
+        1,
+        "Sample each rank's rollout prompts sorted by length in this many batches of equal size, each padded "
+        "to its own longest prompt: less KV cache and attention over padding where prompt lengths vary "
+        "widely, at the price of smaller batches (scripts/bench_rollout.py --prompt-tokens LO HI "
+        "--buckets N measures it); 1 = one batch.",
+    )
     stop_text: str = opt(
         "auto",
         "Text whose token ends a completion (the tokenizer's eos always does); auto = the chat template's "
@@ -165,6 +172,7 @@ class RLConfig:
         require(self.temperature >= 0, "rl.temperature", f"must be >= 0, got {self.temperature}")
         require(0 < self.top_p <= 1, "rl.top_p", f"must be in (0, 1], got {self.top_p}")
         require(self.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        require(self.rollout_buckets >= 1, "rl.rollout_buckets", f"must be >= 1, got {self.rollout_buckets}")
         require(bool(self.stop_text), "rl.stop_text", "must not be empty")
         require(self.max_operand >= 1, "rl.max_operand", f"must be >= 1, got {self.max_operand}")
         require(

@@ -177,6 +177,49 @@ def generate(
     return Completions(tokens=out[:, :length], mask=mask[:, :length], stopped=stopped, logps=logps[:, :length])
 
 
+def length_buckets(lengths: Sequence[int], buckets: int) -> list[list[int]]:
+    """Row indices sorted by prompt length (ties by index) and cut into `buckets` runs of sizes that
+    differ by at most one (fewer runs when there are fewer rows)."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    count = max(1, min(buckets, len(order)))
+    bounds = [len(order) * k // count for k in range(count + 1)]
+    return [order[bounds[k] : bounds[k + 1]] for k in range(count)]
+
+
+def generate_by_length(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    pad_id: int,
+    device: torch.device,
+    buckets: int,
+    uniforms: torch.Tensor | None = None,
+    lockstep: dist.ProcessGroup | None = None,
+) -> Completions:
+    """`generate` over the prompts sorted by length in `buckets` batches of equal size, the rows of the
+    result in the prompts' order. Each batch is left-padded only to its own longest prompt, so its KV
+    cache, and the attention of each of its decode steps, leaves out the padding a single batch would
+    give the shorter prompts; the price is smaller matmuls and one decode loop per batch. A row's
+    tokens do not depend on its batch (see `generate`). In `lockstep`, every rank must pass as many
+    prompts (each then runs as many batches, in step)."""
+    if buckets <= 1:
+        return generate(model, prompts, params, pad_id, device, uniforms, lockstep)
+    parts = []
+    for rows in length_buckets([len(p) for p in prompts], buckets):
+        row_uniform = None if uniforms is None else uniforms[torch.tensor(rows)]
+        parts.append((rows, generate(model, [prompts[i] for i in rows], params, pad_id, device, row_uniform, lockstep)))
+    length = max(part.tokens.shape[1] for _, part in parts)
+    tokens = torch.full((len(prompts), length), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros(len(prompts), length, dtype=torch.bool, device=device)
+    logps = torch.zeros(len(prompts), length, dtype=torch.float32, device=device)
+    stopped = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    for rows, part in parts:
+        index, width = torch.tensor(rows, device=device), part.tokens.shape[1]
+        tokens[index, :width], mask[index, :width], logps[index, :width] = part.tokens, part.mask, part.logps
+        stopped[index] = part.stopped
+    return Completions(tokens=tokens, mask=mask, stopped=stopped, logps=logps)
+
+
 def _all_stopped(stopped: torch.Tensor, lockstep: dist.ProcessGroup | None) -> bool:
     """Whether every row has stopped: this rank's rows, or every rank's of the `lockstep` group."""
     if lockstep is None:

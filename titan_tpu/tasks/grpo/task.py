@@ -29,7 +29,13 @@ from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set, stop_
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, logps_of, rank_rows, token_logps
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
-from titan_tpu.tasks.grpo.sampler import SamplingParams, generate, gathered_for_generation, row_uniforms
+from titan_tpu.tasks.grpo.sampler import (
+    SamplingParams,
+    gathered_for_generation,
+    generate,
+    generate_by_length,
+    row_uniforms,
+)
 from titan_tpu.tasks.language_model import decoder_args
 
 
@@ -161,8 +167,8 @@ class GRPOTask(TrainingTask):
         prompts = {r: taken[r // rl.group_size].ids for r in mine}
         seeds = [hash((ctx.config.training.seed, rollout_index, r)) % (2**63) for r in mine]
         with gathered_for_generation(model, self._reshard_after(model)):
-            out = generate(model, [prompts[r] for r in mine], self.params, self.pad_id, ctx.device,
-                           uniforms=row_uniforms(seeds, rl.max_new_tokens), lockstep=self._lockstep())
+            out = generate_by_length(model, [prompts[r] for r in mine], self.params, self.pad_id, ctx.device,
+                                     rl.rollout_buckets, row_uniforms(seeds, rl.max_new_tokens), self._lockstep())
         completions = dict(zip(mine, out.lists()))
         sampled_logps = dict(zip(mine, out.logp_lists()))
         # Rewards, each reward's part and lengths of this rank's rows, summed with the other ranks'.
