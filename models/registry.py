@@ -71,6 +71,18 @@ class ModelSpec:
     expert_routing: Callable[[Any], ExpertRouting] | None = None
     # The model-args fields whose "auto" is measured at start-up (models/common/tunable.py).
     tunables: tuple[Tunable, ...] = ()
+    # A family whose arguments come from more of the [model] section than flavor and overrides (the
+    # hf family reads model.hf_config / hf_architecture): [model] -> its arguments.
+    args_from_section: Callable[[Any], Any] | None = None
+    # The value an override set in the arguments, as the family checked it: (args, key) -> value.
+    override_value: Callable[[Any, str], Any] = getattr
+
+    def args_for(self, model: Any) -> Any:
+        """The arguments a config's [model] section asks for: its flavor with its overrides, or what
+        the family's `args_from_section` builds from the section."""
+        if self.args_from_section is not None:
+            return self.args_from_section(model)
+        return self.build_args(model.flavor, model.overrides)
 
     def flavor(self, name: str) -> Any:
         if name not in self.flavors:

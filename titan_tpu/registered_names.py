@@ -40,8 +40,8 @@ def check_registered_names(config: TrainConfig) -> RegisteredNames:
         spec.flavor(model.flavor)
     except ConfigError as e:
         raise ConfigError(f"model.flavor: {e}") from None
-    args = spec.build_args(model.flavor, model.overrides)
-    overrides = {key: getattr(args, key) for key in model.overrides}
+    args = spec.args_for(model)
+    overrides = {key: spec.override_value(args, key) for key in model.overrides}
 
     task = config.training.task
     if task != "auto":

@@ -146,7 +146,7 @@ class Trainer:
             attention=requested_attention(config.model.attention_block),
         )
         self.task: TrainingTask = task_class(self.registered.task)(context)
-        args = self.task.model_args(self.spec.build_args(config.model.flavor, config.model.overrides))
+        args = self.task.model_args(self.spec.args_for(config.model))
         initial = config.checkpoint.initial_load_path
         if initial and self.spec.state_dict_adapter is not None:
             # Before the kernels are measured at the model's shapes and the model is built: a mismatched

@@ -142,7 +142,7 @@ def test_bad_values_name_key_and_allowed_values(args: list[str], expected: str) 
         (["--config", "llama3_debug", "--trainin.steps=3"], "did you mean 'training'"),
         (["--config", "llama3_debug", "stray"], "stray: unrecognised argument"),
         # Registry names: a lookup failure used to be a ValueError traceback with exit status 1.
-        (["--model.name=lama3"], "model.name: unknown model 'lama3'; did you mean 'llama3'? valid: flux, llama3, "
+        (["--model.name=lama3"], "model.name: unknown model 'lama3'; did you mean 'llama3'? valid: flux, hf, llama3, "
                                  "qwen3, qwen3_moe"),
         (["--model.flavor=nope"],
          "model.flavor: unknown flavor 'nope' for model 'llama3'; valid: debug, 100M"),

@@ -47,6 +47,8 @@ EXPECTED_PARAMS: dict[str, str] = {
     "flux_debug.toml": "1796748",  # own flavor
     "flux_schnell.toml": "12B",  # Black Forest Labs: "12 billion parameter rectified flow transformer"
     "flux_dev.toml": "12B",
+    "hf_mistral_debug.toml": "139584",  # own flavor (models/hf/args.py's debug sizes)
+    "hf_mistral_7b.toml": "7.24B",  # Mistral AI's Mistral 7B v0.1 model card: "7.24B params"
 }
 SHIPPED = sorted(p.name for p in CONFIG_DIR.glob("*.toml"))
 
@@ -64,7 +66,7 @@ def built_param_count(path: Path) -> int:
     config = load_config(str(path), [])
     check_registered_names(config)
     spec = models.get_model_spec(config.model.name)
-    args = spec.build_args(config.model.flavor, config.model.overrides)
+    args = spec.args_for(config.model)
     with torch.device("meta"):
         model = spec.model_cls(args)
     return sum(p.numel() for p in model.parameters())

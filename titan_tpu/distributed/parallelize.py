@@ -31,7 +31,12 @@ BLOCK_CONTAINERS = ("layers", "double_blocks", "single_blocks", "blocks")
 
 
 def block_containers(model: nn.Module) -> list[nn.ModuleDict | nn.ModuleList]:
-    """The containers of repeated blocks: the units of activation checkpointing, compile and FSDP."""
+    """The containers of repeated blocks: the units of activation checkpointing, compile and FSDP.
+    A model whose blocks lie deeper (the hf family's, inside transformers' model) names them with a
+    `block_containers()` method."""
+    own = getattr(model, "block_containers", None)
+    if callable(own):
+        return list(own())
     containers = (getattr(model, name, None) for name in BLOCK_CONTAINERS)
     return [c for c in containers if isinstance(c, (nn.ModuleDict, nn.ModuleList))]
 

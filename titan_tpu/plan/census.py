@@ -74,7 +74,7 @@ def run_model_args(config: TrainConfig) -> Any:
     """The flavor's arguments with the config's overrides and, for decoders, the run's sequence length
     (the language-model task sizes the rotary tables from training.seq_len)."""
     spec = models.get_model_spec(config.model.name)
-    args = spec.build_args(config.model.flavor, config.model.overrides)
+    args = spec.args_for(config.model)
     if any(f.name == "max_seq_len" for f in dataclasses.fields(args)):
         args = dataclasses.replace(args, max_seq_len=config.training.seq_len)
     return args

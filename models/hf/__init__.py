@@ -1,0 +1,23 @@
+"""The hf family: any causal language model of the installed transformers, built from its own
+modeling code (`[model] name = "hf"` with `hf_config` or `hf_architecture`); registers "hf"."""
+
+from titan_tpu.models.common.loss import cross_entropy_loss
+from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
+from titan_tpu.models.hf.args import HF_FLAVORS, HFArgs, hf_args, override_value
+from titan_tpu.models.hf.flops import hf_flops_per_token, hf_param_count
+from titan_tpu.models.hf.model import HFCausalLM
+from titan_tpu.models.registry import ModelSpec, register_model
+
+HF_SPEC = ModelSpec(
+    name="hf",
+    model_cls=HFCausalLM,
+    flavors=HF_FLAVORS,
+    flops_per_token=hf_flops_per_token,
+    loss_fn=cross_entropy_loss,
+    tunables=(LOSS_CHUNKS,),
+    args_from_section=hf_args,
+    override_value=override_value,
+)
+register_model(HF_SPEC)
+
+__all__ = ["HF_FLAVORS", "HF_SPEC", "HFArgs", "HFCausalLM", "hf_args", "hf_flops_per_token", "hf_param_count"]

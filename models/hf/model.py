@@ -1,0 +1,103 @@
+"""A transformers causal LM behind the interface our tasks and parallelisation use.
+
+`HFCausalLM(args)` builds transformers' own modeling code for `args.config` (on whatever device is
+current: `meta` in a run) under `self.hf`, so its state-dict keys are transformers' with an `hf.`
+prefix. It adds what the run needs of a model: `forward(tokens) -> logits`, `init_weights` after
+`to_empty` (transformers' own initialisation, which also recomputes the rotary tables: they are not
+in the state dict, and `to_empty` leaves them garbage), and `block_containers()`, the decoder
+layers that activation checkpointing, compile and FSDP wrap one by one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from titan_tpu.models.hf.args import HFArgs, model_class
+
+logger = logging.getLogger(__name__)
+
+
+def build_hf_model(args: HFArgs) -> nn.Module:
+    """transformers' model for `args`, in float32, attention through SDPA where the class has it."""
+    attention = "sdpa" if _supports_sdpa(args) else "eager"
+    if args.trust_remote_code and args.folder:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_config(
+            args.config, trust_remote_code=True, attn_implementation=attention, dtype=torch.float32
+        )
+    cls = model_class(args.architecture, "model")
+    return cls._from_config(args.config, attn_implementation=attention, dtype=torch.float32)
+
+
+def _supports_sdpa(args: HFArgs) -> bool:
+    if args.trust_remote_code and args.folder:
+        return False
+    return bool(getattr(model_class(args.architecture, "model"), "_supports_sdpa", False))
+
+
+def decoder_layers_path(model: nn.Module) -> str:
+    """Where the model keeps its repeated decoder layers: the longest ModuleList whose children are
+    all of the classes transformers itself never splits (`_no_split_modules`)."""
+    unsplit = set(getattr(model, "_no_split_modules", None) or ())
+    lists = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList)
+        and len(module) > 0
+        and all(type(child).__name__ in unsplit for child in module)
+    ]
+    if not lists:
+        raise ValueError(
+            f"{type(model).__name__}: no list of decoder layers of its _no_split_modules {sorted(unsplit)}"
+        )
+    return max(lists, key=lambda item: len(item[1]))[0]
+
+
+class HFCausalLM(nn.Module):
+    """transformers' causal LM for `args` under `self.hf`."""
+
+    def __init__(self, args: HFArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.hf = build_hf_model(args)
+        # Found once, on the bare model: activation checkpointing and compile then wrap its children.
+        self.layers_path = decoder_layers_path(self.hf)
+        logger.info(
+            "model hf: %s by transformers' own modeling code, attention %s",
+            args.architecture, self.hf.config._attn_implementation,
+        )  # fmt: skip
+
+    def block_containers(self) -> list[nn.ModuleList]:
+        layers = self.hf.get_submodule(self.layers_path)
+        assert isinstance(layers, nn.ModuleList)
+        return [layers]
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.block_containers()[0])
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """transformers' own initialisation of every parameter and buffer (rotary tables included),
+        as `from_config` would give, on the devices `to_empty` put them (`buffer_device` is where
+        that was)."""
+        del buffer_device  # the buffers are recomputed in place, where to_empty put them
+        for module in self.hf.modules():
+            # Set by any earlier initialisation (a build outside `meta` runs one): it would skip them.
+            module.__dict__.pop("_is_hf_initialized", None)
+            for tensor in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+                tensor.__dict__.pop("_is_hf_initialized", None)
+        if self.args.tie_embeddings:
+            # to_empty gave the head and the embedding separate tensors; one again before the draw.
+            self.hf.tie_weights()
+        self.hf.initialize_weights()
+
+    def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [B, S] -> logits [B, S, vocab]."""
+        if document_ids is not None:
+            raise ValueError("model 'hf' attends across packed documents; set data.document_mask = false")
+        return self.hf(input_ids=tokens, use_cache=False).logits

@@ -1,0 +1,88 @@
+"""Worker for the hf family's layout tests: `torchrun --nproc-per-node 4 hf_fsdp_worker.py OUT`.
+For each case (an architecture and a layout) a real `Trainer` trains `layout_run`'s 10 fp32 steps
+of that architecture at the debug sizes through `[model] name = "hf"`, and rank 0 saves the run
+(per-step losses and gradient norms, the full final state) as OUT's folder/<case>.pt, with how far
+each freshly initialised weight was from a single-process initialisation in OUT (JSON).
+`reference(dump, case)` is the single-process run of a case, run by the test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from titan_tpu import models  # noqa: E402
+from titan_tpu.config import load_config  # noqa: E402
+from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
+from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
+from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
+
+from parallel_worker import layout_run, max_diff  # noqa: E402
+from parity import RunResult, train_and_capture  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
+
+# case -> (architecture, layout): Mistral (sliding window) under FSDP 4 with every block
+# checkpointed; Gemma 2 (tied embeddings: the head and the embedding in one FSDP group, soft-capping)
+# under HSDP 2 x 2.
+CASES: dict[str, tuple[str, list[str]]] = {
+    "mistral_fsdp4_ac": ("MistralForCausalLM", ["--parallelism.dp_shard=4", "--activation_checkpoint.mode=full"]),
+    "gemma2_hsdp2x2": ("Gemma2ForCausalLM", ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"]),
+}
+
+
+def run_arguments(case: str, dump: Path) -> list[str]:
+    architecture, _ = CASES[case]
+    return [*layout_run("hf", global_batch_size=4), "--model.name=hf", f"--model.hf_architecture={architecture}",
+            "--model.flavor=debug", f"--job.dump_folder={dump / case}"]  # fmt: skip
+
+
+def single_process_init(config: Any) -> dict[str, torch.Tensor]:
+    """The weights one process initialises for this config, by canonical name."""
+    spec = models.get_model_spec("hf")
+    args = dataclasses.replace(spec.args_for(config.model), max_seq_len=config.training.seq_len)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    ctx = ParallelContext(ParallelDims(1, 1, 1, 1, 1))
+    model = parallelize_model(model, None, ctx, config, torch.device("cpu"), torch.float32)
+    return {canonical_name(n): p.detach() for n, p in model.named_parameters()}
+
+
+def run_case(case: str, dump: Path) -> dict[str, Any]:
+    from titan_tpu.trainer import Trainer
+
+    config = load_config("llama3_debug", [*run_arguments(case, dump), *CASES[case][1]])
+    trainer = Trainer(config)
+    reference = single_process_init(config)
+    init_diff = max(max_diff(p, reference[canonical_name(n)]) for n, p in trainer.model.named_parameters())
+    run = train_and_capture(trainer)
+    if dist.get_rank() == 0:
+        run.save(dump / f"{case}.pt")
+    # No trainer.close(): it destroys the process group the launch's next case runs in.
+    return {"init_max_abs_diff": init_diff}
+
+
+def reference(dump: Path, case: str) -> RunResult:
+    from titan_tpu.trainer import Trainer
+
+    trainer = Trainer(load_config("llama3_debug", run_arguments(case, dump / "single")))
+    run = train_and_capture(trainer)
+    trainer.close()
+    return run
+
+
+def main(out: Path) -> None:
+    run_cases(out, [(case, functools.partial(run_case, case, out.parent)) for case in CASES])
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,200 @@
+"""The hf family on one process: built on `meta` and materialised the way a run does it, it computes
+what transformers' own model with the same weights computes (logits, loss and every gradient), for
+architectures that each carry one of the known traps: a sliding window (Mistral), soft-capping and
+tied embeddings (Gemma 2), fused projections (Phi-3), norms after the sublayers (OLMo 2), a parallel
+residual with partial rotary (GPT-NeoX) and a mixture of experts (Mixtral)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+from titan_tpu.config import ConfigError, load_config
+from titan_tpu.distributed.sharded_init import init_weights
+from titan_tpu.models import get_model_spec
+from titan_tpu.models.common.loss import cross_entropy_loss
+from titan_tpu.models.hf import HFCausalLM, hf_args, hf_flops_per_token, hf_param_count
+
+ARCHITECTURES = [
+    "MistralForCausalLM",
+    "Gemma2ForCausalLM",
+    "Phi3ForCausalLM",
+    "Olmo2ForCausalLM",
+    "GPTNeoXForCausalLM",
+    "MixtralForCausalLM",
+]
+SEQ = 24
+
+
+def section(*overrides: str) -> Any:
+    return load_config("llama3_debug", ["--model.name=hf", *overrides]).model
+
+
+def built_like_a_run(architecture: str, *overrides: str) -> HFCausalLM:
+    """On meta, then to_empty and the run's sharding-invariant init (titan_tpu/distributed/parallelize.py)."""
+    args = hf_args(section(f"--model.hf_architecture={architecture}", "--model.flavor=debug", *overrides))
+    args = dataclasses.replace(args, max_seq_len=SEQ)
+    with torch.device("meta"):
+        model = HFCausalLM(args)
+    model.to_empty(device=torch.device("cpu"))
+    init_weights(model, seed=0, buffer_device=torch.device("cpu"))
+    return model
+
+
+def transformers_copy(model: HFCausalLM) -> torch.nn.Module:
+    """transformers' own model of the same config, built normally, with our weights loaded."""
+    reference = type(model.hf)._from_config(
+        type(model.args.config).from_dict(model.args.config.to_dict()),
+        attn_implementation=model.hf.config._attn_implementation,
+        dtype=torch.float32,
+    )
+    state = {name.removeprefix("hf."): tensor for name, tensor in model.state_dict().items()}
+    missing, unexpected = reference.load_state_dict(state, strict=False)
+    assert not unexpected and all(name in reference._tied_weights_keys for name in missing), (missing, unexpected)
+    return reference
+
+
+def loss_and_grads(model: torch.nn.Module, logits_of: Any, tokens: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    logits = logits_of(tokens[:, :-1])
+    loss = cross_entropy_loss(logits, tokens[:, 1:], 2**26)
+    loss.backward()
+    grads = {name.removeprefix("hf."): p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.item(), grads
+
+
+def compare(model: HFCausalLM, reference: torch.nn.Module, tokens: torch.Tensor) -> None:
+    ours, our_grads = loss_and_grads(model, model, tokens)
+    theirs, their_grads = loss_and_grads(reference, lambda t: reference(input_ids=t).logits, tokens)
+    assert ours == pytest.approx(theirs, rel=1e-5)
+    assert our_grads.keys() == their_grads.keys()
+    for name, grad in our_grads.items():
+        torch.testing.assert_close(grad, their_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_the_model_computes_what_transformers_computes_with_the_same_weights(architecture: str) -> None:
+    """Catches rotary tables left as to_empty's garbage (they are not in the state dict), a tied head
+    untied by to_empty (its gradient then splits in two), a parameter our init never draws, and a loss
+    normalised differently from the reference's mean over tokens."""
+    model = built_like_a_run(architecture)
+    reference = transformers_copy(model)
+    tokens = torch.randint(0, model.args.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(1))
+    compare(model, reference, tokens)
+    if model.args.tie_embeddings:
+        assert model.hf.get_output_embeddings().weight is model.hf.get_input_embeddings().weight
+
+
+def test_a_rotary_table_left_as_allocated_fails_the_comparison() -> None:
+    """Negative control: the comparison sees the rotary tables, the buffer to_empty leaves garbage."""
+    model = built_like_a_run("MistralForCausalLM")
+    reference = transformers_copy(model)
+    with torch.no_grad():
+        model.hf.model.rotary_emb.inv_freq.mul_(1.01)
+    tokens = torch.randint(0, model.args.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(AssertionError):
+        compare(model, reference, tokens)
+
+
+def test_init_draws_every_parameter_like_transformers_does() -> None:
+    """transformers' own init (normal at initializer_range, norms at one), not zeros or garbage."""
+    model = built_like_a_run("MistralForCausalLM")
+    std = model.args.config.initializer_range
+    q = model.hf.model.layers[0].self_attn.q_proj.weight
+    assert q.std().item() == pytest.approx(std, rel=0.1)
+    assert torch.equal(model.hf.model.norm.weight, torch.ones_like(model.hf.model.norm.weight))
+
+
+def test_decoder_layers_are_the_units_of_fsdp_and_checkpointing() -> None:
+    model = built_like_a_run("Gemma2ForCausalLM")
+    assert model.layers_path == "model.layers"
+    assert model.block_containers()[0] is model.hf.model.layers and model.n_blocks == 2
+
+
+# Architecture -> keys each layer attends to at 64 and at 4096 tokens with a 128-token window where
+# the config has one: Mistral slides on every layer, Gemma 2 on every other one, Mixtral on none.
+WINDOWED = {
+    "MistralForCausalLM": ["--model.overrides={ sliding_window = 128 }"],
+    "Gemma2ForCausalLM": ["--model.overrides={ sliding_window = 128 }"],
+    "MixtralForCausalLM": [],
+}
+KEYS_PER_LAYER = {
+    "MistralForCausalLM": [(64, 128), (64, 128)],
+    "Gemma2ForCausalLM": [(64, 128), (64, 4096)],
+    "MixtralForCausalLM": [(64, 4096), (64, 4096)],
+}
+
+
+@pytest.mark.parametrize("architecture", list(WINDOWED))
+def test_params_and_flops_count_the_built_model(architecture: str) -> None:
+    """The count is the built model's; FLOPs use the active parameters (top_k of the experts, the
+    head also when tied) and charge a sliding window's layers its width, not the sequence."""
+    model = built_like_a_run(architecture, *WINDOWED[architecture])
+    count = hf_param_count(model.args)
+    assert count.total == sum(p.numel() for p in model.parameters())
+    config = model.args.config
+    embedding = config.vocab_size * config.hidden_size
+    tied = embedding if model.args.tie_embeddings else 0
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    if experts:
+        active_experts = experts * config.num_experts_per_tok // config.num_local_experts
+        assert count.active_non_embedding == count.total - embedding - experts + active_experts
+    else:
+        assert count.active_non_embedding == count.total - embedding + tied
+    per_key = 3 * 4 * config.num_attention_heads * (getattr(config, "head_dim", None) or 16)
+    short = 3 * 2 * count.active_non_embedding + per_key * sum(s for s, _ in KEYS_PER_LAYER[architecture])
+    long = 3 * 2 * count.active_non_embedding + per_key * sum(l for _, l in KEYS_PER_LAYER[architecture])
+    assert hf_flops_per_token(model.args, 64) == pytest.approx(short)
+    assert hf_flops_per_token(model.args, 4096) == pytest.approx(long)
+
+
+def test_folder_config_values_are_kept_and_overrides_checked(tmp_path: Any) -> None:
+    """A folder's config (rope_theta here) is what the model gets; a field the config lacks, a folder
+    without config.json, remote code and a class that is not a causal LM are one-line refusals."""
+    rope = '{ rope_parameters = { rope_type = "default", rope_theta = 12345.0 } }'
+    model = built_like_a_run("MistralForCausalLM", f"--model.overrides={rope}")
+    model.hf.save_pretrained(tmp_path / "folder")
+    args = hf_args(section(f"--model.hf_config={tmp_path / 'folder'}"))
+    assert args.config.rope_parameters["rope_theta"] == 12345.0 and args.architecture == "MistralForCausalLM"
+    assert args.config.hidden_size == 64  # the folder's size, not the class default
+    with pytest.raises(ConfigError, match=r"model.overrides.rope_theta: MistralConfig has no field"):
+        hf_args(section("--model.hf_architecture=MistralForCausalLM", "--model.overrides={ rope_theta = 1.0 }"))
+    with pytest.raises(ConfigError, match=r"model.overrides.hiden_size: .*did you mean 'hidden_size'"):
+        hf_args(section("--model.hf_architecture=MistralForCausalLM", "--model.overrides={ hiden_size = 8 }"))
+    with pytest.raises(ConfigError, match=r"model.hf_config: .*config.json does not exist"):
+        hf_args(section(f"--model.hf_config={tmp_path}"))
+    with pytest.raises(ConfigError, match="did you mean 'MistralForCausalLM'"):
+        hf_args(section("--model.hf_architecture=MistralForCasualLM"))
+    with pytest.raises(ConfigError, match="not a causal language model"):
+        hf_args(section("--model.hf_architecture=BertModel"))
+    (tmp_path / "remote").mkdir()
+    (tmp_path / "remote" / "config.json").write_text('{"architectures": ["X"], "auto_map": {"AutoModelForCausalLM": "m.X"}}')
+    with pytest.raises(ConfigError, match="trust_remote_code"):
+        hf_args(section(f"--model.hf_config={tmp_path / 'remote'}"))
+    with pytest.raises(ConfigError, match="exactly one of model.hf_config"):
+        section()
+    with pytest.raises(ConfigError, match="model.hf_architecture: is for model.name = 'hf'"):
+        load_config("llama3_debug", ["--model.hf_architecture=MistralForCausalLM"])
+
+
+def test_the_registry_builds_hf_args_from_the_model_section() -> None:
+    spec = get_model_spec("hf")
+    args = spec.args_for(section("--model.hf_architecture=Qwen3ForCausalLM", "--model.flavor=debug"))
+    assert args.config.num_hidden_layers == 2 and args.vocab_size == 512
+    assert spec.override_value(args, "hidden_size") == 64
+    big = spec.args_for(section("--model.hf_architecture=Qwen3ForCausalLM", "--model.flavor=config"))
+    assert big.config.hidden_size == type(big.config)().hidden_size  # the config class's own default
+
+
+def test_a_reference_built_from_garbage_weights_differs() -> None:
+    """Negative control for the parity: a model whose weights are drawn again is not equal."""
+    model = built_like_a_run("Phi3ForCausalLM")
+    reference = transformers_copy(model)
+    with torch.no_grad():
+        reference.model.layers[0].self_attn.qkv_proj.weight.normal_(0, 0.02)
+    tokens = torch.randint(0, model.args.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(AssertionError):
+        compare(model, reference, tokens)
