@@ -6,6 +6,7 @@ from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
 from titan_tpu.models.hf.args import HF_FLAVORS, HFArgs, hf_args, override_value
 from titan_tpu.models.hf.flops import hf_flops_per_token, hf_param_count
 from titan_tpu.models.hf.model import HFCausalLM
+from titan_tpu.models.hf.state_dict_adapter import HF_FAMILY_ADAPTER
 from titan_tpu.models.registry import ModelSpec, register_model
 
 HF_SPEC = ModelSpec(
@@ -14,6 +15,7 @@ HF_SPEC = ModelSpec(
     flavors=HF_FLAVORS,
     flops_per_token=hf_flops_per_token,
     loss_fn=cross_entropy_loss,
+    state_dict_adapter=HF_FAMILY_ADAPTER,
     tunables=(LOSS_CHUNKS,),
     args_from_section=hf_args,
     override_value=override_value,

@@ -33,14 +33,14 @@ def section(*overrides: str) -> Any:
     return load_config("llama3_debug", ["--model.name=hf", *overrides]).model
 
 
-def built_like_a_run(architecture: str, *overrides: str) -> HFCausalLM:
+def built_like_a_run(architecture: str, *overrides: str, seed: int = 0) -> HFCausalLM:
     """On meta, then to_empty and the run's sharding-invariant init (titan_tpu/distributed/parallelize.py)."""
     args = hf_args(section(f"--model.hf_architecture={architecture}", "--model.flavor=debug", *overrides))
     args = dataclasses.replace(args, max_seq_len=SEQ)
     with torch.device("meta"):
         model = HFCausalLM(args)
     model.to_empty(device=torch.device("cpu"))
-    init_weights(model, seed=0, buffer_device=torch.device("cpu"))
+    init_weights(model, seed=seed, buffer_device=torch.device("cpu"))
     return model
 
 

@@ -36,6 +36,7 @@ from titan_tpu.checkpoint.hf_format import (
     HFParts,
     StartProgress,
     StateDictAdapter,
+    tied_repeats,
 )
 from titan_tpu.checkpoint.storage import (
     SafeFileSystemReader,
@@ -146,7 +147,8 @@ def export_model_to_hf(
         raise ConfigError(f"export: {out} exists and is not empty; it is never overwritten")
     distributed = dist.is_available() and dist.is_initialized()
     writes = not distributed or dist.get_rank() == 0
-    state_dict = get_model_state_dict(model)
+    repeats = tied_repeats(model)
+    state_dict = {name: value for name, value in get_model_state_dict(model).items() if name not in repeats}
     parts = {name: HFParts.of(adapter, name, value.shape) for name, value in state_dict.items()}
     plan = [(hf_name, p.shape) for p in parts.values() for hf_name in p.names]
     writer = None

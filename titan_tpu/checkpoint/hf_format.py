@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 CONFIG_FILE = "config.json"
 # What a diffusers pipeline's root holds instead of config.json; its models are in subfolders.
@@ -69,6 +70,20 @@ class HFFiles:
 
 
 TRANSFORMERS_FILES = HFFiles()
+
+
+def tied_repeats(model: nn.Module) -> set[str]:
+    """Names under which the model lists a parameter a second time (a head tied to its embedding).
+    A folder holds such a tensor once, under its first name, as transformers' save_pretrained
+    writes it; loading that one fills both. (Tied parameters sit outside the wrapped blocks, so
+    these names are the state dict's.)"""
+    seen: set[int] = set()
+    repeats: set[str] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            repeats.add(name)
+        seen.add(id(param))
+    return repeats
 
 
 @dataclass(frozen=True)

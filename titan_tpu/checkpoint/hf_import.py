@@ -41,6 +41,7 @@ from titan_tpu.checkpoint.hf_format import (
     HFParts,
     StartProgress,
     StateDictAdapter,
+    tied_repeats,
 )
 from titan_tpu.checkpoint.storage import SafeLoadPlanner, describe_error, quiet_single_process
 from titan_tpu.config.errors import ConfigError
@@ -195,7 +196,8 @@ def load_hf_weights(
         raise ConfigError(f"checkpoint.initial_load_path: {folder} is not a folder")
     check_hf_config(folder, adapter, args, what)
     state_dict = get_model_state_dict(model)
-    parts = {name: HFParts.of(adapter, name, value.shape) for name, value in state_dict.items()}
+    repeats = tied_repeats(model)
+    parts = {name: HFParts.of(adapter, name, value.shape) for name, value in state_dict.items() if name not in repeats}
     available = hf_tensor_index(folder, HFFiles.of(adapter))
     wanted = {hf_name: p.shape for p in parts.values() for hf_name in p.names}
     problems = [f"{key} is missing" for key in wanted if key not in available]
@@ -213,7 +215,7 @@ def load_hf_weights(
     blocks: dict[str, tuple[torch.Tensor, tuple[int, ...]]] = {}
     with torch.no_grad():
         for name, value in state_dict.items():
-            block = local_block(value)
+            block = local_block(value) if name not in repeats else None
             if block is not None:
                 blocks.update((n, (view, start)) for n, view, start in parts[name].blocks(*block))
     read_hf_blocks(folder, blocks, process_group, progress)
