@@ -41,6 +41,15 @@ DEBUG_SIZES: dict[str, int] = {
     "moe_intermediate_size": 64,
     "shared_expert_intermediate_size": 64,
     "n_routed_experts": 4,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    # multi-head latent attention (DeepSeek V2/V3 and relatives)
+    "q_lora_rank": 32,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
 }
 
 
@@ -190,6 +199,12 @@ def _fit_debug_sizes(config: Any) -> None:
         value = getattr(config, key, None)
         if isinstance(value, int) and value >= vocab or isinstance(value, list) and any(i >= vocab for i in value):
             setattr(config, key, None)
+    if getattr(config, "qk_rope_head_dim", None):
+        # Latent attention: the rotary part is the head_dim, and every head has its own keys.
+        if _has_field(config, "head_dim"):
+            config.head_dim = config.qk_rope_head_dim
+        if _has_field(config, "num_key_value_heads"):
+            config.num_key_value_heads = config.num_attention_heads
     layers = getattr(config, "num_hidden_layers", None)
     layer_types = getattr(config, "layer_types", None)
     if isinstance(layers, int) and isinstance(layer_types, list) and len(layer_types) != layers:

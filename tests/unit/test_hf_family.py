@@ -6,17 +6,14 @@ residual with partial rotary (GPT-NeoX) and a mixture of experts (Mixtral)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 import torch
 
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.distributed.sharded_init import init_weights
 from titan_tpu.models import get_model_spec
-from titan_tpu.models.common.loss import cross_entropy_loss
-from titan_tpu.models.hf import HFCausalLM, hf_args, hf_flops_per_token, hf_param_count
+from titan_tpu.models.hf import HFCausalLM, hf_args, hf_flops_per_token, hf_param_count, parity
 
 ARCHITECTURES = [
     "MistralForCausalLM",
@@ -34,45 +31,15 @@ def section(*overrides: str) -> Any:
 
 
 def built_like_a_run(architecture: str, *overrides: str, seed: int = 0) -> HFCausalLM:
-    """On meta, then to_empty and the run's sharding-invariant init (titan_tpu/distributed/parallelize.py)."""
     args = hf_args(section(f"--model.hf_architecture={architecture}", "--model.flavor=debug", *overrides))
-    args = dataclasses.replace(args, max_seq_len=SEQ)
-    with torch.device("meta"):
-        model = HFCausalLM(args)
-    model.to_empty(device=torch.device("cpu"))
-    init_weights(model, seed=seed, buffer_device=torch.device("cpu"))
-    return model
-
-
-def transformers_copy(model: HFCausalLM) -> torch.nn.Module:
-    """transformers' own model of the same config, built normally, with our weights loaded."""
-    reference = type(model.hf)._from_config(
-        type(model.args.config).from_dict(model.args.config.to_dict()),
-        attn_implementation=model.hf.config._attn_implementation,
-        dtype=torch.float32,
-    )
-    state = {name.removeprefix("hf."): tensor for name, tensor in model.state_dict().items()}
-    missing, unexpected = reference.load_state_dict(state, strict=False)
-    assert not unexpected and all(name in reference._tied_weights_keys for name in missing), (missing, unexpected)
-    return reference
-
-
-def loss_and_grads(model: torch.nn.Module, logits_of: Any, tokens: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
-    model.zero_grad(set_to_none=True)
-    logits = logits_of(tokens[:, :-1])
-    loss = cross_entropy_loss(logits, tokens[:, 1:], 2**26)
-    loss.backward()
-    grads = {name.removeprefix("hf."): p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return loss.item(), grads
+    return parity.built_like_a_run(args, SEQ, seed)
 
 
 def compare(model: HFCausalLM, reference: torch.nn.Module, tokens: torch.Tensor) -> None:
-    ours, our_grads = loss_and_grads(model, model, tokens)
-    theirs, their_grads = loss_and_grads(reference, lambda t: reference(input_ids=t).logits, tokens)
-    assert ours == pytest.approx(theirs, rel=1e-5)
-    assert our_grads.keys() == their_grads.keys()
-    for name, grad in our_grads.items():
-        torch.testing.assert_close(grad, their_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    ours = parity.loss_and_grads(model, model, tokens)
+    theirs = parity.loss_and_grads(reference, lambda t: reference(input_ids=t).logits, tokens)
+    result = parity.parity(ours, theirs)
+    assert result.within(loss_rel=1e-5, grad_rel=1e-4), result
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
@@ -81,7 +48,7 @@ def test_the_model_computes_what_transformers_computes_with_the_same_weights(arc
     untied by to_empty (its gradient then splits in two), a parameter our init never draws, and a loss
     normalised differently from the reference's mean over tokens."""
     model = built_like_a_run(architecture)
-    reference = transformers_copy(model)
+    reference = parity.transformers_twin(model)
     tokens = torch.randint(0, model.args.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(1))
     compare(model, reference, tokens)
     if model.args.tie_embeddings:
@@ -91,7 +58,7 @@ def test_the_model_computes_what_transformers_computes_with_the_same_weights(arc
 def test_a_rotary_table_left_as_allocated_fails_the_comparison() -> None:
     """Negative control: the comparison sees the rotary tables, the buffer to_empty leaves garbage."""
     model = built_like_a_run("MistralForCausalLM")
-    reference = transformers_copy(model)
+    reference = parity.transformers_twin(model)
     with torch.no_grad():
         model.hf.model.rotary_emb.inv_freq.mul_(1.01)
     tokens = torch.randint(0, model.args.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(1))
@@ -192,7 +159,7 @@ def test_the_registry_builds_hf_args_from_the_model_section() -> None:
 def test_a_reference_built_from_garbage_weights_differs() -> None:
     """Negative control for the parity: a model whose weights are drawn again is not equal."""
     model = built_like_a_run("Phi3ForCausalLM")
-    reference = transformers_copy(model)
+    reference = parity.transformers_twin(model)
     with torch.no_grad():
         reference.model.layers[0].self_attn.qkv_proj.weight.normal_(0, 0.02)
     tokens = torch.randint(0, model.args.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(1))
