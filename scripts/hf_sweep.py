@@ -86,8 +86,8 @@ def scope(architecture: str, config: Any) -> str:
     return ""
 
 
-class Timeout(Exception):
-    pass
+class Timeout(BaseException):
+    """Not an Exception: the per-step `except Exception` must not swallow it and go on."""
 
 
 @contextmanager
