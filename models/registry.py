@@ -81,7 +81,10 @@ class ModelSpec:
         """The arguments a config's [model] section asks for: its flavor with its overrides, or what
         the family's `args_from_section` builds from the section."""
         if self.args_from_section is not None:
-            return self.args_from_section(model)
+            try:
+                return self.args_from_section(model)
+            except ValueError as e:  # the family's one-line account of a bad [model] section
+                raise ConfigError(str(e)) from None
         return self.build_args(model.flavor, model.overrides)
 
     def flavor(self, name: str) -> Any:

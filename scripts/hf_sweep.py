@@ -124,7 +124,8 @@ def check_one(architecture: str) -> dict[str, Any]:
     """Steps 1-4 in this process; each value "ok", or why not."""
     from titan_tpu.checkpoint.hf_export import export_model_to_hf
     from titan_tpu.models import get_model_spec
-    from titan_tpu.models.hf import HFCausalLM, hf_args, hf_param_count, parity
+    from scripts import hf_parity as parity
+    from titan_tpu.models.hf import HFCausalLM, hf_args, hf_param_count
 
     row: dict[str, Any] = {"architecture": architecture}
     args = hf_args(section(architecture))
@@ -184,7 +185,8 @@ def fsdp_worker(listing: Path, out: Path) -> None:
     from titan_tpu.distributed import process_group
     from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
     from titan_tpu.distributed.parallelize import parallelize_model
-    from titan_tpu.models.hf import HFCausalLM, hf_args, parity
+    from scripts import hf_parity as parity
+    from titan_tpu.models.hf import HFCausalLM, hf_args
 
     process_group.init_process_group("gloo", process_group.process_info())
     dims = ParallelDims(1, 2, 1, 1, 2)

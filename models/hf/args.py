@@ -3,19 +3,19 @@
 A config comes from a checkpoint folder (`model.hf_config`: the folder or its config.json; every
 value the folder sets is kept) or from a class name (`model.hf_architecture`: its config class's
 defaults, flavor "config", or tiny sizes, flavor "debug"); `model.overrides` then sets config fields.
-Every mistake is one ConfigError naming the key.
+Every mistake is a ValueError whose one line names the key (the registry's `args_for` makes it the
+run's ConfigError).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from titan_tpu.config.errors import ConfigError
-from titan_tpu.config.values import did_you_mean
 
 # The flavors: the config as its folder or class gives it, or the debug sizes below on top of it.
 HF_FLAVORS: dict[str, str] = {
@@ -79,6 +79,12 @@ class HFArgs:
         return bool(getattr(self.config, "tie_word_embeddings", False))
 
 
+def did_you_mean(name: str, options: list[str]) -> str:
+    """"did you mean 'x'? " for the closest option, or "" (the config layer's wording)."""
+    close = difflib.get_close_matches(name, options, n=1)
+    return f"did you mean '{close[0]}'? " if close else ""
+
+
 def causal_lm_classes() -> dict[str, str]:
     """Every causal-LM class name of the installed transformers -> its model type."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -97,11 +103,11 @@ def model_class(architecture: str, where: str) -> type:
     classes = causal_lm_classes()
     if architecture not in classes:
         if isinstance(getattr(transformers, architecture, None), type):
-            raise ConfigError(
+            raise ValueError(
                 f"{where}: {architecture} is not a causal language model (it is not in transformers' "
                 f"AutoModelForCausalLM mapping); pick a ...ForCausalLM class, e.g. {_example(classes)}"
             )
-        raise ConfigError(
+        raise ValueError(
             f"{where}: transformers {transformers.__version__} has no causal-LM class {architecture!r}; "
             f"{did_you_mean(architecture, sorted(classes))}e.g. {_example(classes)}"
         )
@@ -115,12 +121,12 @@ def _example(classes: Mapping[str, str]) -> str:
 def hf_args(model: Any) -> HFArgs:
     """The arguments the [model] section of an hf run asks for (ModelSpec.args_from_section)."""
     if model.attention_block not in (-1, 0):
-        raise ConfigError(
+        raise ValueError(
             f"model.attention_block: model 'hf' attends through transformers' own attention (SDPA where the "
             f"class has it); -1 or 0, got {model.attention_block}"
         )
     if model.flavor not in HF_FLAVORS:
-        raise ConfigError(
+        raise ValueError(
             f"model.flavor: unknown flavor {model.flavor!r} for model 'hf'; {did_you_mean(model.flavor, list(HF_FLAVORS))}"
             f"valid: {', '.join(HF_FLAVORS)}"
         )
@@ -131,7 +137,7 @@ def hf_args(model: Any) -> HFArgs:
         cls = model_class(model.hf_architecture, "model.hf_architecture")
         architecture, config, folder = model.hf_architecture, cls.config_class(), ""
     else:
-        raise ConfigError("model.hf_config: model 'hf' needs model.hf_config (a checkpoint folder) or model.hf_architecture")
+        raise ValueError("model.hf_config: model 'hf' needs model.hf_config (a checkpoint folder) or model.hf_architecture")
     if model.flavor == "debug":
         _set_fields(config, {k: v for k, v in DEBUG_SIZES.items() if _has_field(config, k)}, "model.flavor 'debug'")
         _fit_debug_sizes(config)
@@ -140,7 +146,7 @@ def hf_args(model: Any) -> HFArgs:
     own = {key: overrides.pop(key) for key in OWN_FIELDS if key in overrides}
     for key, value in own.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"model.overrides.{key}: a positive integer, got {value!r}")
+            raise ValueError(f"model.overrides.{key}: a positive integer, got {value!r}")
     _set_fields(config, overrides, "model.overrides")
     return HFArgs(architecture=architecture, config=config, folder=folder, trust_remote_code=model.trust_remote_code, **own)
 
@@ -151,19 +157,19 @@ def _folder_config(path: Path, trust_remote_code: bool) -> tuple[str, Any]:
 
     config_file = path if path.suffix == ".json" else path / "config.json"
     if not config_file.is_file():
-        raise ConfigError(f"model.hf_config: {config_file} does not exist; give a Hugging Face checkpoint folder that holds a config.json")
+        raise ValueError(f"model.hf_config: {config_file} does not exist; give a Hugging Face checkpoint folder that holds a config.json")
     try:
         raw = json.loads(config_file.read_text())
     except json.JSONDecodeError as e:
-        raise ConfigError(f"model.hf_config: {config_file} is not valid JSON ({e})") from None
+        raise ValueError(f"model.hf_config: {config_file} is not valid JSON ({e})") from None
     if "auto_map" in raw and not trust_remote_code:
-        raise ConfigError(
+        raise ValueError(
             f"model.hf_config: {config_file} ships its own modeling code (auto_map), which is not run unless "
             "model.trust_remote_code = true"
         )
     architectures = raw.get("architectures") or []
     if not architectures:
-        raise ConfigError(f"model.hf_config: {config_file} names no 'architectures'; set model.hf_architecture instead")
+        raise ValueError(f"model.hf_config: {config_file} names no 'architectures'; set model.hf_architecture instead")
     architecture = architectures[0]
     if "auto_map" not in raw:
         model_class(architecture, f"model.hf_config ({config_file})")
@@ -180,13 +186,13 @@ def _set_fields(config: Any, values: Mapping[str, Any], where: str) -> None:
     fields = sorted(set(config.to_dict()) | set(getattr(config, "attribute_map", {})))
     for key, value in values.items():
         if key not in fields:
-            raise ConfigError(
+            raise ValueError(
                 f"{where}.{key}: {type(config).__name__} has no field {key!r}; {did_you_mean(key, fields)}"
                 "see its config.json for the fields"
             )
         current = getattr(config, key, None)
         if isinstance(current, bool) != isinstance(value, bool) and current is not None:
-            raise ConfigError(f"{where}.{key}: got {value!r}, the config holds {current!r}")
+            raise ValueError(f"{where}.{key}: got {value!r}, the config holds {current!r}")
         setattr(config, key, value)
 
 

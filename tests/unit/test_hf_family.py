@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import torch
 
+from scripts import hf_parity as parity
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.models import get_model_spec
-from titan_tpu.models.hf import HFCausalLM, hf_args, hf_flops_per_token, hf_param_count, parity
+from titan_tpu.models.hf import HFCausalLM, hf_flops_per_token, hf_param_count
 
 ARCHITECTURES = [
     "MistralForCausalLM",
@@ -24,6 +25,11 @@ ARCHITECTURES = [
     "MixtralForCausalLM",
 ]
 SEQ = 24
+
+
+def hf_args(model: Any) -> Any:
+    """The hf family's arguments as a run gets them: bad input is a ConfigError."""
+    return get_model_spec("hf").args_for(model)
 
 
 def section(*overrides: str) -> Any:

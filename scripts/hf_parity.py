@@ -1,7 +1,8 @@
 """The hf family against transformers itself: build a model the way a run does (on `meta`, then
 `to_empty` and the run's sharding-invariant init), give transformers' own model the same weights,
 and compare the loss and every gradient on the same tokens. Used by the tests and by
-`scripts/hf_sweep.py`."""
+`scripts/hf_sweep.py` (here, beside it: it reaches into both the models and the engine, which
+model code may not)."""
 
 from __future__ import annotations
 
