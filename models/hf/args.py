@@ -50,6 +50,8 @@ DEBUG_SIZES: dict[str, int] = {
     "qk_nope_head_dim": 16,
     "qk_rope_head_dim": 8,
     "v_head_dim": 16,
+    # partial rotary as a count of dimensions (GPT-J, CodeGen)
+    "rotary_dim": 8,
 }
 
 
@@ -139,8 +141,9 @@ def hf_args(model: Any) -> HFArgs:
     else:
         raise ValueError("model.hf_config: model 'hf' needs model.hf_config (a checkpoint folder) or model.hf_architecture")
     if model.flavor == "debug":
+        layers_before = getattr(config, "num_hidden_layers", None)
         _set_fields(config, {k: v for k, v in DEBUG_SIZES.items() if _has_field(config, k)}, "model.flavor 'debug'")
-        _fit_debug_sizes(config)
+        _fit_debug_sizes(config, layers_before)
     overrides = dict(model.overrides)
     # Our own settings among them (the loss's chunk, which kernels/ otherwise measures).
     own = {key: overrides.pop(key) for key in OWN_FIELDS if key in overrides}
@@ -196,15 +199,18 @@ def _set_fields(config: Any, values: Mapping[str, Any], where: str) -> None:
         setattr(config, key, value)
 
 
-def _fit_debug_sizes(config: Any) -> None:
-    """What the debug sizes imply: special-token ids inside the smaller vocabulary, and per-layer
-    lists (layer types, sliding-window layouts) as long as the layer count."""
+def _fit_debug_sizes(config: Any, layers_before: Any) -> None:
+    """What the debug sizes imply: special-token ids inside the smaller vocabulary, latent attention's
+    head sizes, and every per-layer list (layer types, MLP types) cut to the new layer count."""
     vocab = config.vocab_size
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        # Ids of the full vocabulary past the debug one (Phi-3 pads with 32000): none at this size.
+        # Ids of the full vocabulary past the debug one (Phi-3 pads with 32000): the last id instead
+        # (some configs require an integer there).
         value = getattr(config, key, None)
-        if isinstance(value, int) and value >= vocab or isinstance(value, list) and any(i >= vocab for i in value):
-            setattr(config, key, None)
+        if isinstance(value, int) and value >= vocab:
+            setattr(config, key, vocab - 1)
+        elif isinstance(value, list) and any(isinstance(i, int) and i >= vocab for i in value):
+            setattr(config, key, [min(i, vocab - 1) for i in value])
     if getattr(config, "qk_rope_head_dim", None):
         # Latent attention: the rotary part is the head_dim, and every head has its own keys.
         if _has_field(config, "head_dim"):
@@ -212,9 +218,10 @@ def _fit_debug_sizes(config: Any) -> None:
         if _has_field(config, "num_key_value_heads"):
             config.num_key_value_heads = config.num_attention_heads
     layers = getattr(config, "num_hidden_layers", None)
-    layer_types = getattr(config, "layer_types", None)
-    if isinstance(layers, int) and isinstance(layer_types, list) and len(layer_types) != layers:
-        config.layer_types = [layer_types[i % len(layer_types)] for i in range(layers)]
+    if isinstance(layers, int) and isinstance(layers_before, int) and layers != layers_before:
+        for key, value in config.to_dict().items():
+            if isinstance(value, list) and len(value) == layers_before:
+                setattr(config, key, [value[i % len(value)] for i in range(layers)])
 
 
 def override_value(args: HFArgs, key: str) -> Any:

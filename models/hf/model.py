@@ -41,15 +41,18 @@ def _supports_sdpa(args: HFArgs) -> bool:
 
 def decoder_layers_path(model: nn.Module) -> str:
     """Where the model keeps its repeated decoder layers: the longest ModuleList whose children are
-    all of the classes transformers itself never splits (`_no_split_modules`)."""
+    all of the classes transformers itself never splits (`_no_split_modules`), or, for a class that
+    names none, the longest list of one class as long as the config's layer count."""
     unsplit = set(getattr(model, "_no_split_modules", None) or ())
-    lists = [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList)
-        and len(module) > 0
-        and all(type(child).__name__ in unsplit for child in module)
-    ]
+    layers = getattr(model.config, "num_hidden_layers", None)
+
+    def is_layer_list(module: nn.Module) -> bool:
+        if not isinstance(module, nn.ModuleList) or len(module) == 0:
+            return False
+        kinds = {type(child).__name__ for child in module}
+        return kinds <= unsplit if unsplit else len(kinds) == 1 and len(module) == layers
+
+    lists = [(name, module) for name, module in model.named_modules() if is_layer_list(module)]
     if not lists:
         raise ValueError(
             f"{type(model).__name__}: no list of decoder layers of its _no_split_modules {sorted(unsplit)}"
@@ -95,6 +98,12 @@ class HFCausalLM(nn.Module):
             # to_empty gave the head and the embedding separate tensors; one again before the draw.
             self.hf.tie_weights()
         self.hf.initialize_weights()
+        for module in self.hf.modules():
+            # A buffer of positions 0, 1, ... (GPT-1's, BERT-style models') is not in the state dict
+            # and transformers' initialisation leaves it alone: to_empty's garbage otherwise.
+            ids = module._buffers.get("position_ids")
+            if ids is not None and "position_ids" in module._non_persistent_buffers_set:
+                ids.copy_(torch.arange(ids.shape[-1], device=ids.device).expand_as(ids))
 
     def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """tokens [B, S] -> logits [B, S, vocab]."""

@@ -171,3 +171,23 @@ def test_a_reference_built_from_garbage_weights_differs() -> None:
     tokens = torch.randint(0, model.args.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(1))
     with pytest.raises(AssertionError):
         compare(model, reference, tokens)
+
+
+def test_debug_sizes_keep_a_config_consistent() -> None:
+    """Per-layer lists follow the smaller layer count (Mellum's mlp_layer_types has 28 entries by
+    default, which transformers refuses against 2 layers), special-token ids stay inside the smaller
+    vocabulary (Phi-3 pads with 32000), partial rotary fits the smaller heads (GPT-J's rotary_dim)."""
+    mellum = hf_args(section("--model.hf_architecture=MellumForCausalLM", "--model.flavor=debug")).config
+    assert len(mellum.mlp_layer_types) == mellum.num_hidden_layers == 2
+    type(mellum).from_dict(mellum.to_dict())  # transformers' own validation of the whole config
+    phi3 = hf_args(section("--model.hf_architecture=Phi3ForCausalLM", "--model.flavor=debug")).config
+    assert phi3.pad_token_id < phi3.vocab_size
+    gptj = hf_args(section("--model.hf_architecture=GPTJForCausalLM", "--model.flavor=debug")).config
+    assert gptj.rotary_dim <= gptj.n_embd // gptj.n_head
+
+
+def test_decoder_layers_are_found_where_the_class_names_no_unsplit_modules() -> None:
+    """BioGPT's _no_split_modules is empty: its layers are the list of one class as long as the
+    config's layer count."""
+    model = built_like_a_run("BioGptForCausalLM")
+    assert model.layers_path == "biogpt.layers" and model.n_blocks == 2
