@@ -10,7 +10,7 @@ Per architecture, on this CPU in float32:
    against transformers' own model with the same weights, both in eval mode so that dropout draws
    nothing (loss 1e-5 relative, each gradient 1e-4 of its largest element);
 3. train: 3 AdamW steps (lr 1e-3) on one batch, the loss falling;
-4. export: our Hugging Face export loaded by transformers' `from_pretrained`, logits within 1e-5;
+4. export: our Hugging Face export loaded by the class's `from_pretrained`, logits within 1e-5;
 5. fsdp2: where one process could compare with transformers at all (2. ran), on 2 processes (one
    torchrun launch for all, gloo) the model parallelised by the run's own path (FSDP per decoder
    layer and the root) gives transformers' loss and gradients (as 2.);
@@ -163,12 +163,12 @@ def check_one(architecture: str) -> dict[str, Any]:
         return "ok" if losses[-1] < losses[0] else f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
 
     def check_export() -> str:
-        import transformers
-
         model = parity.built_like_a_run(args, SEQ).eval()
         with tempfile.TemporaryDirectory() as folder:
             export_model_to_hf(model, Path(folder) / "hf", get_model_spec("hf").state_dict_adapter, args)
-            loaded = transformers.AutoModelForCausalLM.from_pretrained(Path(folder) / "hf", dtype=torch.float32).eval()
+            # The class's own from_pretrained: AutoModelForCausalLM does not map some text configs
+            # of multimodal families (Emu3TextConfig, MllamaTextConfig) to their causal LM.
+            loaded = type(model.hf).from_pretrained(Path(folder) / "hf", dtype=torch.float32).eval()
             with torch.no_grad():
                 diff = float((loaded(input_ids=tokens).logits - model(tokens)).abs().max())
         return "ok" if diff <= 1e-5 else f"logits differ by {diff:.1e}"
