@@ -261,9 +261,21 @@ def launch_fsdp(architectures: list[str], timeout: int) -> dict[str, str] | None
         return json.loads(out.read_text())
 
 
-def render(rows: list[dict[str, Any]], seconds: float) -> str:
+def cpu_name() -> str:
+    """The CPU's model name and its bf16 flags, from /proc/cpuinfo (the machine type elsewhere)."""
     import platform
 
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    bf16 = [flag for flag in ("avx512_bf16", "amx_bf16") if flag in flags] or ["no native bf16"]
+    return f"{name or platform.machine()} ({', '.join(bf16)})"
+
+
+def render(rows: list[dict[str, Any]], seconds: float) -> str:
     import transformers
 
     in_scope = [r for r in rows if not r["scope"]]
@@ -273,7 +285,7 @@ def render(rows: list[dict[str, Any]], seconds: float) -> str:
         "",
         "Written by `python scripts/hf_sweep.py` (one run, its defaults); do not edit by hand.",
         "",
-        f"- transformers {transformers.__version__}, torch {torch.__version__}, on {platform.processor() or platform.machine()}"
+        f"- transformers {transformers.__version__}, torch {torch.__version__}, on {cpu_name()}"
         f" ({torch.get_num_threads()} threads), float32, {seconds / 60:.1f} min.",
         f"- Causal-LM classes: {len(rows)}; decoder-only transformers (in scope): {len(in_scope)}; out of scope: "
         f"{len(rows) - len(in_scope)} (reason in the table).",
