@@ -9,7 +9,7 @@ from titan_tpu.models.hf.args import HFArgs
 
 PREFIX = "hf."
 # Config fields that decide the weights' meaning beyond their shapes (the shapes are checked
-# tensor by tensor when the weights load); compared where either side has them.
+# tensor by tensor when the weights load); compared where both sides have them.
 COMPARED = (
     "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "intermediate_size", "vocab_size", "tie_word_embeddings", "num_local_experts", "num_experts",
@@ -31,10 +31,12 @@ class HFFamilyAdapter:
 
     def check_hf_config(self, config: dict[str, Any], args: HFArgs) -> list[str]:
         ours = args.config.to_dict()
+        # Where both say: a folder may leave out what its config class derives (Mistral 7B v0.1's
+        # config.json has no head_dim; the class computes 128).
         problems = [
-            f"{key} is {config.get(key)!r} there, {ours.get(key)!r} here"
+            f"{key} is {config[key]!r} there, {ours[key]!r} here"
             for key in COMPARED
-            if (key in config or key in ours) and config.get(key) != ours.get(key)
+            if config.get(key) is not None and ours.get(key) is not None and config[key] != ours[key]
         ]
         theirs = (config.get("architectures") or [None])[0]
         if theirs != args.architecture:

@@ -123,3 +123,19 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bitwise(tmp_path: Path) -> Non
     assert sorted(resumed) == [5, 6, 7, 8]
     assert [resumed[s] for s in range(5, 9)] == [straight[s] for s in range(5, 9)]
     assert straight[8] < straight[1]
+
+
+def test_a_folder_that_leaves_out_a_derived_field_is_accepted(tmp_path: Path) -> None:
+    """A published config.json may omit what its class derives (Mistral 7B v0.1 has no head_dim):
+    that is no disagreement. A field both give differently still is (the negative control)."""
+    import json
+
+    model = built_like_a_run("MistralForCausalLM")
+    model.hf.save_pretrained(tmp_path / "folder")
+    config_file = tmp_path / "folder" / "config.json"
+    config = json.loads(config_file.read_text())
+    config.pop("head_dim", None)
+    config_file.write_text(json.dumps(config))
+    assert ADAPTER.check_hf_config(config, model.args) == []
+    config["num_key_value_heads"] = 4
+    assert ADAPTER.check_hf_config(config, model.args) == ["num_key_value_heads is 4 there, 2 here"]
