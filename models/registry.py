@@ -76,6 +76,11 @@ class ModelSpec:
     args_from_section: Callable[[Any], Any] | None = None
     # The value an override set in the arguments, as the family checked it: (args, key) -> value.
     override_value: Callable[[Any, str], Any] = getattr
+    # Whether the model takes our KV cache (`model(tokens, cache=..., start_pos=..., key_padding_mask=...)`,
+    # models/common/kv_cache.py), which GRPO's sampler and SFT's generated answers decode with, and
+    # packed documents kept apart (`model(tokens, document_ids=...)`, data.document_mask).
+    decodes_with_cache: bool = True
+    separates_documents: bool = True
 
     def args_for(self, model: Any) -> Any:
         """The arguments a config's [model] section asks for: its flavor with its overrides, or what

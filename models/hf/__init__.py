@@ -19,6 +19,9 @@ HF_SPEC = ModelSpec(
     tunables=(LOSS_CHUNKS,),
     args_from_section=hf_args,
     override_value=override_value,
+    # transformers' own cache and masks are not wired to ours yet.
+    decodes_with_cache=False,
+    separates_documents=False,
 )
 register_model(HF_SPEC)
 

@@ -191,3 +191,21 @@ def test_decoder_layers_are_found_where_the_class_names_no_unsplit_modules() -> 
     config's layer count."""
     model = built_like_a_run("BioGptForCausalLM")
     assert model.layers_path == "biogpt.layers" and model.n_blocks == 2
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "message"),
+    [
+        ("grpo_qwen3_debug", [], "training.task = 'grpo': model hf does not decode with the KV cache"),
+        ("sft_qwen3_debug", [], "sft.eval_generations: model hf does not decode with the KV cache"),
+        ("llama3_debug", ["--data.document_mask=true"], "data.document_mask: model hf attends across packed documents"),
+    ],
+)
+def test_what_the_family_cannot_do_yet_is_refused_at_start(config: str, overrides: list[str], message: str, tmp_path: Any) -> None:
+    """One line before anything is built, instead of a TypeError at the first decode or forward."""
+    from titan_tpu.trainer import Trainer
+
+    hf = ["--model.name=hf", "--model.hf_architecture=Qwen3ForCausalLM", "--model.flavor=debug",
+          "--model.overrides={ vocab_size = 1024 }", f"--job.dump_folder={tmp_path}"]  # fmt: skip
+    with pytest.raises(ConfigError, match=message):
+        Trainer(load_config(config, [*hf, *overrides]))

@@ -97,6 +97,11 @@ class LanguageModelTask(TrainingTask):
                 "language_model task reads held-out text from 'files' or 'huggingface' (validation.path)"
             )
         self.validation_source: DocumentSource | None = None
+        if config.data.document_mask and not ctx.spec.separates_documents:
+            raise ConfigError(
+                f"data.document_mask: model {ctx.spec.name} attends across packed documents (it takes no "
+                "document ids); set data.document_mask = false"
+            )
 
     def model_args(self, args: Any) -> Any:
         self.args = decoder_args(self.ctx, self.tokenizer, args)

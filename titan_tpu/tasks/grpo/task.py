@@ -46,6 +46,11 @@ class GRPOTask(TrainingTask):
         super().__init__(ctx)
         config = ctx.config
         self.rl = config.rl
+        if not ctx.spec.decodes_with_cache:
+            raise ConfigError(
+                f"training.task = 'grpo': model {ctx.spec.name} does not decode with the KV cache GRPO's sampler "
+                "uses; pick a family that does (llama3, qwen3, qwen3_moe)"
+            )
         parallel = ctx.parallel
         if parallel.dims.tp_enabled and (parallel.sequence_parallel or parallel.loss_parallel):
             # Prompts, decode steps (one token) and rollout rows have any length, which a sequence

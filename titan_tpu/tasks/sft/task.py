@@ -49,6 +49,11 @@ class SftTask(TrainingTask):
         super().__init__(ctx)
         config = ctx.config
         self.sft = config.sft
+        if self._generates() and not ctx.spec.decodes_with_cache:
+            raise ConfigError(
+                f"sft.eval_generations: model {ctx.spec.name} does not decode with the KV cache the generated "
+                "answers use; set it to 0 (held-out loss, [validation], still runs)"
+            )
         if self._generates() and ctx.parallel.dims.tp_enabled:
             raise ConfigError(
                 "sft.eval_generations: generation with the KV cache runs data-parallel only; set it to 0 "
