@@ -72,9 +72,20 @@ class HFArgs:
     attention: Any = None
     loss_chunk_elements: int = -1  # -1: measured (models/common/loss_tunable.py)
 
+    def __hash__(self) -> int:
+        # A transformers config compares by value but cannot be hashed; its JSON stands for it (the
+        # planner caches models built on meta by their arguments).
+        return hash((self.architecture, self.config.to_json_string(), self.folder, self.max_seq_len,
+                     self.loss_chunk_elements))  # fmt: skip
+
     @property
     def vocab_size(self) -> int:
         return int(self.config.vocab_size)
+
+    @property
+    def dim(self) -> int:
+        """The residual stream's width (what the planner sizes the output head by)."""
+        return int(self.config.hidden_size)
 
     @property
     def tie_embeddings(self) -> bool:

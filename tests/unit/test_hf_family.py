@@ -209,3 +209,17 @@ def test_what_the_family_cannot_do_yet_is_refused_at_start(config: str, override
           "--model.overrides={ vocab_size = 1024 }", f"--job.dump_folder={tmp_path}"]  # fmt: skip
     with pytest.raises(ConfigError, match=message):
         Trainer(load_config(config, [*hf, *overrides]))
+
+
+def test_the_planner_says_in_one_line_that_it_cannot_plan_an_hf_model() -> None:
+    """The planner needs a family's activation estimate, which the hf family has not got: exit 2 and
+    one line, not an AttributeError traceback (what it was before HFArgs named its width)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "titan_tpu.plan", "--config", "hf_mistral_debug"],
+                          cwd=root, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "model 'hf' has no activation estimate" in done.stderr and "Traceback" not in done.stderr
