@@ -219,7 +219,7 @@ def test_the_planner_says_in_one_line_that_it_cannot_plan_an_hf_model() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-m", "titan_tpu.plan", "--config", "hf_mistral_debug"],
+    done = subprocess.run([sys.executable, "-m", "titan_tpu.plan", "--config", "hf_mistral_debug", "--chips", "v6e-8"],
                           cwd=root, capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     assert "model 'hf' has no activation estimate" in done.stderr and "Traceback" not in done.stderr
