@@ -82,6 +82,11 @@ def main(argv: list[str]) -> int:
     ours = TimedTrainer("llama3_debug", common)
     hf = TimedTrainer("llama3_debug", [*common, "--model.name=hf", "--model.hf_architecture=LlamaForCausalLM",
                                        "--model.flavor=config", f"--model.overrides={LLAMA_DEBUG_SHAPE}"])  # fmt: skip
+    # The same shape, or the comparison means nothing (a config field left at its default once made
+    # hf's attention 4x as wide): the same parameter count.
+    counts = [sum(p.numel() for p in t.trainer.model.parameters()) for t in (ours, hf)]
+    if counts[0] != counts[1]:
+        raise SystemExit(f"error: llama3 has {counts[0]} parameters and the hf model {counts[1]}; not the same shape")
     theirs = transformers_loop(hf)
     runners: dict[str, Callable[[], float]] = {"llama3": ours.step_seconds, "hf": hf.step_seconds, "transformers": theirs}
     times: dict[str, list[float]] = {name: [] for name in runners}
