@@ -15,12 +15,14 @@ import torch
 
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
+from titan_tpu.models import get_model_spec
 from titan_tpu.tasks.grpo.task import GRPOTask
 
 
 def _task(dims: ParallelDims, sequence_parallel: bool = False, loss_parallel: bool = False) -> GRPOTask:
     parallel = ParallelContext(dims, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
-    ctx = SimpleNamespace(config=load_config("grpo_qwen3_debug", []), parallel=parallel, device=torch.device("cpu"))
+    config = load_config("grpo_qwen3_debug", [])
+    ctx = SimpleNamespace(config=config, spec=get_model_spec(config.model.name), parallel=parallel, device=torch.device("cpu"))
     return GRPOTask(ctx)  # type: ignore[arg-type]
 
 
