@@ -44,14 +44,24 @@ DEBUG_SIZES: dict[str, int] = {
     "n_group": 1,
     "topk_group": 1,
     "first_k_dense_replace": 1,
+    # DeepSeek-style configs whose class leaves the shared-expert count unset (Dots1's is None)
+    "n_shared_experts": 1,
     # multi-head latent attention (DeepSeek V2/V3 and relatives)
     "q_lora_rank": 32,
     "kv_lora_rank": 32,
     "qk_nope_head_dim": 16,
     "qk_rope_head_dim": 8,
     "v_head_dim": 16,
+    # indexed (sparse) attention's scoring heads, at most the query heads per key head (4 / 2)
+    "index_num_heads": 2,
     # partial rotary as a count of dimensions (GPT-J, CodeGen)
     "rotary_dim": 8,
+    # parallel token streams (MusicGen's audio codebooks): a batch's rows are the streams of its
+    # samples, so the batch must be a multiple of this (the sweep's batch of 2 is)
+    "num_codebooks": 2,
+    # per-layer input embeddings (Gemma 3n, Gemma 4): a table of this vocabulary per layer
+    "vocab_size_per_layer_input": 512,
+    "hidden_size_per_layer_input": 16,
 }
 
 
@@ -79,13 +89,19 @@ class HFArgs:
                      self.loss_chunk_elements))  # fmt: skip
 
     @property
+    def text_config(self) -> Any:
+        """The language model's config: the config itself, or its text part (Fuyu's, a Gemma 4
+        assistant's), where the sizes are."""
+        return self.config.get_text_config()
+
+    @property
     def vocab_size(self) -> int:
-        return int(self.config.vocab_size)
+        return int(self.text_config.vocab_size)
 
     @property
     def dim(self) -> int:
         """The residual stream's width (what the planner sizes the output head by)."""
-        return int(self.config.hidden_size)
+        return int(self.text_config.hidden_size)
 
     @property
     def tie_embeddings(self) -> bool:
@@ -152,9 +168,7 @@ def hf_args(model: Any) -> HFArgs:
     else:
         raise ValueError("model.hf_config: model 'hf' needs model.hf_config (a checkpoint folder) or model.hf_architecture")
     if model.flavor == "debug":
-        layers_before = getattr(config, "num_hidden_layers", None)
-        _set_fields(config, {k: v for k, v in DEBUG_SIZES.items() if _has_field(config, k)}, "model.flavor 'debug'")
-        _fit_debug_sizes(config, layers_before)
+        config = shrink_to_debug_sizes(config)
     overrides = dict(model.overrides)
     # Our own settings among them (the loss's chunk, which kernels/ otherwise measures).
     own = {key: overrides.pop(key) for key in OWN_FIELDS if key in overrides}
@@ -210,18 +224,84 @@ def _set_fields(config: Any, values: Mapping[str, Any], where: str) -> None:
         setattr(config, key, value)
 
 
-def _fit_debug_sizes(config: Any, layers_before: Any) -> None:
-    """What the debug sizes imply: special-token ids inside the smaller vocabulary, latent attention's
-    head sizes, and every per-layer list (layer types, MLP types) cut to the new layer count."""
-    vocab = config.vocab_size
+def shrink_to_debug_sizes(config: Any) -> Any:
+    """The config at the debug sizes, set on its text part (a composite config, Fuyu's or a Gemma 4
+    assistant's, keeps its sizes there), with what they imply, made again by its class from its
+    dict: the class's own derivations then apply to the new sizes (Gemma 4 makes its last layer
+    full attention), and the config is the one its saved config.json loads as."""
+    text = config.get_text_config()
+    layers_before = getattr(text, "num_hidden_layers", None)
+    per_layer = _take_per_layer_overrides(text)
+    before = text.to_dict()
+    sizes = {key: value for key, value in DEBUG_SIZES.items() if _has_field(text, key)}
+    for key, value in list(sizes.items()):
+        current = before.get(key)
+        if isinstance(current, list):
+            # A size given per layer (Gemma 3n's intermediate_size): the debug size on every layer.
+            sizes[key] = [value] * len(current)
+        elif current == 0 and not isinstance(current, bool):
+            # A size of 0 turns its part off (Gemma 4's per-layer inputs, a count of dense or shared
+            # layers); it stays off, as the config's validation may require (Gemma 4 assistants').
+            del sizes[key]
+    _set_fields(text, sizes, "model.flavor 'debug'")
+    _fit_debug_sizes(text, layers_before)
+    for part in {id(config): config, id(text): text}.values():
+        _fit_token_ids(part, text.vocab_size)
+    if per_layer is not None:
+        after = text.to_dict()
+        changed = {key for key in after if after[key] != before.get(key)}
+        _put_back_per_layer_overrides(text, per_layer, layers_before, changed)
+    return type(config).from_dict(config.to_dict())
+
+
+def _take_per_layer_overrides(config: Any) -> dict[int, dict[str, Any]] | None:
+    """A heterogeneous config's per-layer overrides (Gemma 4's wider full-attention heads, Dots3's
+    per-layer head counts), taken off the config: while they are on it, reading a per-layer field
+    globally raises, and the debug sizes must read and set those fields."""
+    if not getattr(config, "is_heterogeneous", False):
+        return None
+    overrides = {int(i): dict(values) for i, values in (config.to_dict().get("per_layer_config") or {}).items()}
+    config.per_layer_config = None
+    return overrides
+
+
+def _put_back_per_layer_overrides(
+    config: Any, overrides: dict[int, dict[str, Any]], layers_before: int, changed: set[str]
+) -> None:
+    """Layer i of the smaller stack gets old layer i's overrides (the rule of the per-layer lists),
+    less those of a field the debug sizes changed: its full-size value (a 512-wide head) would not
+    fit the tiny model. No override left is said as such (an empty per_layer_config): a config class
+    that derives overrides when it is given none (Gemma 4's 512-wide full-attention heads) would
+    otherwise derive full-size ones again."""
+    layers = config.num_hidden_layers
+    kept: dict[int, dict[str, Any]] = {}
+    for i in range(layers):
+        layer = {k: v for k, v in overrides.get(i % layers_before, {}).items() if k not in changed}
+        if layer:
+            kept[i] = layer
+    config.per_layer_config = kept
+
+
+def _fit_token_ids(config: Any, vocab: int) -> None:
+    """Special-token ids of the full vocabulary past the debug one (Phi-3 pads with 32000): the last
+    id instead (some configs require an integer there)."""
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        # Ids of the full vocabulary past the debug one (Phi-3 pads with 32000): the last id instead
-        # (some configs require an integer there).
         value = getattr(config, key, None)
         if isinstance(value, int) and value >= vocab:
             setattr(config, key, vocab - 1)
         elif isinstance(value, list) and any(isinstance(i, int) and i >= vocab for i in value):
             setattr(config, key, [min(i, vocab - 1) for i in value])
+
+
+# Counts of layers: the last num_kv_shared_layers reuse the keys and values of earlier ones (Gemma
+# 3n); Dory's stack is n_input_layers, then n_recurrent_layers run in a loop, then n_output_layers.
+LAYER_COUNTS = ("num_kv_shared_layers", "n_input_layers", "n_recurrent_layers", "n_output_layers")
+
+
+def _fit_debug_sizes(config: Any, layers_before: Any) -> None:
+    """What the debug sizes imply: latent attention's head sizes, counts of layers kept in
+    proportion, every per-layer list (layer types, MLP types) cut to the new layer count, and lists
+    of layer indices kept to the layers that remain."""
     if getattr(config, "qk_rope_head_dim", None):
         # Latent attention: the rotary part is the head_dim, and every head has its own keys.
         if _has_field(config, "head_dim"):
@@ -229,10 +309,41 @@ def _fit_debug_sizes(config: Any, layers_before: Any) -> None:
         if _has_field(config, "num_key_value_heads"):
             config.num_key_value_heads = config.num_attention_heads
     layers = getattr(config, "num_hidden_layers", None)
-    if isinstance(layers, int) and isinstance(layers_before, int) and layers != layers_before:
-        for key, value in config.to_dict().items():
-            if isinstance(value, list) and len(value) == layers_before:
-                setattr(config, key, [value[i % len(value)] for i in range(layers)])
+    if not (isinstance(layers, int) and isinstance(layers_before, int) and layers != layers_before):
+        return
+    layers = _fit_layer_counts(config, layers, layers_before)
+    for key in config.to_dict():
+        # The value itself, not to_dict's: a config may serialise differently from what it holds
+        # (Dory writes each layer as two blocks).
+        value = getattr(config, key, None)
+        if not isinstance(value, list):
+            continue
+        if len(value) == layers_before:
+            setattr(config, key, [value[i % len(value)] for i in range(layers)])
+        elif key.endswith("_layers") and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+            # Indices of layers (Kolibri's index_layers): those the smaller stack still has.
+            setattr(config, key, [i for i in value if i < layers])
+
+
+def _fit_layer_counts(config: Any, layers: int, layers_before: int) -> int:
+    """Counts of layers in proportion to the smaller stack, and the stack's new depth."""
+    counts = {key: getattr(config, key, None) for key in LAYER_COUNTS}
+    counts = {key: count for key, count in counts.items() if isinstance(count, int) and not isinstance(count, bool)}
+    if len(counts) > 1 and sum(counts.values()) == layers_before:
+        # Counts that split the stack into parts (Dory's): each part that had layers keeps at least
+        # one, and the stack is as deep as its parts (3 layers for Dory's three, not 2).
+        for key, count in counts.items():
+            setattr(config, key, max(round(count * layers / layers_before), 1) if count else 0)
+        config.num_hidden_layers = sum(getattr(config, key) for key in counts)
+        return config.num_hidden_layers
+    for key, count in counts.items():
+        if 0 < count < layers_before:
+            # Some layers of the full stack (15 of Gemma 3n's 35): some of the smaller one, not all
+            # (the validation then finds no layer that computes the shared keys) and not none.
+            setattr(config, key, min(max(round(count * layers / layers_before), 1), layers - 1))
+        elif count == layers_before:
+            setattr(config, key, layers)
+    return layers
 
 
 def override_value(args: HFArgs, key: str) -> Any:

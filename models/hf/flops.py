@@ -10,6 +10,7 @@ layers, each over the keys it attends to: the sequence, or a sliding window's wi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -29,41 +30,58 @@ class HFParamCount:
 def hf_param_count(args: HFArgs) -> HFParamCount:
     with torch.device("meta"):
         model = build_hf_model(args)
-    embedding = model.get_input_embeddings().weight
+    # The input embedding's tables: one, or one per codebook (MusicGen's list of them).
+    embedding = {id(p): p for p in model.get_input_embeddings().parameters()}
     head = model.get_output_embeddings()
-    top_k, experts = getattr(args.config, "num_experts_per_tok", None), _expert_count(args)
+    top_k, experts = getattr(args.text_config, "num_experts_per_tok", None), _expert_count(args)
     total = active = 0
     for name, param in model.named_parameters():  # each tensor once: a tied head is not listed again
         total += param.numel()
-        if param is embedding:
+        if id(param) in embedding:
             continue
         routed = ".experts." in f".{name}" and top_k and experts
         active += param.numel() * top_k // experts if routed else param.numel()
-    if head is not None and head.weight is embedding:
-        active += embedding.numel()  # the output matmul is computed either way
+    if head is not None:
+        # A head tied to the embedding: the output matmul is computed either way.
+        active += sum(p.numel() for p in head.parameters() if id(p) in embedding)
     return HFParamCount(total, active)
 
 
 def _expert_count(args: HFArgs) -> int | None:
     for key in _EXPERT_COUNTS:
-        value = getattr(args.config, key, None)
+        value = getattr(args.text_config, key, None)
         if isinstance(value, int) and value > 0:
             return value
     return None
 
 
+def layer_configs(args: HFArgs) -> list[Any]:
+    """Each decoder layer's config: the text config itself, or, in a heterogeneous config (Gemma 4's
+    wider full-attention heads, Dots3's per-layer head counts), that layer's own view, since reading
+    a per-layer field off the whole config raises."""
+    config = args.text_config
+    layers = int(config.num_hidden_layers)
+    if getattr(config, "is_heterogeneous", False):
+        return [config.per_layer_config[i] for i in range(layers)]
+    return [config] * layers
+
+
 def attention_context(args: HFArgs, seq_len: int) -> list[int]:
     """Keys each layer's queries are charged for: the sequence, or a sliding window where shorter."""
-    config = args.config
-    layers = int(config.num_hidden_layers)
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * layers
-    return [min(seq_len, window) if kind == "sliding_attention" and window else seq_len for kind in types[:layers]]
+    layers = layer_configs(args)
+    types = getattr(args.text_config, "layer_types", None)
+    keys = []
+    for i, layer in enumerate(layers):
+        window = getattr(layer, "sliding_window", None)
+        kind = types[i] if types else ("sliding_attention" if window else "full_attention")
+        keys.append(min(seq_len, window) if kind == "sliding_attention" and window else seq_len)
+    return keys
 
 
 def hf_flops_per_token(args: HFArgs, seq_len: int) -> float:
-    config = args.config
-    heads = int(config.num_attention_heads)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    attention = sum(4.0 * heads * head_dim * keys for keys in attention_context(args, seq_len))
+    attention = 0.0
+    for layer, keys in zip(layer_configs(args), attention_context(args, seq_len)):
+        heads = int(layer.num_attention_heads)
+        head_dim = getattr(layer, "head_dim", None) or layer.hidden_size // heads
+        attention += 4.0 * heads * head_dim * keys
     return TRAINING_PASSES * (2.0 * hf_param_count(args).active_non_embedding + attention)

@@ -186,6 +186,57 @@ def test_debug_sizes_keep_a_config_consistent() -> None:
     assert gptj.rotary_dim <= gptj.n_embd // gptj.n_head
 
 
+def debug_config(architecture: str) -> Any:
+    return hf_args(section(f"--model.hf_architecture={architecture}", "--model.flavor=debug")).config
+
+
+def test_debug_sizes_reach_composite_and_heterogeneous_configs() -> None:
+    """A composite config keeps its sizes in its text part (Fuyu's vocab_size is only there: an
+    AttributeError before); a heterogeneous one (Gemma 4's per-layer head_dim) refuses a global read
+    of a per-layer field while its overrides are on (AmbiguousGlobalPerLayerAttributeError before), and
+    once shrunk must not get full-size overrides back when its class rebuilds it (a 512-wide head on
+    the last layer, which the class makes full attention, so the saved config built another model)."""
+    fuyu = hf_args(section("--model.hf_architecture=FuyuForCausalLM", "--model.flavor=debug"))
+    assert fuyu.vocab_size == fuyu.config.text_config.vocab_size == 512 and fuyu.dim == 64
+    gemma4 = debug_config("Gemma4ForCausalLM")
+    assert gemma4.layer_types == ["sliding_attention", "full_attention"]
+    assert all(layer.head_dim == 16 for layer in gemma4.per_layer_config)
+    again = type(gemma4).from_dict(gemma4.to_dict())
+    assert [layer.head_dim for layer in again.per_layer_config] == [16, 16]
+    assert hf_flops_per_token(hf_args(section("--model.hf_architecture=Gemma4ForCausalLM", "--model.flavor=debug")), 64) > 0
+
+
+def test_debug_sizes_follow_per_layer_sizes_and_counts_of_layers() -> None:
+    """Gemma 3n gives intermediate_size per layer (an int broke its MLP) and shares the keys of its
+    last 15 of 35 layers (15 of 2 failed its validation), and its per-layer input table is a size
+    (262144 x 256 per layer made the debug model 134M parameters); Dory's input, recurrent and output
+    layers split its stack (8 + 20 + 8 of 36 against 2 layers failed validation); Kolibri's
+    index_layers are layer indices, kept where the smaller stack has them."""
+    gemma3n = debug_config("Gemma3nForCausalLM")
+    assert gemma3n.intermediate_size == [128, 128] and gemma3n.num_kv_shared_layers == 1
+    assert gemma3n.vocab_size_per_layer_input == 512
+    dory = debug_config("DoryForCausalLM")
+    assert (dory.n_input_layers, dory.n_recurrent_layers, dory.n_output_layers) == (1, 1, 1)
+    assert dory.num_hidden_layers == len(dory.layer_types) == 3
+    kolibri = debug_config("Kolibri1_1ForCausalLM")
+    assert all(i < kolibri.num_hidden_layers for i in kolibri.index_layers)
+    # A size of 0 switches its part off and stays 0 (a Gemma 4 assistant's text config requires it).
+    assert debug_config("Gemma4UnifiedForCausalLM").num_kv_shared_layers == 0
+
+
+def test_a_model_with_one_embedding_per_codebook_is_counted() -> None:
+    """MusicGen embeds each audio codebook with its own table and has a head per codebook (a list of
+    them, which has no .weight: the count raised); the debug batch's rows are its codebooks' streams."""
+    model = built_like_a_run("MusicgenForCausalLM")
+    count = hf_param_count(model.args)
+    tables = sum(p.numel() for p in model.hf.get_input_embeddings().parameters())
+    assert count.total == sum(p.numel() for p in model.parameters())
+    assert count.active_non_embedding == count.total - tables
+    tokens = torch.randint(0, model.args.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(1))
+    result = parity.against_transformers(model, tokens)  # eval mode both: MusicGen has dropout
+    assert result.within(), result
+
+
 def test_decoder_layers_are_found_where_the_class_names_no_unsplit_modules() -> None:
     """BioGPT's _no_split_modules is empty: its layers are the list of one class as long as the
     config's layer count."""
