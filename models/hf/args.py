@@ -59,6 +59,10 @@ DEBUG_SIZES: dict[str, int] = {
     # parallel token streams (MusicGen's audio codebooks): a batch's rows are the streams of its
     # samples, so the batch must be a multiple of this (the sweep's batch of 2 is)
     "num_codebooks": 2,
+    # BLT: its local encoder's and decoder's view of the global transformer's width, and its tables
+    # of hashed byte groups (a vocabulary)
+    "hidden_size_global": 64,
+    "encoder_hash_byte_group_vocab": 512,
     # per-layer input embeddings (Gemma 3n, Gemma 4): a table of this vocabulary per layer
     "vocab_size_per_layer_input": 512,
     "hidden_size_per_layer_input": 16,
@@ -206,6 +210,8 @@ def _folder_config(path: Path, trust_remote_code: bool) -> tuple[str, Any]:
 
 
 def _has_field(config: Any, key: str) -> bool:
+    if config is None or not hasattr(config, "to_dict"):
+        return False
     return key in config.to_dict() or key in getattr(config, "attribute_map", {})
 
 
@@ -225,15 +231,35 @@ def _set_fields(config: Any, values: Mapping[str, Any], where: str) -> None:
 
 
 def shrink_to_debug_sizes(config: Any) -> Any:
-    """The config at the debug sizes, set on its text part (a composite config, Fuyu's or a Gemma 4
-    assistant's, keeps its sizes there), with what they imply, made again by its class from its
-    dict: the class's own derivations then apply to the new sizes (Gemma 4 makes its last layer
-    full attention), and the config is the one its saved config.json loads as."""
+    """The config at the debug sizes, set on each of its stacks of layers, with what they imply,
+    made again by its class from its dict: the class's own derivations then apply to the new sizes
+    (Gemma 4 makes its last layer full attention), and the config is the one its saved config.json
+    loads as."""
+    for stack in _stacks(config):
+        _shrink_stack(stack)
     text = config.get_text_config()
-    layers_before = getattr(text, "num_hidden_layers", None)
-    per_layer = _take_per_layer_overrides(text)
-    before = text.to_dict()
-    sizes = {key: value for key, value in DEBUG_SIZES.items() if _has_field(text, key)}
+    for part in {id(config): config, id(text): text}.values():
+        _fit_token_ids(part, text.vocab_size)
+    return type(config).from_dict(config.to_dict())
+
+
+def _stacks(config: Any) -> list[Any]:
+    """The configs the debug sizes go on: the text part of a composite config (Fuyu's, a Gemma 4
+    assistant's keep their sizes there), or, for a model of several stacks none of which is its
+    text part (BLT's patcher, local encoder and decoder, and global transformer), each of them
+    and the config itself."""
+    text = config.get_text_config()
+    if text is not config:
+        return [text]
+    parts = [getattr(config, name, None) for name in getattr(config, "sub_configs", {})]
+    return [config, *(part for part in parts if _has_field(part, "num_hidden_layers"))]
+
+
+def _shrink_stack(config: Any) -> None:
+    layers_before = getattr(config, "num_hidden_layers", None)
+    per_layer = _take_per_layer_overrides(config)
+    before = config.to_dict()
+    sizes = {key: value for key, value in DEBUG_SIZES.items() if _has_field(config, key)}
     for key, value in list(sizes.items()):
         current = before.get(key)
         if isinstance(current, list):
@@ -243,15 +269,12 @@ def shrink_to_debug_sizes(config: Any) -> Any:
             # A size of 0 turns its part off (Gemma 4's per-layer inputs, a count of dense or shared
             # layers); it stays off, as the config's validation may require (Gemma 4 assistants').
             del sizes[key]
-    _set_fields(text, sizes, "model.flavor 'debug'")
-    _fit_debug_sizes(text, layers_before)
-    for part in {id(config): config, id(text): text}.values():
-        _fit_token_ids(part, text.vocab_size)
+    _set_fields(config, sizes, "model.flavor 'debug'")
+    _fit_debug_sizes(config, layers_before)
     if per_layer is not None:
-        after = text.to_dict()
+        after = config.to_dict()
         changed = {key for key in after if after[key] != before.get(key)}
-        _put_back_per_layer_overrides(text, per_layer, layers_before, changed)
-    return type(config).from_dict(config.to_dict())
+        _put_back_per_layer_overrides(config, per_layer, layers_before, changed)
 
 
 def _take_per_layer_overrides(config: Any) -> dict[int, dict[str, Any]] | None:
@@ -308,6 +331,9 @@ def _fit_debug_sizes(config: Any, layers_before: Any) -> None:
             config.head_dim = config.qk_rope_head_dim
         if _has_field(config, "num_key_value_heads"):
             config.num_key_value_heads = config.num_attention_heads
+        if _has_field(config, "qk_head_dim") and getattr(config, "qk_nope_head_dim", None):
+            # A query/key head is its two parts; LongCat derives this only when it is unset.
+            config.qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
     layers = getattr(config, "num_hidden_layers", None)
     if not (isinstance(layers, int) and isinstance(layers_before, int) and layers != layers_before):
         return

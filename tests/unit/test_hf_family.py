@@ -224,6 +224,20 @@ def test_debug_sizes_follow_per_layer_sizes_and_counts_of_layers() -> None:
     assert debug_config("Gemma4UnifiedForCausalLM").num_kv_shared_layers == 0
 
 
+def test_debug_sizes_reach_every_stack_and_derived_head_sizes() -> None:
+    """BLT is four stacks (patcher, local encoder and decoder, global transformer) in sub-configs and
+    no text part: only its own fields were shrunk, 4.6 billion parameters at "debug" (the sweep
+    timed out); LongCat derives qk_head_dim only when unset, so it kept 192 against 16 + 8."""
+    blt = debug_config("BltForCausalLM")
+    for stack in (blt.patcher_config, blt.encoder_config, blt.decoder_config, blt.global_config):
+        assert stack.num_hidden_layers == 2 and stack.hidden_size == 64
+    assert blt.encoder_config.hidden_size_global == blt.global_config.hidden_size
+    args = hf_args(section("--model.hf_architecture=BltForCausalLM", "--model.flavor=debug"))
+    assert hf_param_count(args).total < 2_000_000
+    longcat = debug_config("LongcatFlashForCausalLM")
+    assert longcat.qk_head_dim == longcat.qk_nope_head_dim + longcat.qk_rope_head_dim == 24
+
+
 def test_a_model_with_one_embedding_per_codebook_is_counted() -> None:
     """MusicGen embeds each audio codebook with its own table and has a head per codebook (a list of
     them, which has no .weight: the count raised); the debug batch's rows are its codebooks' streams."""
