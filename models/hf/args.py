@@ -9,6 +9,7 @@ run's ConfigError).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from collections.abc import Mapping
@@ -270,11 +271,30 @@ def _shrink_stack(config: Any) -> None:
             # layers); it stays off, as the config's validation may require (Gemma 4 assistants').
             del sizes[key]
     _set_fields(config, sizes, "model.flavor 'debug'")
+    for key in _derived_from_layer_count(config):
+        # Unset again, so that the rebuild derives it from the debug layer count.
+        setattr(config, key, None)
     _fit_debug_sizes(config, layers_before)
     if per_layer is not None:
         after = config.to_dict()
         changed = {key for key in after if after[key] != before.get(key)}
         _put_back_per_layer_overrides(config, per_layer, layers_before, changed)
+
+
+def _derived_from_layer_count(config: Any) -> list[str]:
+    """Single-valued fields the config class leaves unset and derives from num_hidden_layers (HRM's
+    num_layers_per_stack, from which it then inflates num_hidden_layers to one cache slot per
+    attention call: kept, it left 16 layers per stack against a cache of 2), found by building the
+    class at two layer counts. Counts of layers that split the stack are fitted instead (below)."""
+    cls = type(config)
+    if not dataclasses.is_dataclass(cls) or not _has_field(config, "num_hidden_layers"):
+        return []
+    unset = [f.name for f in dataclasses.fields(cls) if f.default is None and f.name not in LAYER_COUNTS]
+    try:
+        one, other = cls().to_dict(), cls(num_hidden_layers=3).to_dict()
+    except Exception:  # noqa: BLE001 - a class whose defaults do not build has nothing to derive here
+        return []
+    return [key for key in unset if one.get(key) != other.get(key) and not isinstance(one.get(key), (list, dict))]
 
 
 def _take_per_layer_overrides(config: Any) -> dict[int, dict[str, Any]] | None:

@@ -224,10 +224,11 @@ def test_debug_sizes_follow_per_layer_sizes_and_counts_of_layers() -> None:
     assert debug_config("Gemma4UnifiedForCausalLM").num_kv_shared_layers == 0
 
 
-def test_debug_sizes_reach_every_stack_and_derived_head_sizes() -> None:
+def test_debug_sizes_reach_every_stack_and_derived_sizes() -> None:
     """BLT is four stacks (patcher, local encoder and decoder, global transformer) in sub-configs and
     no text part: only its own fields were shrunk, 4.6 billion parameters at "debug" (the sweep
-    timed out); LongCat derives qk_head_dim only when unset, so it kept 192 against 16 + 8."""
+    timed out); LongCat derives qk_head_dim only when unset, so it kept 192 against 16 + 8; HRM
+    kept 16 layers per stack."""
     blt = debug_config("BltForCausalLM")
     for stack in (blt.patcher_config, blt.encoder_config, blt.decoder_config, blt.global_config):
         assert stack.num_hidden_layers == 2 and stack.hidden_size == 64
@@ -236,6 +237,11 @@ def test_debug_sizes_reach_every_stack_and_derived_head_sizes() -> None:
     assert hf_param_count(args).total < 2_000_000
     longcat = debug_config("LongcatFlashForCausalLM")
     assert longcat.qk_head_dim == longcat.qk_nope_head_dim + longcat.qk_rope_head_dim == 24
+    # HRM derives num_layers_per_stack from num_hidden_layers, then inflates the latter to one cache
+    # slot per attention call (layers x H_cycles x (L_cycles + 1)); a kept 16 per stack overran it.
+    hrm = debug_config("HrmTextForCausalLM")
+    assert hrm.num_layers_per_stack == 2
+    assert hrm.num_hidden_layers == 2 * hrm.H_cycles * (hrm.L_cycles + 1)
 
 
 def test_a_model_with_one_embedding_per_codebook_is_counted() -> None:
