@@ -6,6 +6,7 @@ from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
 from titan_tpu.models.hf.args import HF_FLAVORS, HFArgs, hf_args, override_value
 from titan_tpu.models.hf.flops import hf_flops_per_token, hf_param_count
 from titan_tpu.models.hf.model import HFCausalLM
+from titan_tpu.models.hf.parallelize import parallelize_hf
 from titan_tpu.models.hf.state_dict_adapter import HF_FAMILY_ADAPTER
 from titan_tpu.models.registry import ModelSpec, register_model
 
@@ -15,6 +16,7 @@ HF_SPEC = ModelSpec(
     flavors=HF_FLAVORS,
     flops_per_token=hf_flops_per_token,
     loss_fn=cross_entropy_loss,
+    parallelize=parallelize_hf,
     state_dict_adapter=HF_FAMILY_ADAPTER,
     tunables=(LOSS_CHUNKS,),
     args_from_section=hf_args,

@@ -10,10 +10,15 @@ layers that activation checkpointing, compile and FSDP wrap one by one.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from titan_tpu.models.hf.args import HFArgs, model_class
 
@@ -60,6 +65,68 @@ def decoder_layers_path(model: nn.Module) -> str:
     return max(lists, key=lambda item: len(item[1]))[0]
 
 
+def zeroes_padding_row(owner: nn.Module, embedding: nn.Embedding) -> bool:
+    """Whether transformers' init (`owner._init_weights`) zeroes `embedding`'s padding row (most do,
+    as nn.Embedding does; some classes' own init does not): asked of it on a copy of the module with
+    a small CPU weight, the global random state left as it was."""
+    assert embedding.padding_idx is not None
+    probe = copy.copy(embedding)
+    probe._parameters = {"weight": nn.Parameter(torch.ones(embedding.padding_idx + 1, 4, device="cpu"))}
+    probe._buffers = {name: torch.ones(b.shape, dtype=b.dtype) for name, b in embedding._buffers.items() if b is not None}
+    probe.__dict__.pop("_is_hf_initialized", None)
+    with torch.random.fork_rng(devices=[]):
+        owner._init_weights(probe)  # type: ignore[operator]
+    return bool((probe.weight[embedding.padding_idx] == 0).all())
+
+
+def pretrained_models(hf: nn.Module) -> list[nn.Module]:
+    """`hf` and the transformers (sub)models inside it: each initialises its own modules."""
+    from transformers import PreTrainedModel
+
+    return [module for module in hf.modules() if isinstance(module, PreTrainedModel)]
+
+
+def zeroed_padding_rows(hf: nn.Module) -> set[nn.Embedding]:
+    """The embeddings whose padding row transformers' init zeroes (asked of the innermost
+    (sub)model holding each, the one whose init transformers applies to it)."""
+    owner_of: dict[nn.Embedding, nn.Module] = {}
+    for owner in pretrained_models(hf):
+        for module in owner.modules():
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                owner_of[module] = owner
+    return {module for module, owner in owner_of.items() if zeroes_padding_row(owner, module)}
+
+
+@contextlib.contextmanager
+def padding_rows_kept(hf: nn.Module, zeroed: set[nn.Embedding]) -> Iterator[None]:
+    """transformers' initialisation as it is, except that the padding rows it zeroes (`zeroed`) stay
+    zero on DTensors. It zeroes them through `weight[padding_idx]`, which on a DTensor split along
+    the vocabulary is a copy, so the zero is lost; here the row is zeroed again, by a mask that every
+    shard multiplies in locally, right after that embedding's init (a tied head's later draw may
+    overwrite it, as it does in transformers)."""
+    owners = pretrained_models(hf) if zeroed else []
+
+    def wrap(initialize: Callable[..., None]) -> Callable[..., None]:
+        def initialize_and_zero(module: nn.Module, *args: Any, **kwargs: Any) -> None:
+            initialize(module, *args, **kwargs)
+            weight = getattr(module, "weight", None)
+            if module in zeroed and isinstance(weight, DTensor):
+                keep = torch.ones(weight.shape[0], 1, dtype=weight.dtype, device=weight.device)
+                keep[module.padding_idx] = 0  # type: ignore[index]
+                mesh = weight.device_mesh
+                weight.mul_(distribute_tensor(keep, mesh, [Replicate()] * mesh.ndim, src_data_rank=None))
+
+        return initialize_and_zero
+
+    for owner in owners:
+        owner._initialize_weights = wrap(owner._initialize_weights)  # an instance attribute shadows the method
+    try:
+        yield
+    finally:
+        for owner in owners:
+            del owner._initialize_weights
+
+
 class HFCausalLM(nn.Module):
     """transformers' causal LM for `args` under `self.hf`."""
 
@@ -69,6 +136,8 @@ class HFCausalLM(nn.Module):
         self.hf = build_hf_model(args)
         # Found once, on the bare model: activation checkpointing and compile then wrap its children.
         self.layers_path = decoder_layers_path(self.hf)
+        # Asked before any sharding; a plain dict attribute, so not a submodule registration.
+        self.__dict__["zeroed_padding_rows"] = zeroed_padding_rows(self.hf)
         logger.info(
             "model hf: %s by transformers' own modeling code, attention %s",
             args.architecture, self.hf.config._attn_implementation,
@@ -97,7 +166,8 @@ class HFCausalLM(nn.Module):
         if self.args.tie_embeddings:
             # to_empty gave the head and the embedding separate tensors; one again before the draw.
             self.hf.tie_weights()
-        self.hf.initialize_weights()
+        with padding_rows_kept(self.hf, self.zeroed_padding_rows):
+            self.hf.initialize_weights()
         for module in self.hf.modules():
             # A buffer of positions 0, 1, ... (GPT-1's, BERT-style models') is not in the state dict
             # and transformers' initialisation leaves it alone: to_empty's garbage otherwise.

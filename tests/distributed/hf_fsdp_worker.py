@@ -26,6 +26,7 @@ from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
 from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
+from titan_tpu.models.hf import parallelize as hf_parallelize  # noqa: E402
 
 from parallel_worker import layout_run, max_diff  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
@@ -33,11 +34,25 @@ from worker_cases import run_cases  # noqa: E402
 
 # case -> (architecture, layout): Mistral (sliding window) under FSDP 4 with every block
 # checkpointed; Gemma 2 (tied embeddings: the head and the embedding in one FSDP group, soft-capping)
-# under HSDP 2 x 2.
+# under HSDP 2 x 2; under TP 2 x FSDP 2 (the model's own TP plan) the issue's six kinds: sliding
+# window, soft-capping and a tied head split by the vocabulary, per-head q/k norms (Gemma 3),
+# fused projections gathered (Phi-3), norms over the whole projection (OLMo 2), parallel residual
+# and a vocabulary-split embedding (GPT-NeoX), and replicated experts beside split attention (Mixtral).
+TP2_FSDP2 = ["--parallelism.tp=2", "--parallelism.dp_shard=2"]
 CASES: dict[str, tuple[str, list[str]]] = {
     "mistral_fsdp4_ac": ("MistralForCausalLM", ["--parallelism.dp_shard=4", "--activation_checkpoint.mode=full"]),
     "gemma2_hsdp2x2": ("Gemma2ForCausalLM", ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"]),
+    "mistral_tp2_fsdp2": ("MistralForCausalLM", TP2_FSDP2),
+    "gemma2_tp2_fsdp2": ("Gemma2ForCausalLM", TP2_FSDP2),
+    "gemma3_tp2_fsdp2": ("Gemma3ForCausalLM", TP2_FSDP2),
+    "phi3_tp2_fsdp2": ("Phi3ForCausalLM", TP2_FSDP2),
+    "olmo2_tp2_fsdp2": ("Olmo2ForCausalLM", TP2_FSDP2),
+    "gptneox_tp2_fsdp2": ("GPTNeoXForCausalLM", TP2_FSDP2),
+    "mixtral_tp2_fsdp2": ("MixtralForCausalLM", TP2_FSDP2),
 }
+# The negative control: Gemma 3 under TP 2 x FSDP 2 with its per-head q/k norms' gradients not
+# summed over the tp group (each rank's covers only its heads), which the test must tell apart.
+BROKEN = {"gemma3_tp2_fsdp2_unsummed_qk_norm": "gemma3_tp2_fsdp2"}
 
 
 def run_arguments(case: str, dump: Path) -> list[str]:
@@ -62,6 +77,29 @@ def run_case(case: str, dump: Path) -> dict[str, Any]:
 
     config = load_config("llama3_debug", [*run_arguments(case, dump), *CASES[case][1]])
     trainer = Trainer(config)
+    return save_run(trainer, case, config, dump)
+
+
+def run_broken_case(case: str, dump: Path) -> dict[str, Any]:
+    """BROKEN[case]'s run with the q/k norms' gradients left per rank."""
+    from titan_tpu.trainer import Trainer
+
+    base = BROKEN[case]
+    config = load_config("llama3_debug", [*run_arguments(base, dump), *CASES[base][1], f"--job.dump_folder={dump / case}"])
+    original = hf_parallelize.LocalReplicate.__init__
+
+    def unsummed(self: Any, partial_grads: bool = False) -> None:
+        original(self, partial_grads=False)
+
+    hf_parallelize.LocalReplicate.__init__ = unsummed  # type: ignore[method-assign]
+    try:
+        trainer = Trainer(config)
+    finally:
+        hf_parallelize.LocalReplicate.__init__ = original  # type: ignore[method-assign]
+    return save_run(trainer, case, config, dump)
+
+
+def save_run(trainer: Any, case: str, config: Any, dump: Path) -> dict[str, Any]:
     reference = single_process_init(config)
     init_diff = max(max_diff(p, reference[canonical_name(n)]) for n, p in trainer.model.named_parameters())
     run = train_and_capture(trainer)
@@ -81,7 +119,9 @@ def reference(dump: Path, case: str) -> RunResult:
 
 
 def main(out: Path) -> None:
-    run_cases(out, [(case, functools.partial(run_case, case, out.parent)) for case in CASES])
+    cases = [(case, functools.partial(run_case, case, out.parent)) for case in CASES]
+    broken = [(case, functools.partial(run_broken_case, case, out.parent)) for case in BROKEN]
+    run_cases(out, cases + broken)
 
 
 if __name__ == "__main__":

@@ -237,9 +237,11 @@ def assert_parity(run: RunResult, reference: RunResult, label: str, tol: Toleran
     assert report.ok, (label, report.failures[:10])
 
 
-def assert_matches_single_process(run: RunResult, single: RunResult, steps: int, label: str) -> None:
+def assert_matches_single_process(
+    run: RunResult, single: RunResult, steps: int, label: str, tol: Tolerance = DEFAULT
+) -> None:
     """A multi-process layout against the one-process run of the same config: the same `steps`
     steps from the start, within tolerance, and a reference that did train."""
     assert run.steps == single.steps == list(range(1, steps + 1)), (run.steps, single.steps)
-    assert_parity(run, single, label)
+    assert_parity(run, single, label, tol)
     assert single.losses[-1] < single.losses[0], single.losses

@@ -1,0 +1,208 @@
+"""Tensor parallelism for the hf family from the model's own plan: transformers merges the config's
+`base_model_tp_plan` (decoder layers, embedding) with the causal-LM class's `_tp_plan` (the head)
+into `model.tp_plan`, module paths with `*` for the layer index and a style name per path. Each
+style name is translated here into a `torch.distributed.tensor.parallel` style, so the model is
+sharded as DTensors on the tp mesh like our own families and composes with FSDP, activation
+checkpointing and compile in the run's fixed order (titan_tpu/distributed/parallelize.py).
+
+transformers' attention reshapes with `-1` heads and keeps the query/key-value group ratio, so its
+code runs unchanged on a rank's heads. Every parameter the plan leaves alone (norms, routers,
+experts, biases of replicated layers) becomes a replicated DTensor on the tp mesh, because FSDP,
+gradient clipping and the optimizer's foreach kernels need every parameter on one mesh; its module
+computes on plain local tensors (`LocalReplicate`), so it runs whatever its code does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import logging
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+
+from titan_tpu.config.errors import ConfigError
+from titan_tpu.distributed.parallel_dims import ParallelContext
+from titan_tpu.distributed.tensor_parallel import install_logits_layout
+
+logger = logging.getLogger(__name__)
+
+
+class LocalReplicate(ParallelStyle):
+    """The module's own parameters replicated over the tp mesh (as DTensors) and its forward run on
+    their local tensors, with plain inputs that every tp rank holds whole.
+
+    `partial_grads`: the module sees only this rank's share of the activations (a per-head norm
+    between a column-split and a row-split layer, transformers' "replicated_with_grad_allreduce"),
+    so each rank's parameter gradient is a part of the whole and they are summed over the group.
+    """
+
+    def __init__(self, partial_grads: bool = False) -> None:
+        super().__init__()
+        self.partial_grads = partial_grads
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for name, param in list(module.named_parameters(recurse=False)):
+            replicated = distribute_tensor(param, device_mesh, [Replicate()], src_data_rank=None)
+            module.register_parameter(name, nn.Parameter(replicated, requires_grad=param.requires_grad))
+        grad_placements = [Partial()] if self.partial_grads else [Replicate()]
+        swapped: dict[str, nn.Parameter] = {}
+
+        def to_local(mod: nn.Module, args: Any) -> None:
+            # Read the parameters here, not at _apply: FSDP swaps its gathered ones in before forward.
+            for name, param in list(mod._parameters.items()):
+                if isinstance(param, DTensor):
+                    swapped[name] = param
+                    # The backward of to_local hands the gradient back as a DTensor with these
+                    # placements; a Partial one is summed over the group when it meets the parameter.
+                    mod._parameters[name] = param.to_local(grad_placements=grad_placements)  # type: ignore[assignment]
+
+        def restore(mod: nn.Module, args: Any, output: Any) -> None:
+            mod._parameters.update(swapped)
+            swapped.clear()
+
+        module.register_forward_pre_hook(to_local)
+        module.register_forward_hook(restore)
+        return module
+
+
+def _styles(loss_parallel: bool) -> dict[str, Callable[[], ParallelStyle]]:
+    """transformers' style names -> ours. A column-split layer's output stays split (the next
+    row-split layer reduces it) unless the name says gather; the head's logits stay vocab-sharded
+    under loss parallelism."""
+    gathered_logits = Shard(-1) if loss_parallel else Replicate()
+    return {
+        "colwise": lambda: ColwiseParallel(),
+        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "rowwise": lambda: RowwiseParallel(),
+        "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
+        # Vocabulary-split embedding: each rank looks up its rows, the partial sums are reduced.
+        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
+        # Width-split embedding: each rank looks up a slice of every vector, the slices are gathered.
+        "embedding_colwise": lambda: ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "replicated_with_grad_allreduce": lambda: LocalReplicate(partial_grads=True),
+        "replicate": lambda: LocalReplicate(),
+        "head": lambda: ColwiseParallel(output_layouts=gathered_logits, use_local_output=not loss_parallel),
+    }
+
+
+# The plan's styles that split a layer, and the dimension of its weight they split (nn.Linear's
+# weight is [out, in]; nn.Embedding's [vocab, dim]).
+SPLIT_DIM = {"colwise": 0, "colwise_gather_output": 0, "colwise_rep": 0, "rowwise": 1, "rowwise_split_input": 1,
+             "rowwise_rep": 1, "embedding_rowwise": 0, "embedding_colwise": 1}  # fmt: skip
+
+
+def expand_plan(hf: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
+    """The plan with every `*` matched against `hf`'s module paths: path -> style name. A pattern
+    that names a parameter (not a module) or no module at all is refused."""
+    modules = dict(hf.named_modules())
+    parameters = dict(hf.named_parameters())
+    expanded: dict[str, str] = {}
+    for pattern, style in plan.items():
+        regex = re.compile(re.escape(pattern).replace(r"\*", r"\d+") + r"\Z")
+        matched = [path for path in modules if regex.match(path)]
+        if not matched and any(regex.match(path) for path in parameters):
+            raise ConfigError(
+                f"parallelism.tp: {type(hf).__name__}'s TP plan splits the parameter {pattern!r} ({style}), "
+                "which model 'hf' does not translate; set parallelism.tp = 1"
+            )
+        expanded.update(dict.fromkeys(matched, style))
+    return expanded
+
+
+def check_plan(hf: nn.Module, plan: Mapping[str, str], tp: int) -> None:
+    """Every style is one we translate, and every size the plan splits divides by tp (the heads
+    through their projections' widths)."""
+    architecture = type(hf).__name__
+    known = _styles(loss_parallel=False)
+    for path, style in plan.items():
+        if style not in known:
+            raise ConfigError(
+                f"parallelism.tp = {tp}: {architecture}'s TP plan gives {path} the style {style!r}, which "
+                f"model 'hf' does not translate (it does: {', '.join(sorted(known))}); set parallelism.tp = 1"
+            )
+    config = hf.config.get_text_config()
+    if any(style == "colwise" for style in plan.values()):
+        # Attention split by heads (colwise q/k/v): each rank takes whole query and key-value heads.
+        for field in ("num_attention_heads", "num_key_value_heads"):
+            heads = getattr(config, field, None)
+            if isinstance(heads, int) and heads % tp != 0:
+                raise ConfigError(
+                    f"parallelism.tp = {tp} does not divide {architecture}'s {field} ({heads}), which its TP "
+                    "plan splits; pick a tp that does"
+                )
+    for path, style in plan.items():
+        if style in SPLIT_DIM:
+            weight = hf.get_submodule(path).weight
+            size = weight.shape[SPLIT_DIM[style]]
+            if size % tp != 0:
+                raise ConfigError(
+                    f"parallelism.tp = {tp} does not divide the width {size} of {path} ({architecture}'s TP "
+                    f"plan: {style}); pick a tp that does"
+                )
+
+
+def tp_plan_for(model: nn.Module, tp: int) -> dict[str, str]:
+    """The checked plan of `model` (an HFCausalLM) for `tp` ranks: module path in `model.hf` ->
+    transformers' style name. Refused in one line: no plan for the decoder layers, a style we do
+    not translate, a size it splits that tp does not divide, a tied head split unlike its embedding."""
+    hf = model.hf
+    architecture = type(hf).__name__
+    expanded = expand_plan(hf, hf.tp_plan)
+    if not any(path.startswith(model.layers_path + ".") for path in expanded):
+        raise ConfigError(
+            f"parallelism.tp = {tp}: {architecture} has no tensor-parallel plan for its decoder layers in "
+            "transformers (its config's base_model_tp_plan); set parallelism.tp = 1"
+        )
+    check_plan(hf, expanded, tp)
+    head, embedding = module_path(hf, hf.get_output_embeddings()), module_path(hf, hf.get_input_embeddings())
+    if model.args.tie_embeddings and head in expanded and expanded.get(embedding) != "embedding_rowwise":
+        # The head splits the vocabulary; a tied embedding must be split the same way (one tensor).
+        raise ConfigError(
+            f"parallelism.tp = {tp}: {architecture}'s TP plan splits its tied head ({head}: {expanded[head]}) but "
+            f"its embedding as {expanded.get(embedding, 'replicated')}; set parallelism.tp = 1"
+        )
+    return expanded
+
+
+def module_path(root: nn.Module, module: nn.Module | None) -> str | None:
+    return next((path for path, candidate in root.named_modules() if candidate is module), None)
+
+
+def apply_hf_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """Shard `model` (an HFCausalLM on meta) over `tp_mesh` by its transformers plan; every
+    parameter the plan does not touch is replicated (`LocalReplicate`)."""
+    hf = model.hf
+    expanded = tp_plan_for(model, tp_mesh.size())
+    head = module_path(hf, hf.get_output_embeddings())
+    styles = _styles(loss_parallel)
+    for path, style in expanded.items():
+        name = "head" if path == head and style in ("colwise", "colwise_gather_output", "colwise_rep") else style
+        parallelize_module(hf.get_submodule(path), tp_mesh, styles[name]())
+    for module in hf.modules():
+        own = [p for p in module.parameters(recurse=False) if not isinstance(p, DTensor)]
+        if own:
+            parallelize_module(module, tp_mesh, LocalReplicate())
+    if model.args.tie_embeddings:
+        # Each style made its own parameter; the tied head is the embedding's one tensor again.
+        hf.get_output_embeddings().weight = hf.get_input_embeddings().weight
+    install_logits_layout(model, tp_mesh, loss_parallel)
+
+
+def parallelize_hf(model: nn.Module, ctx: ParallelContext) -> nn.Module:
+    """The hf family's `ModelSpec.parallelize`: tensor parallelism from the model's own plan."""
+    if ctx.dims.ep_enabled:
+        raise ConfigError(
+            f"parallelism.ep = {ctx.dims.ep}: model 'hf' has no expert parallelism yet; set parallelism.ep = 1"
+        )
+    if ctx.dims.tp_enabled:
+        if ctx.sequence_parallel:
+            logger.info("model hf: tensor parallelism without sequence parallelism (transformers' plans split no sequence)")
+        apply_hf_tp(model, ctx.tp_mesh, ctx.loss_parallel_enabled)
+    return model
