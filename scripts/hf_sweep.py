@@ -90,6 +90,18 @@ def scope(architecture: str, config: Any) -> str:
     return ""
 
 
+def architecture_scope(architecture: str) -> str:
+    """`scope` of an architecture from its config class's own defaults: the architecture's, not the
+    debug sizes' (a config those sizes leave invalid, Mamba 2's, still says what its layers are)."""
+    from titan_tpu.models.hf.args import model_class
+
+    try:
+        config = model_class(architecture, "--only").config_class()
+    except Exception:  # noqa: BLE001 - a config class whose defaults do not build: by its name only
+        return "text part of a multimodal model" if architecture.endswith("ForConditionalGeneration") else ""
+    return scope(architecture, config)
+
+
 class Timeout(BaseException):
     """Not an Exception: the per-step `except Exception` must not swallow it and go on."""
 
@@ -132,8 +144,8 @@ def check_one(architecture: str) -> dict[str, Any]:
     from titan_tpu.models.hf import HFCausalLM, hf_args, hf_param_count
 
     row: dict[str, Any] = {"architecture": architecture}
+    row["scope"] = architecture_scope(architecture)
     args = hf_args(section(architecture))
-    row["scope"] = scope(architecture, args.config)
     with torch.device("meta"):
         HFCausalLM(args)
     row["params"] = hf_param_count(args).total
@@ -333,12 +345,7 @@ def main(argv: list[str]) -> int:
             row = {"architecture": architecture, "scope": "", "build": first_line(error)}
             if not isinstance(error, Timeout):
                 traceback.print_exc(limit=1)
-            try:
-                from titan_tpu.models.hf import hf_args
-
-                row["scope"] = scope(architecture, hf_args(section(architecture)).config)
-            except Exception:  # noqa: BLE001 - a config that does not even load: scope by name only
-                row["scope"] = "text part of a multimodal model" if architecture.endswith("ForConditionalGeneration") else ""
+            row["scope"] = architecture_scope(architecture)
         row["tp2"] = "not built"
         rows.append(row)
         print(json.dumps({**row, "seconds": round(time.perf_counter() - began, 1)}), flush=True)

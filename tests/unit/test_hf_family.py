@@ -294,3 +294,13 @@ def test_the_planner_says_in_one_line_that_it_cannot_plan_an_hf_model() -> None:
                           cwd=root, capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     assert "model 'hf' has no activation estimate" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_sweep_scopes_an_architecture_by_its_config_class() -> None:
+    """Scope is the architecture's: Mamba 2's config fails its own validation at the debug sizes, and
+    the sweep's fallback then counted it as an in-scope decoder-only transformer."""
+    from scripts.hf_sweep import architecture_scope
+
+    assert architecture_scope("Mamba2ForCausalLM") == "state-space, recurrent or linear-attention layers"
+    assert architecture_scope("XLNetLMHeadModel") == "encoder run as a decoder"
+    assert architecture_scope("MistralForCausalLM") == ""
