@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from titan_tpu.models.hf.args import HFArgs, model_class
 
@@ -97,24 +96,29 @@ def zeroed_padding_rows(hf: nn.Module) -> set[nn.Embedding]:
     return {module for module, owner in owner_of.items() if zeroes_padding_row(owner, module)}
 
 
+# (weight, row index) -> None: zero that row in place.
+ZeroRow = Callable[[torch.Tensor, int], None]
+
+
+def zero_row(weight: torch.Tensor, index: int) -> None:
+    """A plain tensor's row, zeroed in place."""
+    weight[index].zero_()
+
+
 @contextlib.contextmanager
-def padding_rows_kept(hf: nn.Module, zeroed: set[nn.Embedding]) -> Iterator[None]:
-    """transformers' initialisation as it is, except that the padding rows it zeroes (`zeroed`) stay
-    zero on DTensors. It zeroes them through `weight[padding_idx]`, which on a DTensor split along
-    the vocabulary is a copy, so the zero is lost; here the row is zeroed again, by a mask that every
-    shard multiplies in locally, right after that embedding's init (a tied head's later draw may
-    overwrite it, as it does in transformers)."""
+def padding_rows_kept(hf: nn.Module, zeroed: set[nn.Embedding], zero_row: ZeroRow) -> Iterator[None]:
+    """transformers' initialisation as it is, except that the padding rows it zeroes (`zeroed`) are
+    zeroed again by `zero_row(weight, index)` right after that embedding's init (a tied head's later
+    draw may overwrite it, as it does in transformers). transformers zeroes through
+    `weight[padding_idx]`, which on a DTensor split along the vocabulary is a copy, so the zero is
+    lost there: the family's parallelize.py hands in a `zero_row` for DTensors."""
     owners = pretrained_models(hf) if zeroed else []
 
     def wrap(initialize: Callable[..., None]) -> Callable[..., None]:
         def initialize_and_zero(module: nn.Module, *args: Any, **kwargs: Any) -> None:
             initialize(module, *args, **kwargs)
-            weight = getattr(module, "weight", None)
-            if module in zeroed and isinstance(weight, DTensor):
-                keep = torch.ones(weight.shape[0], 1, dtype=weight.dtype, device=weight.device)
-                keep[module.padding_idx] = 0  # type: ignore[index]
-                mesh = weight.device_mesh
-                weight.mul_(distribute_tensor(keep, mesh, [Replicate()] * mesh.ndim, src_data_rank=None))
+            if module in zeroed:
+                zero_row(module.weight, module.padding_idx)  # type: ignore[arg-type]
 
         return initialize_and_zero
 
@@ -138,6 +142,8 @@ class HFCausalLM(nn.Module):
         self.layers_path = decoder_layers_path(self.hf)
         # Asked before any sharding; a plain dict attribute, so not a submodule registration.
         self.__dict__["zeroed_padding_rows"] = zeroed_padding_rows(self.hf)
+        # How init zeroes a weight's row; parallelize.py swaps in the DTensor way.
+        self.zero_row: ZeroRow = zero_row
         logger.info(
             "model hf: %s by transformers' own modeling code, attention %s",
             args.architecture, self.hf.config._attn_implementation,
@@ -166,7 +172,7 @@ class HFCausalLM(nn.Module):
         if self.args.tie_embeddings:
             # to_empty gave the head and the embedding separate tensors; one again before the draw.
             self.hf.tie_weights()
-        with padding_rows_kept(self.hf, self.zeroed_padding_rows):
+        with padding_rows_kept(self.hf, self.zeroed_padding_rows, self.zero_row):
             self.hf.initialize_weights()
         for module in self.hf.modules():
             # A buffer of positions 0, 1, ... (GPT-1's, BERT-style models') is not in the state dict

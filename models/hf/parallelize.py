@@ -10,26 +10,55 @@ code runs unchanged on a rank's heads. Every parameter the plan leaves alone (no
 experts, biases of replicated layers) becomes a replicated DTensor on the tp mesh, because FSDP,
 gradient clipping and the optimizer's foreach kernels need every parameter on one mesh; its module
 computes on plain local tensors (`LocalReplicate`), so it runs whatever its code does.
+
+Expert parallelism comes from the expert plan (`model.ep_plan`): the experts modules it dispatches
+to hold num_experts / ep experts each (`ExpertDispatch`), laid out and FSDP-sharded by the native
+families' rule (titan_tpu/distributed/expert_parallel.py).
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import logging
-
+import torch
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.distributed.expert_parallel import ScaleGrad, shard_experts, validate_expert_parallel
 from titan_tpu.distributed.parallel_dims import ParallelContext
 from titan_tpu.distributed.tensor_parallel import install_logits_layout
 
 logger = logging.getLogger(__name__)
+
+
+def compute_on_local_tensors(module: nn.Module, grad_placements: list[Placement] | None = None) -> None:
+    """Run `module`'s forward on the local tensors of its DTensor parameters (transformers' code
+    indexes and slices them as plain tensors). The backward of `to_local` hands each gradient back
+    as a DTensor with `grad_placements` (None: the parameter's own placements); a Partial one is
+    summed over the mesh when it meets the parameter."""
+    swapped: dict[str, nn.Parameter] = {}
+
+    def to_local(mod: nn.Module, args: Any) -> None:
+        # Read the parameters here, not at install time: FSDP swaps its gathered ones in before forward.
+        for name, param in list(mod._parameters.items()):
+            if isinstance(param, DTensor):
+                swapped[name] = param
+                mod._parameters[name] = param.to_local(grad_placements=grad_placements)  # type: ignore[assignment]
+
+    def restore(mod: nn.Module, args: Any, output: Any) -> None:
+        mod._parameters.update(swapped)
+        swapped.clear()
+
+    module.register_forward_pre_hook(to_local)
+    module.register_forward_hook(restore)
 
 
 class LocalReplicate(ParallelStyle):
@@ -49,24 +78,7 @@ class LocalReplicate(ParallelStyle):
         for name, param in list(module.named_parameters(recurse=False)):
             replicated = distribute_tensor(param, device_mesh, [Replicate()], src_data_rank=None)
             module.register_parameter(name, nn.Parameter(replicated, requires_grad=param.requires_grad))
-        grad_placements = [Partial()] if self.partial_grads else [Replicate()]
-        swapped: dict[str, nn.Parameter] = {}
-
-        def to_local(mod: nn.Module, args: Any) -> None:
-            # Read the parameters here, not at _apply: FSDP swaps its gathered ones in before forward.
-            for name, param in list(mod._parameters.items()):
-                if isinstance(param, DTensor):
-                    swapped[name] = param
-                    # The backward of to_local hands the gradient back as a DTensor with these
-                    # placements; a Partial one is summed over the group when it meets the parameter.
-                    mod._parameters[name] = param.to_local(grad_placements=grad_placements)  # type: ignore[assignment]
-
-        def restore(mod: nn.Module, args: Any, output: Any) -> None:
-            mod._parameters.update(swapped)
-            swapped.clear()
-
-        module.register_forward_pre_hook(to_local)
-        module.register_forward_hook(restore)
+        compute_on_local_tensors(module, [Partial()] if self.partial_grads else [Replicate()])
         return module
 
 
@@ -98,21 +110,27 @@ SPLIT_DIM = {"colwise": 0, "colwise_gather_output": 0, "colwise_rep": 0, "rowwis
              "rowwise_rep": 1, "embedding_rowwise": 0, "embedding_colwise": 1}  # fmt: skip
 
 
-def expand_plan(hf: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
-    """The plan with every `*` matched against `hf`'s module paths: path -> style name. A pattern
-    that names a parameter (not a module) or no module at all is refused."""
-    modules = dict(hf.named_modules())
-    parameters = dict(hf.named_parameters())
+def expand_patterns(hf: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
+    """A transformers plan with every `*` matched against `hf`'s module and parameter paths: path ->
+    style name."""
+    paths = [*dict(hf.named_modules()), *dict(hf.named_parameters())]
     expanded: dict[str, str] = {}
     for pattern, style in plan.items():
         regex = re.compile(re.escape(pattern).replace(r"\*", r"\d+") + r"\Z")
-        matched = [path for path in modules if regex.match(path)]
-        if not matched and any(regex.match(path) for path in parameters):
+        expanded.update(dict.fromkeys((path for path in paths if regex.match(path)), style))
+    return expanded
+
+
+def expand_plan(hf: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
+    """The TP plan expanded (`expand_patterns`); a pattern that names a parameter, not a module, is refused."""
+    expanded = expand_patterns(hf, plan)
+    parameters = dict(hf.named_parameters())
+    for path, style in expanded.items():
+        if path in parameters:
             raise ConfigError(
-                f"parallelism.tp: {type(hf).__name__}'s TP plan splits the parameter {pattern!r} ({style}), "
+                f"parallelism.tp: {type(hf).__name__}'s TP plan splits the parameter {path!r} ({style}), "
                 "which model 'hf' does not translate; set parallelism.tp = 1"
             )
-        expanded.update(dict.fromkeys(matched, style))
     return expanded
 
 
@@ -195,12 +213,125 @@ def apply_hf_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> N
     install_logits_layout(model, tp_mesh, loss_parallel)
 
 
-def parallelize_hf(model: nn.Module, ctx: ParallelContext) -> nn.Module:
-    """The hf family's `ModelSpec.parallelize`: tensor parallelism from the model's own plan."""
-    if ctx.dims.ep_enabled:
+# transformers' expert-plan styles: the experts module whose tokens are dispatched, and its [E, ...]
+# weights split over ep by expert.
+DISPATCH, EXPERT_WEIGHTS = "ep_dispatch_experts", "grouped_gemm"
+EXPERT_INPUTS = ("hidden_states", "top_k_index", "top_k_weights")
+
+
+class ExpertDispatch:
+    """The tokens of an ep group to every ep rank and the results back, around one transformers
+    experts module `(hidden_states [T, D], top_k_index [T, k], top_k_weights [T, k]) -> [T, D]`
+    holding this rank's num_experts / ep experts.
+
+    Each rank gathers the group's tokens with their routing, runs its own experts on them (the
+    others' expert ids become `num_experts`, which transformers' experts skip), and the partial
+    outputs are summed and scattered back to the tokens' ranks (all-gather / reduce-scatter: every
+    token reaches every expert rank, which is simple and exact; an all-to-all would move only the
+    routed tokens). Gradients: an expert's weight gradient collects all ep ranks' tokens, a sum of
+    per-rank mean-loss gradients that FSDP then averages only over the expert-FSDP mesh, so the
+    experts' output gradient is scaled by 1/ep and their inputs' by ep, as the native experts'
+    (titan_tpu/distributed/expert_parallel.py)."""
+
+    def __init__(self, ep_mesh: DeviceMesh, num_experts: int) -> None:
+        self.group = ep_mesh.get_group()
+        self.ep = ep_mesh.size()
+        self.local_experts = num_experts // self.ep
+        self.first_expert = ep_mesh.get_local_rank() * self.local_experts
+
+    def dispatch(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        hidden, index, weights = (bound.arguments[name] for name in EXPERT_INPUTS)
+        hidden = ScaleGrad.apply(funcol.all_gather_tensor_autograd(hidden, 0, self.group), float(self.ep))
+        weights = ScaleGrad.apply(funcol.all_gather_tensor_autograd(weights, 0, self.group), float(self.ep))
+        local = funcol.all_gather_tensor(index, 0, self.group) - self.first_expert
+        off_rank = (local < 0) | (local >= self.local_experts)
+        local = local.masked_fill(off_rank, self.local_experts)
+        # transformers' batched and grouped experts implementations read off-rank slots' weights as
+        # zero (its own EP zeroes them at dispatch too); their gradient is the owning rank's.
+        weights = weights.masked_fill(off_rank, 0.0)
+        return (hidden, local, weights), {}
+
+    def combine(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        output = ScaleGrad.apply(output, 1.0 / self.ep)
+        return funcol.reduce_scatter_tensor_autograd(output, "sum", 0, self.group)
+
+
+def expert_modules(model: nn.Module, ep: int) -> list[nn.Module]:
+    """The experts modules transformers' expert plan (`model.hf.ep_plan`) dispatches to, checked:
+    each takes EXPERT_INPUTS, its weights are the plan's per-expert ones, and ep divides its experts."""
+    hf = model.hf
+    architecture = type(hf).__name__
+    expanded = expand_patterns(hf, hf.ep_plan)
+    experts = [hf.get_submodule(path) for path, style in expanded.items() if style == DISPATCH]
+    if not experts:
         raise ConfigError(
-            f"parallelism.ep = {ctx.dims.ep}: model 'hf' has no expert parallelism yet; set parallelism.ep = 1"
+            f"parallelism.ep = {ep}: {architecture} has no expert-parallel plan in transformers "
+            "(its config's base_model_ep_plan); set parallelism.ep = 1"
         )
+    for path, style in expanded.items():
+        if style not in (DISPATCH, EXPERT_WEIGHTS):
+            raise ConfigError(
+                f"parallelism.ep = {ep}: {architecture}'s expert plan gives {path} the style {style!r}, which model "
+                f"'hf' does not translate (it does: {DISPATCH}, {EXPERT_WEIGHTS}); set parallelism.ep = 1"
+            )
+    for module in experts:
+        names = set(inspect.signature(module.forward).parameters)
+        weights = {name for name, _ in module.named_parameters(recurse=False)}
+        planned = {path.rpartition(".")[2] for path, style in expanded.items()
+                   if style == EXPERT_WEIGHTS and hf.get_submodule(path.rpartition(".")[0]) is module}  # fmt: skip
+        expert_parallel_ready = hasattr(module, "num_experts") and hasattr(module, "_is_expert_parallel")
+        if not set(EXPERT_INPUTS) <= names or planned != weights or not expert_parallel_ready:
+            raise ConfigError(
+                f"parallelism.ep = {ep}: {architecture}'s experts ({type(module).__name__}) are not the "
+                f"{'/'.join(EXPERT_INPUTS)} kind with all weights split by expert; set parallelism.ep = 1"
+            )
+    return experts
+
+
+def apply_hf_ep(model: nn.Module, ctx: ParallelContext) -> None:
+    """Split every experts module of `model` (on meta) over the ep mesh and FSDP them over the
+    expert-FSDP mesh (titan_tpu/distributed/expert_parallel.py's layout rule)."""
+    dims = ctx.dims
+    if dims.tp_enabled:
+        raise ConfigError(
+            f"parallelism: model 'hf' takes tp ({dims.tp}) or ep ({dims.ep}), not both yet; set one of them to 1"
+        )
+    experts = expert_modules(model, dims.ep)
+    validate_expert_parallel(dims, experts[0].num_experts)
+    for module in experts:
+        hooks = ExpertDispatch(ctx.ep_mesh, module.num_experts)
+        for name, param in list(module.named_parameters(recurse=False)):
+            split = distribute_tensor(param, ctx.ep_mesh, [Shard(0)], src_data_rank=None)
+            module.register_parameter(name, nn.Parameter(split, requires_grad=param.requires_grad))
+        module.num_experts = hooks.local_experts
+        # Tells transformers' experts implementations that ids == num_experts are other ranks' experts.
+        module._is_expert_parallel = True
+        module.register_forward_pre_hook(hooks.dispatch, with_kwargs=True)
+        module.register_forward_hook(hooks.combine)
+        compute_on_local_tensors(module)
+    shard_experts(experts, ctx)
+
+
+def zero_dtensor_row(weight: torch.Tensor, index: int) -> None:
+    """Zero row `index` of `weight` in place, also when it is a DTensor split along dim 0 (where
+    `weight[index]` is a copy): a mask every shard multiplies in locally."""
+    if not isinstance(weight, DTensor):
+        weight[index].zero_()
+        return
+    keep = torch.ones(weight.shape[0], 1, dtype=weight.dtype, device=weight.device)
+    keep[index] = 0
+    mesh = weight.device_mesh
+    weight.mul_(distribute_tensor(keep, mesh, [Replicate()] * mesh.ndim, src_data_rank=None))
+
+
+def parallelize_hf(model: nn.Module, ctx: ParallelContext) -> nn.Module:
+    """The hf family's `ModelSpec.parallelize`: tensor parallelism from the model's own plan, expert
+    parallelism from its expert plan; under any layout (FSDP's shards too) the padding rows that
+    transformers' init zeroes are zeroed on DTensors."""
+    model.zero_row = zero_dtensor_row
+    if ctx.dims.ep_enabled:
+        apply_hf_ep(model, ctx)
     if ctx.dims.tp_enabled:
         if ctx.sequence_parallel:
             logger.info("model hf: tensor parallelism without sequence parallelism (transformers' plans split no sequence)")

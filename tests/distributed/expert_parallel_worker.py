@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 from titan_tpu.models.qwen3.moe import MoEFeedForward  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
-from titan_tpu.distributed.expert_parallel import _ScaleGrad, apply_expert_parallel  # noqa: E402
+from titan_tpu.distributed.expert_parallel import ScaleGrad, apply_expert_parallel  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
 from parallel_worker import layout_run, single_process_init  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
@@ -139,9 +139,9 @@ def misscale_expert_grads(model: torch.nn.Module, factor: float) -> None:
     for name, module in model.named_modules():
         if name.endswith("feed_forward.experts"):
             module.register_forward_pre_hook(
-                lambda m, args: (_ScaleGrad.apply(args[0], 1.0 / factor), *args[1:]), prepend=True
+                lambda m, args: (ScaleGrad.apply(args[0], 1.0 / factor), *args[1:]), prepend=True
             )
-            module.register_forward_hook(lambda m, args, out: _ScaleGrad.apply(out, factor))
+            module.register_forward_hook(lambda m, args, out: ScaleGrad.apply(out, factor))
 
 
 def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:

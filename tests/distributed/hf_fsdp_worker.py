@@ -8,11 +8,15 @@ each freshly initialised weight was from a single-process initialisation in OUT 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -37,8 +41,10 @@ from worker_cases import run_cases  # noqa: E402
 # under HSDP 2 x 2; under TP 2 x FSDP 2 (the model's own TP plan) the issue's six kinds: sliding
 # window, soft-capping and a tied head split by the vocabulary, per-head q/k norms (Gemma 3),
 # fused projections gathered (Phi-3), norms over the whole projection (OLMo 2), parallel residual
-# and a vocabulary-split embedding (GPT-NeoX), and replicated experts beside split attention (Mixtral).
+# and a vocabulary-split embedding (GPT-NeoX), and replicated experts beside split attention (Mixtral);
+# Mixtral and OLMoE with their experts split over ep 2 inside FSDP 4 (the model's own expert plan).
 TP2_FSDP2 = ["--parallelism.tp=2", "--parallelism.dp_shard=2"]
+EP2_FSDP4 = ["--parallelism.ep=2", "--parallelism.dp_shard=4"]
 CASES: dict[str, tuple[str, list[str]]] = {
     "mistral_fsdp4_ac": ("MistralForCausalLM", ["--parallelism.dp_shard=4", "--activation_checkpoint.mode=full"]),
     "gemma2_hsdp2x2": ("Gemma2ForCausalLM", ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"]),
@@ -49,10 +55,34 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "olmo2_tp2_fsdp2": ("Olmo2ForCausalLM", TP2_FSDP2),
     "gptneox_tp2_fsdp2": ("GPTNeoXForCausalLM", TP2_FSDP2),
     "mixtral_tp2_fsdp2": ("MixtralForCausalLM", TP2_FSDP2),
+    "mixtral_ep2_fsdp4": ("MixtralForCausalLM", EP2_FSDP4),
+    "olmoe_ep2_fsdp4": ("OlmoeForCausalLM", EP2_FSDP4),
 }
-# The negative control: Gemma 3 under TP 2 x FSDP 2 with its per-head q/k norms' gradients not
-# summed over the tp group (each rank's covers only its heads), which the test must tell apart.
-BROKEN = {"gemma3_tp2_fsdp2_unsummed_qk_norm": "gemma3_tp2_fsdp2"}
+# Negative controls, each a case above with one piece of gradient bookkeeping broken, which the test
+# must tell apart (broken case -> (its case, a name its failures must mention)): Gemma 3's per-head
+# q/k norms' gradients not summed over the tp group (each rank's covers only its heads); Mixtral's
+# expert gradients under EP without the 1/ep (each sums all ep ranks' tokens).
+BROKEN: dict[str, tuple[str, str]] = {
+    "gemma3_tp2_fsdp2_unsummed_qk_norm": ("gemma3_tp2_fsdp2", "_norm"),
+    "mixtral_ep2_fsdp4_unscaled_experts": ("mixtral_ep2_fsdp4", "experts"),
+}
+
+
+@contextlib.contextmanager
+def broken(case: str) -> Iterator[None]:
+    """The breakage of BROKEN[case], while the model is built and trained."""
+    if case == "gemma3_tp2_fsdp2_unsummed_qk_norm":
+        original = hf_parallelize.LocalReplicate.__init__
+
+        def unsummed(self: Any, partial_grads: bool = False) -> None:
+            original(self, partial_grads=False)
+
+        with mock.patch.object(hf_parallelize.LocalReplicate, "__init__", unsummed):
+            yield
+    else:
+        unscaled = types.SimpleNamespace(apply=lambda tensor, scale: tensor)
+        with mock.patch.object(hf_parallelize, "ScaleGrad", unscaled):
+            yield
 
 
 def run_arguments(case: str, dump: Path) -> list[str]:
@@ -81,22 +111,13 @@ def run_case(case: str, dump: Path) -> dict[str, Any]:
 
 
 def run_broken_case(case: str, dump: Path) -> dict[str, Any]:
-    """BROKEN[case]'s run with the q/k norms' gradients left per rank."""
+    """BROKEN[case]'s run of its case with its breakage."""
     from titan_tpu.trainer import Trainer
 
-    base = BROKEN[case]
+    base = BROKEN[case][0]
     config = load_config("llama3_debug", [*run_arguments(base, dump), *CASES[base][1], f"--job.dump_folder={dump / case}"])
-    original = hf_parallelize.LocalReplicate.__init__
-
-    def unsummed(self: Any, partial_grads: bool = False) -> None:
-        original(self, partial_grads=False)
-
-    hf_parallelize.LocalReplicate.__init__ = unsummed  # type: ignore[method-assign]
-    try:
-        trainer = Trainer(config)
-    finally:
-        hf_parallelize.LocalReplicate.__init__ = original  # type: ignore[method-assign]
-    return save_run(trainer, case, config, dump)
+    with broken(case):
+        return save_run(Trainer(config), case, config, dump)
 
 
 def save_run(trainer: Any, case: str, config: Any, dump: Path) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def validate_expert_parallel(dims: ParallelDims, num_experts: int) -> None:
         )
 
 
-class _ScaleGrad(torch.autograd.Function):
+class ScaleGrad(torch.autograd.Function):
     """Identity forward; multiplies the gradient by `scale` in backward."""
 
     @staticmethod
@@ -111,7 +111,7 @@ class _Dispatch:
         order = torch.argsort(expert_of_row, stable=True)
         self.state = (sent_per_rank, received_per_rank, order)
         # Undo, for the tokens, the 1/ep the combine puts on the experts' gradients (module doc).
-        tokens = _ScaleGrad.apply(routed[order], float(self.ep))
+        tokens = ScaleGrad.apply(routed[order], float(self.ep))
         return tokens, received_matrix.sum(0)
 
     def combine(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
@@ -119,7 +119,7 @@ class _Dispatch:
             raise RuntimeError("expert-parallel combine without a dispatch")
         sent_per_rank, received_per_rank, order = self.state
         self.state = None
-        output = _ScaleGrad.apply(output, 1.0 / self.ep)
+        output = ScaleGrad.apply(output, 1.0 / self.ep)
         by_source = torch.empty_like(output).index_copy(0, order, output)
         return all_to_all_single_autograd(by_source, sent_per_rank, received_per_rank, group=self.group)
 
@@ -192,17 +192,21 @@ def expert_fsdp_mesh(ctx: ParallelContext) -> DeviceMesh | None:
 
 
 def apply_expert_fsdp(model: nn.Module, ctx: ParallelContext) -> None:
-    """`fully_shard` every MoE layer's experts over the expert-FSDP mesh, before the blocks are
-    sharded (so the block's FSDP leaves them alone), with the run's FSDP policy (`ctx.fsdp`: the
-    experts are gathered in the compute dtype and resharded like their block). When that mesh is a
-    single rank the experts still get their own (trivial) FSDP group, so that the block's FSDP never
-    sees parameters laid out over ep.
+    """`fully_shard` every MoE layer's experts (`shard_experts`)."""
+    shard_experts([moe.experts for moe in moe_layers(model)], ctx)
+
+
+def shard_experts(experts_modules: list[nn.Module], ctx: ParallelContext) -> None:
+    """`fully_shard` each experts module (one per MoE layer, in block order, its parameters
+    [E, ...] laid out over ep) over the expert-FSDP mesh, before the blocks are sharded (so the
+    block's FSDP leaves them alone), with the run's FSDP policy (`ctx.fsdp`: the experts are
+    gathered in the compute dtype and resharded like their block). When that mesh is a single rank
+    the experts still get their own (trivial) FSDP group, so that the block's FSDP never sees
+    parameters laid out over ep.
     """
     mesh = expert_fsdp_mesh(ctx) or ctx.mesh("world")["dp_shard_mod_ep"]
-    layers = moe_layers(model)
-    for index, moe in enumerate(layers):
-        experts = moe.experts
-        local_experts = experts.w1.shape[0] // ctx.dims.ep
+    for index, experts in enumerate(experts_modules):
+        local_experts = next(experts.parameters()).shape[0] // ctx.dims.ep
         shards = mesh.size(0) if mesh.ndim == 1 else mesh.size(1)
         # Fewer local experts than FSDP shards: shard the hidden dimension instead of the expert one.
         placement = Shard(0) if local_experts % shards == 0 else Shard(1)
@@ -210,8 +214,7 @@ def apply_expert_fsdp(model: nn.Module, ctx: ParallelContext) -> None:
             experts,
             mesh=mesh,
             shard_placement_fn=lambda param, placement=placement: placement,
-            # One MoE layer per block, in block order.
-            **ctx.fsdp.shard_kwargs(is_last_block=index == len(layers) - 1),
+            **ctx.fsdp.shard_kwargs(is_last_block=index == len(experts_modules) - 1),
         )
 
 

@@ -1,5 +1,5 @@
-"""The hf family's tensor-parallel plan, read from transformers (models/hf/parallelize.py), on `meta`:
-what it splits and the one-line refusals. The layouts themselves train against one process in
+"""The hf family's tensor- and expert-parallel plans, read from transformers
+(models/hf/parallelize.py), on `meta`: what they split and the one-line refusals. The layouts themselves train against one process in
 tests/distributed/test_hf_fsdp.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from titan_tpu import models
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.models.hf.parallelize import tp_plan_for
+from titan_tpu.models.hf.parallelize import expert_modules, tp_plan_for
 
 
 def meta_model(architecture: str, *overrides: str) -> torch.nn.Module:
@@ -62,3 +62,16 @@ def test_style_we_do_not_translate_is_refused() -> None:
     (mla_kv_a_proj): refused by name, not silently replicated."""
     with pytest.raises(ConfigError, match=r"style 'mla_kv_a_proj', which model 'hf' does not translate"):
         tp_plan_for(meta_model("DeepseekV3ForCausalLM"), tp=2)
+
+
+def test_expert_plan_names_each_layers_experts() -> None:
+    """Catches experts found in one layer only, or the router taken for the experts."""
+    model = meta_model("MixtralForCausalLM")
+    experts = expert_modules(model, ep=2)
+    layers = model.hf.model.layers
+    assert experts == [layer.mlp.experts for layer in layers]
+
+
+def test_dense_architecture_refuses_expert_parallelism() -> None:
+    with pytest.raises(ConfigError, match=r"parallelism.ep = 2: MistralForCausalLM has no expert-parallel plan"):
+        expert_modules(meta_model("MistralForCausalLM"), ep=2)
