@@ -12,9 +12,11 @@ Per architecture, on this CPU in float32:
 3. train: 3 AdamW steps (lr 1e-3) on one batch, the loss falling;
 4. export: our Hugging Face export loaded by the class's `from_pretrained`, logits within 1e-5;
 5. fsdp2: where one process could compare with transformers at all (2. ran), on 2 processes (one
-   torchrun launch for all, gloo) the model parallelised by the run's own path (FSDP per decoder
-   layer and the root) gives transformers' loss and gradients (as 2.);
-6. tp2: tensor parallelism is not built for the hf family yet: every row says so.
+   torchrun launch per 12 architectures, gloo) the model parallelised by the run's own path (FSDP
+   per decoder layer and the root) gives transformers' loss and gradients (as 2.);
+6. tp2: the same on 2 processes with tensor parallelism 2 by the model's own transformers TP plan
+   (models/hf/parallelize.py); it applies to the architectures whose plan splits their decoder
+   layers ("n/a" otherwise).
 
 Scope is decided from the class and its config before anything runs, and printed with the reason:
 decoder halves of encoder-decoder models, encoders run as decoders, models with state-space,
@@ -191,9 +193,18 @@ def check_one(architecture: str) -> dict[str, Any]:
     return row
 
 
-def fsdp_worker(listing: Path, out: Path) -> None:
-    """Step 5 on every rank of a 2-process launch: each architecture through parallelize_model with
-    FSDP 2, against transformers' own model (each rank builds it whole); rank 0 writes the verdicts."""
+# The 2-process layouts: step name -> (parallelism arguments, ParallelDims' degrees).
+LAYOUTS: dict[str, tuple[list[str], tuple[int, int, int, int, int]]] = {
+    "fsdp2": (["--parallelism.dp_shard=2"], (1, 2, 1, 1, 2)),
+    "tp2": (["--parallelism.dp_shard=1", "--parallelism.tp=2"], (1, 1, 2, 1, 2)),
+}
+NO_TP_PLAN = "n/a: no TP plan for its layers in transformers"
+
+
+def layout_worker(layout: str, listing: Path, out: Path) -> None:
+    """Step 5 or 6 on every rank of a 2-process launch: each architecture through parallelize_model
+    in `layout` (the family's own parallelize, as a run calls it), against transformers' own model
+    (each rank builds it whole); rank 0 writes the verdicts."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -202,19 +213,21 @@ def fsdp_worker(listing: Path, out: Path) -> None:
     from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
     from titan_tpu.distributed.parallelize import parallelize_model
     from scripts import hf_parity as parity
-    from titan_tpu.models.hf import HFCausalLM, hf_args
+    from titan_tpu.models.hf import HF_SPEC, HFCausalLM, hf_args
+    from titan_tpu.models.hf.parallelize import tp_plan_for
 
     process_group.init_process_group("gloo", process_group.process_info())
-    dims = ParallelDims(1, 2, 1, 1, 2)
-    ctx = ParallelContext(dims, dims.build_meshes("cpu"))
+    layout_arguments, degrees = LAYOUTS[layout]
+    dims = ParallelDims(*degrees)
+    ctx = ParallelContext(dims, dims.build_meshes("cpu"), sequence_parallel=False)
     verdicts: dict[str, str] = {}
     for architecture in json.loads(listing.read_text()):
         if dist.get_rank() == 0:
-            print(f"fsdp2: {architecture}", flush=True)
+            print(f"{layout}: {architecture}", flush=True)
         try:
             config = load_config("llama3_debug", ["--model.name=hf", f"--model.hf_architecture={architecture}",
                                                   "--model.flavor=debug", f"--training.seq_len={SEQ}",
-                                                  "--training.dtype=float32", "--parallelism.dp_shard=2"])  # fmt: skip
+                                                  "--training.dtype=float32", *layout_arguments])  # fmt: skip
             args = hf_args(config.model)
             reference = parity.built_like_a_run(args, SEQ)
             tokens = batch(args.vocab_size)
@@ -222,7 +235,10 @@ def fsdp_worker(listing: Path, out: Path) -> None:
             theirs = parity.loss_and_grads(twin, lambda ids: twin(input_ids=ids).logits, tokens)
             with torch.device("meta"):
                 model = HFCausalLM(reference.args)
-            model = parallelize_model(model, None, ctx, config, torch.device("cpu"), torch.float32).eval()
+            if dims.tp_enabled and not has_tp_plan(model, tp_plan_for):
+                verdicts[architecture] = NO_TP_PLAN
+                continue
+            model = parallelize_model(model, HF_SPEC.parallelize, ctx, config, torch.device("cpu"), torch.float32).eval()
             loss, grads = parity.loss_and_grads(model, model, tokens)
             full = {name: g.full_tensor() if isinstance(g, DTensor) else g for name, g in grads.items()}
             result = parity.parity((loss, full), theirs)
@@ -230,39 +246,52 @@ def fsdp_worker(listing: Path, out: Path) -> None:
                 f"loss {result.loss_rel:.1e}, {result.worst_grad} {result.worst_grad_rel:.1e}")
         except Exception as error:  # noqa: BLE001 - both ranks fail alike (same code, same inputs)
             verdicts[architecture] = first_line(error)
-        dist.barrier()
+        finally:
+            dist.barrier()
     if dist.get_rank() == 0:
         out.write_text(json.dumps(verdicts))
     process_group.destroy_process_group()
 
 
+def has_tp_plan(model: Any, tp_plan_for: Callable[[Any, int], Any]) -> bool:
+    """Whether transformers' plan splits the model's decoder layers (other refusals of the plan are
+    failures of the step, not reasons it does not apply)."""
+    from titan_tpu.config import ConfigError
+
+    try:
+        tp_plan_for(model, 2)
+    except ConfigError as error:
+        return "has no tensor-parallel plan" not in str(error)
+    return True
+
+
 # Architectures per 2-process launch: a launch that dies (a rank killed for memory, a crash in
 # native code) loses only its own, which are then run one launch each to find which one it was.
-FSDP_CHUNK = 12
+LAUNCH_CHUNK = 12
 # Larger debug-size models (a multimodal model's vision and audio towers) are not run on 2 ranks.
-FSDP_MAX_PARAMS = 100_000_000
+LAYOUT_MAX_PARAMS = 100_000_000
 
 
-def run_fsdp(architectures: list[str], timeout: int) -> dict[str, str]:
+def run_layout(layout: str, architectures: list[str], timeout: int) -> dict[str, str]:
     verdicts: dict[str, str] = {}
-    for start in range(0, len(architectures), FSDP_CHUNK):
-        chunk = architectures[start : start + FSDP_CHUNK]
-        found = launch_fsdp(chunk, timeout)
+    for start in range(0, len(architectures), LAUNCH_CHUNK):
+        chunk = architectures[start : start + LAUNCH_CHUNK]
+        found = launch_layout(layout, chunk, timeout)
         if found is None and len(chunk) > 1:
             found = {}
             for architecture in chunk:
-                found.update(launch_fsdp([architecture], timeout) or {architecture: "the 2-process launch failed"})
+                found.update(launch_layout(layout, [architecture], timeout) or {architecture: "the 2-process launch failed"})
         verdicts.update(found or {a: "the 2-process launch failed" for a in chunk})
     return verdicts
 
 
-def launch_fsdp(architectures: list[str], timeout: int) -> dict[str, str] | None:
-    """One launch of `fsdp_worker` over `architectures`: its verdicts, or None when it died."""
+def launch_layout(layout: str, architectures: list[str], timeout: int) -> dict[str, str] | None:
+    """One launch of `layout_worker` over `architectures`: its verdicts, or None when it died."""
     with tempfile.TemporaryDirectory() as folder:
-        listing, out = Path(folder) / "list.json", Path(folder) / "fsdp.json"
+        listing, out = Path(folder) / "list.json", Path(folder) / "verdicts.json"
         listing.write_text(json.dumps(architectures))
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                   str(Path(__file__).resolve()), "--fsdp-worker", str(listing), str(out)]  # fmt: skip
+                   str(Path(__file__).resolve()), "--layout-worker", layout, str(listing), str(out)]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         try:
             done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout * len(architectures))
@@ -287,11 +316,18 @@ def cpu_name() -> str:
     return f"{name or platform.machine()} ({', '.join(bf16)})"
 
 
+def applies(row: dict[str, Any], step: str) -> bool:
+    """tp2 does not apply to a model without a TP plan for its layers; every other step always does
+    (one that did not run because an earlier one failed counts as failed)."""
+    return not str(row.get(step, "")).startswith("n/a")
+
+
 def render(rows: list[dict[str, Any]], seconds: float) -> str:
     import transformers
 
     in_scope = [r for r in rows if not r["scope"]]
-    passed = [r for r in in_scope if all(r.get(s) == "ok" for s in STEPS if s != "tp2")]
+    passed = [r for r in in_scope if all(r.get(s) == "ok" for s in STEPS if applies(r, s))]
+    with_plan = [r for r in in_scope if applies(r, "tp2")]
     lines = [
         "# Hugging Face models through the hf family",
         "",
@@ -301,10 +337,11 @@ def render(rows: list[dict[str, Any]], seconds: float) -> str:
         f" ({torch.get_num_threads()} threads), float32, {seconds / 60:.1f} min.",
         f"- Causal-LM classes: {len(rows)}; decoder-only transformers (in scope): {len(in_scope)}; out of scope: "
         f"{len(rows) - len(in_scope)} (reason in the table).",
-        f"- In scope passing every step that applies (build, parity, train, export, fsdp2): **{len(passed)} of "
-        f"{len(in_scope)} ({100 * len(passed) / max(len(in_scope), 1):.1f}%)**.",
-        "- tp2: tensor parallelism is not built for the hf family yet (models/hf/ has no TP plan translation);"
-        " it applies to none and is counted for none.",
+        f"- In scope passing every step that applies (build, parity, train, export, fsdp2, and tp2 where "
+        f"transformers has a TP plan for the layers): **{len(passed)} of {len(in_scope)} "
+        f"({100 * len(passed) / max(len(in_scope), 1):.1f}%)**.",
+        f"- tp2 applies to {len(with_plan)} of the in-scope architectures and passes for "
+        f"{sum(r.get('tp2') == 'ok' for r in with_plan)}.",
         "",
         "| architecture | scope | params | build | parity | train | export | fsdp2 | tp2 |",
         "| --- | --- | ---: | --- | --- | --- | --- | --- | --- |",
@@ -317,8 +354,8 @@ def render(rows: list[dict[str, Any]], seconds: float) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--fsdp-worker"]:
-        fsdp_worker(Path(argv[1]), Path(argv[2]))
+    if argv[:1] == ["--layout-worker"]:
+        layout_worker(argv[1], Path(argv[2]), Path(argv[3]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="comma-separated class names (default: every causal LM)")
@@ -346,18 +383,18 @@ def main(argv: list[str]) -> int:
             if not isinstance(error, Timeout):
                 traceback.print_exc(limit=1)
             row["scope"] = architecture_scope(architecture)
-        row["tp2"] = "not built"
         rows.append(row)
         print(json.dumps({**row, "seconds": round(time.perf_counter() - began, 1)}), flush=True)
     # FSDP 2 is compared with transformers' own model: it applies where one process could run that
     # comparison at all (a model too slow or too large for it there would be so on every rank).
     comparable = [r["architecture"] for r in rows if r.get("parity") == "ok" or str(r.get("parity", "")).startswith("loss ")]
     # Each of the 2 ranks holds three copies (ours whole, transformers', ours sharded).
-    too_big = {r["architecture"] for r in rows if r.get("params", 0) > FSDP_MAX_PARAMS}
-    fsdp = run_fsdp([a for a in comparable if a not in too_big], opts.timeout) if comparable else {}
-    fsdp.update({a: f"not run: over {FSDP_MAX_PARAMS // 10**6}M parameters at debug sizes" for a in too_big if a in comparable})
-    for row in rows:
-        row["fsdp2"] = fsdp.get(row["architecture"], "-")
+    too_big = {r["architecture"] for r in rows if r.get("params", 0) > LAYOUT_MAX_PARAMS}
+    for layout in LAYOUTS:
+        verdicts = run_layout(layout, [a for a in comparable if a not in too_big], opts.timeout) if comparable else {}
+        verdicts.update({a: f"not run: over {LAYOUT_MAX_PARAMS // 10**6}M parameters at debug sizes" for a in too_big if a in comparable})
+        for row in rows:
+            row[layout] = verdicts.get(row["architecture"], "-")
     opts.out.write_text(render(rows, time.perf_counter() - start))
     summary = render(rows, time.perf_counter() - start).splitlines()[4:8]
     print("\n".join(summary))

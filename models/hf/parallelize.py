@@ -82,7 +82,49 @@ class LocalReplicate(ParallelStyle):
         return module
 
 
-def _styles(loss_parallel: bool) -> dict[str, Callable[[], ParallelStyle]]:
+class LocalParams(ParallelStyle):
+    """The module's own parameters, split by their plan entries, used as their local shards."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        compute_on_local_tensors(module)
+        return module
+
+
+class SumGradOver(torch.autograd.Function):
+    """Identity forward; the gradient summed over a mesh's ranks in backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+        ctx.mesh = mesh
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return funcol.all_reduce(grad.contiguous(), "sum", ctx.mesh), None
+
+
+class LatentKeyValueProjection(LocalReplicate):
+    """Multi-head latent attention's joint projection (transformers' "mla_kv_a_proj"): replicated,
+    its output [..., latent + rope] split in two. The latent part reaches the heads through a
+    column-split layer, which sums its input gradient over the group; the rope part (the key's
+    shared rotary slice) goes to this rank's heads directly, so its gradient is summed here."""
+
+    def __init__(self, rope_dim: int) -> None:
+        super().__init__()
+        self.rope_dim = rope_dim
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        super()._apply(module, device_mesh)
+
+        def sum_rope_grads(mod: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+            latent, rope = output.split([output.shape[-1] - self.rope_dim, self.rope_dim], dim=-1)
+            return torch.cat([latent, SumGradOver.apply(rope, device_mesh)], dim=-1)
+
+        module.register_forward_hook(sum_rope_grads)
+        return module
+
+
+def _styles(loss_parallel: bool, config: Any = None) -> dict[str, Callable[[], ParallelStyle]]:
     """transformers' style names -> ours. A column-split layer's output stays split (the next
     row-split layer reduces it) unless the name says gather; the head's logits stay vocab-sharded
     under loss parallelism."""
@@ -100,6 +142,10 @@ def _styles(loss_parallel: bool) -> dict[str, Callable[[], ParallelStyle]]:
         "embedding_colwise": lambda: ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         "replicated_with_grad_allreduce": lambda: LocalReplicate(partial_grads=True),
         "replicate": lambda: LocalReplicate(),
+        "mla_kv_a_proj": lambda: LatentKeyValueProjection(config.qk_rope_head_dim),
+        # A module whose own parameter the plan splits (attention sinks, one per head: "colwise" on
+        # the parameter) computes on its shard.
+        "local_params": lambda: LocalParams(),
         "head": lambda: ColwiseParallel(output_layouts=gathered_logits, use_local_output=not loss_parallel),
     }
 
@@ -122,11 +168,13 @@ def expand_patterns(hf: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
 
 
 def expand_plan(hf: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
-    """The TP plan expanded (`expand_patterns`); a pattern that names a parameter, not a module, is refused."""
+    """The TP plan expanded (`expand_patterns`). A parameter may be named only as a column split
+    whose module computes on local parameters ("local_params"); any other is refused."""
     expanded = expand_patterns(hf, plan)
     parameters = dict(hf.named_parameters())
     for path, style in expanded.items():
-        if path in parameters:
+        owner = path.rpartition(".")[0]
+        if path in parameters and not (style == "colwise" and expanded.get(owner) == "local_params"):
             raise ConfigError(
                 f"parallelism.tp: {type(hf).__name__}'s TP plan splits the parameter {path!r} ({style}), "
                 "which model 'hf' does not translate; set parallelism.tp = 1"
@@ -155,8 +203,18 @@ def check_plan(hf: nn.Module, plan: Mapping[str, str], tp: int) -> None:
                     f"parallelism.tp = {tp} does not divide {architecture}'s {field} ({heads}), which its TP "
                     "plan splits; pick a tp that does"
                 )
+    parameters = dict(hf.named_parameters())
+    if "mla_kv_a_proj" in plan.values() and not isinstance(getattr(config, "qk_rope_head_dim", None), int):
+        raise ConfigError(f"parallelism.tp = {tp}: {architecture}'s config has no qk_rope_head_dim for mla_kv_a_proj")
     for path, style in plan.items():
-        if style in SPLIT_DIM:
+        if path in parameters:
+            size = parameters[path].shape[0]
+            if size % tp != 0:
+                raise ConfigError(
+                    f"parallelism.tp = {tp} does not divide the {size} rows of {path} ({architecture}'s TP plan: "
+                    f"{style}); pick a tp that does"
+                )
+        elif style in SPLIT_DIM:
             weight = hf.get_submodule(path).weight
             size = weight.shape[SPLIT_DIM[style]]
             if size % tp != 0:
@@ -199,8 +257,17 @@ def apply_hf_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> N
     hf = model.hf
     expanded = tp_plan_for(model, tp_mesh.size())
     head = module_path(hf, hf.get_output_embeddings())
-    styles = _styles(loss_parallel)
+    styles = _styles(loss_parallel, hf.config.get_text_config())
+    parameters = dict(hf.named_parameters())
+    for path in (path for path in expanded if path in parameters):
+        # A bare parameter split by rows (one per head), like the projections' output columns.
+        owner, _, name = path.rpartition(".")
+        module, param = hf.get_submodule(owner), parameters[path]
+        split = distribute_tensor(param, tp_mesh, [Shard(max(param.ndim - 2, 0))], src_data_rank=None)
+        module.register_parameter(name, nn.Parameter(split, requires_grad=param.requires_grad))
     for path, style in expanded.items():
+        if path in parameters:
+            continue
         name = "head" if path == head and style in ("colwise", "colwise_gather_output", "colwise_rep") else style
         parallelize_module(hf.get_submodule(path), tp_mesh, styles[name]())
     for module in hf.modules():

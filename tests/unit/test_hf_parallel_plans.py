@@ -11,7 +11,7 @@ import torch
 
 from titan_tpu import models
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.models.hf.parallelize import expert_modules, tp_plan_for
+from titan_tpu.models.hf.parallelize import check_plan, expert_modules, tp_plan_for
 
 
 def meta_model(architecture: str, *overrides: str) -> torch.nn.Module:
@@ -58,10 +58,21 @@ def test_architecture_without_a_plan_is_refused() -> None:
 
 
 def test_style_we_do_not_translate_is_refused() -> None:
-    """DeepSeek V3's multi-head latent attention splits its key-value projection's output in two
-    (mla_kv_a_proj): refused by name, not silently replicated."""
-    with pytest.raises(ConfigError, match=r"style 'mla_kv_a_proj', which model 'hf' does not translate"):
-        tp_plan_for(meta_model("DeepseekV3ForCausalLM"), tp=2)
+    """A style outside the translation (transformers' fused-weight "packed_colwise") is refused by
+    name, not silently replicated."""
+    model = meta_model("MistralForCausalLM")
+    with pytest.raises(ConfigError, match=r"style 'packed_colwise', which model 'hf' does not translate"):
+        check_plan(model.hf, {"model.layers.0.self_attn.q_proj": "packed_colwise"}, tp=2)
+
+
+def test_latent_attention_and_per_head_parameters_are_translated() -> None:
+    """DeepSeek V3's joint latent projection (mla_kv_a_proj) and Granite SWA's per-head sinks (a
+    parameter split by heads, its attention computing on local parameters) are in the plan."""
+    plan = tp_plan_for(meta_model("DeepseekV3ForCausalLM"), tp=2)
+    assert plan["model.layers.0.self_attn.kv_a_proj_with_mqa"] == "mla_kv_a_proj"
+    plan = tp_plan_for(meta_model("GraniteSWAForCausalLM"), tp=2)
+    assert plan["model.layers.1.self_attn.sinks"] == "colwise"
+    assert plan["model.layers.1.self_attn"] == "local_params"
 
 
 def test_expert_plan_names_each_layers_experts() -> None:
