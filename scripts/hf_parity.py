@@ -32,11 +32,12 @@ def built_like_a_run(args: HFArgs, seq_len: int, seed: int = 0) -> HFCausalLM:
     return model
 
 
-def transformers_twin(model: HFCausalLM) -> nn.Module:
-    """transformers' own model of the same config, built as transformers builds it, with our weights."""
+def transformers_twin(model: HFCausalLM, attention: str | None = None) -> nn.Module:
+    """transformers' own model of the same config, built as transformers builds it, with our weights
+    (attention: the model's own implementation unless `attention` names another)."""
     twin = type(model.hf)._from_config(
         type(model.args.config).from_dict(model.args.config.to_dict()),
-        attn_implementation=model.hf.config._attn_implementation,
+        attn_implementation=attention or model.hf.config._attn_implementation,
         dtype=torch.float32,
     )
     state = {name.removeprefix("hf."): tensor for name, tensor in model.state_dict().items()}

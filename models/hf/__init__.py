@@ -1,14 +1,23 @@
 """The hf family: any causal language model of the installed transformers, built from its own
 modeling code (`[model] name = "hf"` with `hf_config` or `hf_architecture`); registers "hf"."""
 
+import dataclasses
+
+from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
-from titan_tpu.models.hf.args import HF_FLAVORS, HFArgs, hf_args, override_value
+from titan_tpu.models.hf.args import HF_FLAVORS, HFArgs, hf_args, override_value, takes_registered_attention
 from titan_tpu.models.hf.flops import hf_flops_per_token, hf_param_count
 from titan_tpu.models.hf.model import HFCausalLM
 from titan_tpu.models.hf.parallelize import parallelize_hf
 from titan_tpu.models.hf.state_dict_adapter import HF_FAMILY_ADAPTER
 from titan_tpu.models.registry import ModelSpec, register_model
+
+# The attention kernel is measured only for classes that take ours (models/hf/attention.py); the
+# others keep "auto", which builds them with transformers' own attention.
+HF_ATTENTION = dataclasses.replace(
+    ATTENTION, is_auto=lambda args: args.attention.name == "auto" and takes_registered_attention(args)
+)
 
 HF_SPEC = ModelSpec(
     name="hf",
@@ -18,7 +27,7 @@ HF_SPEC = ModelSpec(
     loss_fn=cross_entropy_loss,
     parallelize=parallelize_hf,
     state_dict_adapter=HF_FAMILY_ADAPTER,
-    tunables=(LOSS_CHUNKS,),
+    tunables=(LOSS_CHUNKS, HF_ATTENTION),
     args_from_section=hf_args,
     override_value=override_value,
     # transformers' own cache and masks are not wired to ours yet.
@@ -27,4 +36,4 @@ HF_SPEC = ModelSpec(
 )
 register_model(HF_SPEC)
 
-__all__ = ["HF_FLAVORS", "HF_SPEC", "HFArgs", "HFCausalLM", "hf_args", "hf_flops_per_token", "hf_param_count"]
+__all__ = ["HF_ATTENTION", "HF_FLAVORS", "HF_SPEC", "HFArgs", "HFCausalLM", "hf_args", "hf_flops_per_token", "hf_param_count"]

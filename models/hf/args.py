@@ -112,6 +112,28 @@ class HFArgs:
     def tie_embeddings(self) -> bool:
         return bool(getattr(self.config, "tie_word_embeddings", False))
 
+    # The attention shape the kernel measurement times (models/common/attention_tunable.py).
+    @property
+    def n_heads(self) -> int:
+        return int(self.text_config.num_attention_heads)
+
+    @property
+    def n_kv_heads(self) -> int:
+        return int(getattr(self.text_config, "num_key_value_heads", None) or self.n_heads)
+
+    @property
+    def attn_head_dim(self) -> int:
+        return int(getattr(self.text_config, "head_dim", None) or self.dim // self.n_heads)
+
+
+def takes_registered_attention(args: HFArgs) -> bool:
+    """Whether the class calls its attention through transformers' registry and has SDPA (the
+    fallback), so our kernels can run in it (models/hf/attention.py). Remote code is never asked."""
+    if args.trust_remote_code and args.folder:
+        return False
+    cls = model_class(args.architecture, "model")
+    return bool(getattr(cls, "_supports_attention_backend", False) and getattr(cls, "_supports_sdpa", False))
+
 
 def did_you_mean(name: str, options: list[str]) -> str:
     """"did you mean 'x'? " for the closest option, or "" (the config layer's wording)."""
@@ -154,11 +176,6 @@ def _example(classes: Mapping[str, str]) -> str:
 
 def hf_args(model: Any) -> HFArgs:
     """The arguments the [model] section of an hf run asks for (ModelSpec.args_from_section)."""
-    if model.attention_block not in (-1, 0):
-        raise ValueError(
-            f"model.attention_block: model 'hf' attends through transformers' own attention (SDPA where the "
-            f"class has it); -1 or 0, got {model.attention_block}"
-        )
     if model.flavor not in HF_FLAVORS:
         raise ValueError(
             f"model.flavor: unknown flavor {model.flavor!r} for model 'hf'; {did_you_mean(model.flavor, list(HF_FLAVORS))}"
@@ -181,7 +198,13 @@ def hf_args(model: Any) -> HFArgs:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"model.overrides.{key}: a positive integer, got {value!r}")
     _set_fields(config, overrides, "model.overrides")
-    return HFArgs(architecture=architecture, config=config, folder=folder, trust_remote_code=model.trust_remote_code, **own)
+    args = HFArgs(architecture=architecture, config=config, folder=folder, trust_remote_code=model.trust_remote_code, **own)
+    if model.attention_block > 0 and not takes_registered_attention(args):
+        raise ValueError(
+            f"model.attention_block: {architecture} does not take its attention function from transformers' "
+            f"registry (or has no SDPA to fall back on), so it runs transformers' own; -1 or 0, got {model.attention_block}"
+        )
+    return args
 
 
 def _folder_config(path: Path, trust_remote_code: bool) -> tuple[str, Any]:

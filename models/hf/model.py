@@ -20,13 +20,15 @@ import torch
 from torch import nn
 
 from titan_tpu.models.hf.args import HFArgs, model_class
+from titan_tpu.models.hf.attention import attention_implementation
 
 logger = logging.getLogger(__name__)
 
 
 def build_hf_model(args: HFArgs) -> nn.Module:
-    """transformers' model for `args`, in float32, attention through SDPA where the class has it."""
-    attention = "sdpa" if _supports_sdpa(args) else "eager"
+    """transformers' model for `args`, in float32, attention through our kernel where the run chose
+    one and the class takes it (models/hf/attention.py), SDPA where the class has it, else eager."""
+    attention = attention_implementation(args)
     if args.trust_remote_code and args.folder:
         from transformers import AutoModelForCausalLM
 
@@ -35,12 +37,6 @@ def build_hf_model(args: HFArgs) -> nn.Module:
         )
     cls = model_class(args.architecture, "model")
     return cls._from_config(args.config, attn_implementation=attention, dtype=torch.float32)
-
-
-def _supports_sdpa(args: HFArgs) -> bool:
-    if args.trust_remote_code and args.folder:
-        return False
-    return bool(getattr(model_class(args.architecture, "model"), "_supports_sdpa", False))
 
 
 def decoder_layers_path(model: nn.Module) -> str:

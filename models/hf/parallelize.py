@@ -39,31 +39,44 @@ from titan_tpu.distributed.tensor_parallel import install_logits_layout
 logger = logging.getLogger(__name__)
 
 
-def compute_on_local_tensors(module: nn.Module, grad_placements: list[Placement] | None = None) -> None:
-    """Run `module`'s forward on the local tensors of its DTensor parameters (transformers' code
-    indexes and slices them as plain tensors). The backward of `to_local` hands each gradient back
-    as a DTensor with `grad_placements` (None: the parameter's own placements); a Partial one is
-    summed over the mesh when it meets the parameter."""
-    swapped: dict[str, nn.Parameter] = {}
+# (module, parameter name, gradient placements): a DTensor parameter that code reads as a plain tensor.
+LocalParameter = tuple[nn.Module, str, "list[Placement] | None"]
+
+
+def compute_on_local_tensors(unit: nn.Module, parameters: list[LocalParameter]) -> None:
+    """While `unit` runs forward, the DTensor `parameters` (of it or of modules inside it) are their
+    local tensors: transformers' code indexes and slices them, and reads a child's weight from its
+    parent's forward, as plain tensors. The backward of `to_local` hands each gradient back as a
+    DTensor with the entry's placements (None: the parameter's own); a Partial one is summed over
+    the mesh when it meets the parameter."""
+    swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
 
     def to_local(mod: nn.Module, args: Any) -> None:
         # Read the parameters here, not at install time: FSDP swaps its gathered ones in before forward.
-        for name, param in list(mod._parameters.items()):
+        for owner, name, placements in parameters:
+            param = owner._parameters.get(name)
             if isinstance(param, DTensor):
-                swapped[name] = param
-                mod._parameters[name] = param.to_local(grad_placements=grad_placements)  # type: ignore[assignment]
+                swapped.append((owner, name, param))
+                owner._parameters[name] = param.to_local(grad_placements=placements)  # type: ignore[assignment]
 
     def restore(mod: nn.Module, args: Any, output: Any) -> None:
-        mod._parameters.update(swapped)
+        for owner, name, param in swapped:
+            owner._parameters[name] = param
         swapped.clear()
 
-    module.register_forward_pre_hook(to_local)
-    module.register_forward_hook(restore)
+    unit.register_forward_pre_hook(to_local)
+    unit.register_forward_hook(restore)
+
+
+def own_parameters(module: nn.Module, placements: list[Placement] | None = None) -> list[LocalParameter]:
+    return [(module, name, placements) for name, _ in module.named_parameters(recurse=False)]
 
 
 class LocalReplicate(ParallelStyle):
-    """The module's own parameters replicated over the tp mesh (as DTensors) and its forward run on
-    their local tensors, with plain inputs that every tp rank holds whole.
+    """The module's own parameters replicated over the tp mesh (as DTensors), read as their local
+    tensors by whatever code runs in the decoder layer (or the rest of the model) that holds them
+    (`compute_on_local_tensors`, installed by `apply_hf_tp`), with plain inputs that every tp rank
+    holds whole.
 
     `partial_grads`: the module sees only this rank's share of the activations (a per-head norm
     between a column-split and a row-split layer, transformers' "replicated_with_grad_allreduce"),
@@ -78,7 +91,8 @@ class LocalReplicate(ParallelStyle):
         for name, param in list(module.named_parameters(recurse=False)):
             replicated = distribute_tensor(param, device_mesh, [Replicate()], src_data_rank=None)
             module.register_parameter(name, nn.Parameter(replicated, requires_grad=param.requires_grad))
-        compute_on_local_tensors(module, [Partial()] if self.partial_grads else [Replicate()])
+        # Which layer reads them is decided once the whole model is sharded (apply_hf_tp).
+        module.__dict__["local_parameters"] = own_parameters(module, [Partial()] if self.partial_grads else [Replicate()])
         return module
 
 
@@ -86,7 +100,7 @@ class LocalParams(ParallelStyle):
     """The module's own parameters, split by their plan entries, used as their local shards."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        compute_on_local_tensors(module)
+        compute_on_local_tensors(module, own_parameters(module))
         return module
 
 
@@ -131,6 +145,10 @@ def _styles(loss_parallel: bool, config: Any = None) -> dict[str, Callable[[], P
     gathered_logits = Shard(-1) if loss_parallel else Replicate()
     return {
         "colwise": lambda: ColwiseParallel(),
+        # transformers' "unit" splits give every rank at least one head where the heads are fewer
+        # than the ranks; where tp divides the heads (which check_plan requires) they are the plain ones.
+        "unit_colwise": lambda: ColwiseParallel(),
+        "unit_rowwise": lambda: RowwiseParallel(),
         "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
         "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
         "rowwise": lambda: RowwiseParallel(),
@@ -152,7 +170,7 @@ def _styles(loss_parallel: bool, config: Any = None) -> dict[str, Callable[[], P
 
 # The plan's styles that split a layer, and the dimension of its weight they split (nn.Linear's
 # weight is [out, in]; nn.Embedding's [vocab, dim]).
-SPLIT_DIM = {"colwise": 0, "colwise_gather_output": 0, "colwise_rep": 0, "rowwise": 1, "rowwise_split_input": 1,
+SPLIT_DIM = {"colwise": 0, "unit_colwise": 0, "unit_rowwise": 1, "colwise_gather_output": 0, "colwise_rep": 0, "rowwise": 1, "rowwise_split_input": 1,
              "rowwise_rep": 1, "embedding_rowwise": 0, "embedding_colwise": 1}  # fmt: skip
 
 
@@ -194,7 +212,7 @@ def check_plan(hf: nn.Module, plan: Mapping[str, str], tp: int) -> None:
                 f"model 'hf' does not translate (it does: {', '.join(sorted(known))}); set parallelism.tp = 1"
             )
     config = hf.config.get_text_config()
-    if any(style == "colwise" for style in plan.values()):
+    if any(style in ("colwise", "unit_colwise") for style in plan.values()):
         # Attention split by heads (colwise q/k/v): each rank takes whole query and key-value heads.
         for field in ("num_attention_heads", "num_key_value_heads"):
             heads = getattr(config, field, None)
@@ -277,7 +295,22 @@ def apply_hf_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> N
     if model.args.tie_embeddings:
         # Each style made its own parameter; the tied head is the embedding's one tensor again.
         hf.get_output_embeddings().weight = hf.get_input_embeddings().weight
+    read_replicated_as_local(model)
     install_logits_layout(model, tp_mesh, loss_parallel)
+
+
+def read_replicated_as_local(model: nn.Module) -> None:
+    """The replicated parameters (`LocalReplicate`) are read as local tensors while the decoder
+    layer holding them runs (the rest while the whole model runs): a parent's forward that reads a
+    child's weight, or calls a child's method without its hooks, sees plain tensors too. Each
+    layer's FSDP gathers its parameters before this layer-level swap, which runs inside the layer."""
+    layers = list(model.block_containers()[0])
+    inside_layers = {id(module) for layer in layers for module in layer.modules()}
+    for unit, modules in [*((layer, list(layer.modules())) for layer in layers),
+                          (model.hf, [m for m in model.hf.modules() if id(m) not in inside_layers])]:  # fmt: skip
+        parameters = [entry for module in modules for entry in module.__dict__.get("local_parameters", ())]
+        if parameters:
+            compute_on_local_tensors(unit, parameters)
 
 
 # transformers' expert-plan styles: the experts module whose tokens are dispatched, and its [E, ...]
@@ -376,7 +409,7 @@ def apply_hf_ep(model: nn.Module, ctx: ParallelContext) -> None:
         module._is_expert_parallel = True
         module.register_forward_pre_hook(hooks.dispatch, with_kwargs=True)
         module.register_forward_hook(hooks.combine)
-        compute_on_local_tensors(module)
+        compute_on_local_tensors(module, own_parameters(module))
     shard_experts(experts, ctx)
 
 
