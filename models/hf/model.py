@@ -92,6 +92,33 @@ def zeroed_padding_rows(hf: nn.Module) -> set[nn.Embedding]:
     return {module for module, owner in owner_of.items() if zeroes_padding_row(owner, module)}
 
 
+@contextlib.contextmanager
+def trunc_normal_through_torch() -> Iterator[None]:
+    """transformers' `initialization.trunc_normal_` calls the torch function it captured at import,
+    so a caller that replaces `torch.nn.init.trunc_normal_` for the duration of an init is bypassed
+    (and transformers' init itself points torch's name at its own function while it runs): the
+    run's layout-invariant init replaces it because torch's rejection loop, run on a shard, redraws
+    as often as that shard needs, which made FSDP's first shard of a trunc-normal table
+    (ModernBERT-decoder's embedding) differ from one process's. Here it calls the function torch's
+    name holds on entry, with transformers' skip of tensors already initialised."""
+    from transformers import initialization
+
+    captured = initialization.trunc_normal_
+    current = torch.nn.init.trunc_normal_
+
+    def trunc_normal_(tensor: torch.Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
+                      generator: torch.Generator | None = None) -> torch.Tensor:  # fmt: skip
+        if getattr(tensor, "_is_hf_initialized", False):
+            return tensor
+        return current(tensor, mean=mean, std=std, a=a, b=b, generator=generator)
+
+    initialization.trunc_normal_ = trunc_normal_
+    try:
+        yield
+    finally:
+        initialization.trunc_normal_ = captured
+
+
 # (weight, row index) -> None: zero that row in place.
 ZeroRow = Callable[[torch.Tensor, int], None]
 
@@ -168,7 +195,7 @@ class HFCausalLM(nn.Module):
         if self.args.tie_embeddings:
             # to_empty gave the head and the embedding separate tensors; one again before the draw.
             self.hf.tie_weights()
-        with padding_rows_kept(self.hf, self.zeroed_padding_rows, self.zero_row):
+        with padding_rows_kept(self.hf, self.zeroed_padding_rows, self.zero_row), trunc_normal_through_torch():
             self.hf.initialize_weights()
         for module in self.hf.modules():
             # A buffer of positions 0, 1, ... (GPT-1's, BERT-style models') is not in the state dict

@@ -38,7 +38,8 @@ from worker_cases import run_cases  # noqa: E402
 
 # case -> (architecture, layout): Mistral (sliding window) under FSDP 4 with every block
 # checkpointed; Gemma 2 (tied embeddings: the head and the embedding in one FSDP group, soft-capping)
-# under HSDP 2 x 2; under TP 2 x FSDP 2 (the model's own TP plan) the six kinds: sliding
+# under HSDP 2 x 2; ModernBERT-decoder (truncated-normal init, which torch redraws per shard) under
+# FSDP 4; under TP 2 x FSDP 2 (the model's own TP plan) the six kinds: sliding
 # window, soft-capping and a tied head split by the vocabulary, per-head q/k norms (Gemma 3),
 # fused projections gathered (Phi-3), norms over the whole projection (OLMo 2), parallel residual
 # and a vocabulary-split embedding (GPT-NeoX), and replicated experts beside split attention (Mixtral);
@@ -48,6 +49,7 @@ EP2_FSDP4 = ["--parallelism.ep=2", "--parallelism.dp_shard=4"]
 CASES: dict[str, tuple[str, list[str]]] = {
     "mistral_fsdp4_ac": ("MistralForCausalLM", ["--parallelism.dp_shard=4", "--activation_checkpoint.mode=full"]),
     "gemma2_hsdp2x2": ("Gemma2ForCausalLM", ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"]),
+    "modernbert_decoder_fsdp4": ("ModernBertDecoderForCausalLM", ["--parallelism.dp_shard=4"]),
     "mistral_tp2_fsdp2": ("MistralForCausalLM", TP2_FSDP2),
     "gemma2_tp2_fsdp2": ("Gemma2ForCausalLM", TP2_FSDP2),
     "gemma3_tp2_fsdp2": ("Gemma3ForCausalLM", TP2_FSDP2),
