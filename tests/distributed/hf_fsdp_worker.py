@@ -36,20 +36,25 @@ from parallel_worker import layout_run, max_diff  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
 
-# case -> (architecture, layout): Mistral (sliding window) under FSDP 4 with every block
-# checkpointed; Gemma 2 (tied embeddings: the head and the embedding in one FSDP group, soft-capping)
-# under HSDP 2 x 2; ModernBERT-decoder (truncated-normal init, which torch redraws per shard) under
-# FSDP 4; under TP 2 x FSDP 2 (the model's own TP plan) the six kinds: sliding
-# window, soft-capping and a tied head split by the vocabulary, per-head q/k norms (Gemma 3),
-# fused projections gathered (Phi-3), norms over the whole projection (OLMo 2), parallel residual
-# and a vocabulary-split embedding (GPT-NeoX), and replicated experts beside split attention (Mixtral);
-# Mixtral and OLMoE with their experts split over ep 2 inside FSDP 4 (the model's own expert plan).
+# case -> (architecture, layout). The six kinds, each under FSDP 4 and under TP 2 x FSDP 2 by
+# the model's own TP plan: Mistral (sliding window; FSDP with every block checkpointed), Gemma 2
+# (soft-capping, a tied head split by the vocabulary) and Gemma 3 (per-head q/k norms), Phi-3
+# (fused projections gathered), OLMo 2 (norms over the whole projection), GPT-NeoX (parallel
+# residual, a vocabulary-split embedding), Mixtral (replicated experts beside split attention);
+# Gemma 2 also under HSDP 2 x 2; ModernBERT-decoder (truncated-normal init, which torch redraws per
+# shard) under FSDP 4; Mixtral and OLMoE with their experts split over ep 2 inside FSDP 4.
+FSDP4 = ["--parallelism.dp_shard=4"]
 TP2_FSDP2 = ["--parallelism.tp=2", "--parallelism.dp_shard=2"]
 EP2_FSDP4 = ["--parallelism.ep=2", "--parallelism.dp_shard=4"]
 CASES: dict[str, tuple[str, list[str]]] = {
     "mistral_fsdp4_ac": ("MistralForCausalLM", ["--parallelism.dp_shard=4", "--activation_checkpoint.mode=full"]),
     "gemma2_hsdp2x2": ("Gemma2ForCausalLM", ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"]),
-    "modernbert_decoder_fsdp4": ("ModernBertDecoderForCausalLM", ["--parallelism.dp_shard=4"]),
+    "modernbert_decoder_fsdp4": ("ModernBertDecoderForCausalLM", FSDP4),
+    "gemma2_fsdp4": ("Gemma2ForCausalLM", FSDP4),
+    "phi3_fsdp4": ("Phi3ForCausalLM", FSDP4),
+    "olmo2_fsdp4": ("Olmo2ForCausalLM", FSDP4),
+    "gptneox_fsdp4": ("GPTNeoXForCausalLM", FSDP4),
+    "mixtral_fsdp4": ("MixtralForCausalLM", FSDP4),
     "mistral_tp2_fsdp2": ("MistralForCausalLM", TP2_FSDP2),
     "gemma2_tp2_fsdp2": ("Gemma2ForCausalLM", TP2_FSDP2),
     "gemma3_tp2_fsdp2": ("Gemma3ForCausalLM", TP2_FSDP2),
