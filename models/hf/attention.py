@@ -49,6 +49,7 @@ def is_plain_causal(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     return (
         attention_mask is None
         and getattr(module, "is_causal", True)
+        and extra.get("is_causal") is not False
         and (dropout == 0.0 or not module.training)
         and (scaling is None or math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6))
         and query.shape[2] == key.shape[2]

@@ -8,8 +8,9 @@ checkpointing and compile in the run's fixed order (titan_tpu/distributed/parall
 transformers' attention reshapes with `-1` heads and keeps the query/key-value group ratio, so its
 code runs unchanged on a rank's heads. Every parameter the plan leaves alone (norms, routers,
 experts, biases of replicated layers) becomes a replicated DTensor on the tp mesh, because FSDP,
-gradient clipping and the optimizer's foreach kernels need every parameter on one mesh; its module
-computes on plain local tensors (`LocalReplicate`), so it runs whatever its code does.
+gradient clipping and the optimizer's foreach kernels need every parameter on one mesh; it is read
+as a plain local tensor while the decoder layer holding it runs (`LocalReplicate`), so whatever
+transformers' code does with it runs.
 
 Expert parallelism comes from the expert plan (`model.ep_plan`): the experts modules it dispatches
 to hold num_experts / ep experts each (`ExpertDispatch`), laid out and FSDP-sharded by the native
@@ -170,8 +171,10 @@ def _styles(loss_parallel: bool, config: Any = None) -> dict[str, Callable[[], P
 
 # The plan's styles that split a layer, and the dimension of its weight they split (nn.Linear's
 # weight is [out, in]; nn.Embedding's [vocab, dim]).
-SPLIT_DIM = {"colwise": 0, "unit_colwise": 0, "unit_rowwise": 1, "colwise_gather_output": 0, "colwise_rep": 0, "rowwise": 1, "rowwise_split_input": 1,
-             "rowwise_rep": 1, "embedding_rowwise": 0, "embedding_colwise": 1}  # fmt: skip
+SPLIT_DIM = {
+    "colwise": 0, "unit_colwise": 0, "colwise_gather_output": 0, "colwise_rep": 0, "embedding_rowwise": 0,
+    "rowwise": 1, "unit_rowwise": 1, "rowwise_split_input": 1, "rowwise_rep": 1, "embedding_colwise": 1,
+}  # fmt: skip
 
 
 def expand_patterns(hf: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:

@@ -42,7 +42,8 @@ from worker_cases import run_cases  # noqa: E402
 # (fused projections gathered), OLMo 2 (norms over the whole projection), GPT-NeoX (parallel
 # residual, a vocabulary-split embedding), Mixtral (replicated experts beside split attention);
 # Gemma 2 also under HSDP 2 x 2; ModernBERT-decoder (truncated-normal init, which torch redraws per
-# shard) under FSDP 4; Mixtral and OLMoE with their experts split over ep 2 inside FSDP 4.
+# shard) and HunYuan V4 (its init fills a slice of a copy, which DTensor has no rule for; small
+# parameters are initialised whole, titan_tpu/distributed/sharded_init.py) under FSDP 4; Mixtral and OLMoE with their experts split over ep 2 inside FSDP 4.
 FSDP4 = ["--parallelism.dp_shard=4"]
 TP2_FSDP2 = ["--parallelism.tp=2", "--parallelism.dp_shard=2"]
 EP2_FSDP4 = ["--parallelism.ep=2", "--parallelism.dp_shard=4"]
@@ -50,6 +51,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "mistral_fsdp4_ac": ("MistralForCausalLM", ["--parallelism.dp_shard=4", "--activation_checkpoint.mode=full"]),
     "gemma2_hsdp2x2": ("Gemma2ForCausalLM", ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"]),
     "modernbert_decoder_fsdp4": ("ModernBertDecoderForCausalLM", FSDP4),
+    "hyv4_fsdp4": ("HYV4ForCausalLM", FSDP4),
     "gemma2_fsdp4": ("Gemma2ForCausalLM", FSDP4),
     "phi3_fsdp4": ("Phi3ForCausalLM", FSDP4),
     "olmo2_fsdp4": ("Olmo2ForCausalLM", FSDP4),

@@ -15,6 +15,7 @@ bit-identical weights, on any device type (the draws are on the CPU, then copied
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -37,14 +38,50 @@ def canonical_name(name: str) -> str:
     return name
 
 
+# Parameters up to this many elements are initialised whole on every rank, then cut to the rank's
+# shard: a model's own init may index, slice or fill them in ways DTensor has no rule for (HunYuan
+# V4's transformers init fills a slice of a `zeros_like` copy), and a whole one costs a rank at most
+# this much, briefly. Larger ones are initialised as shards.
+WHOLE_INIT_ELEMENTS = 2**20
+
+
 @torch.no_grad()
 def init_weights(model: nn.Module, seed: int, buffer_device: torch.device) -> None:
     """`model.init_weights(buffer_device=...)` with sharding-invariant random draws."""
-    names: dict[int, str] = {}
-    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
-        names.setdefault(id(tensor), canonical_name(name))
-    with ShardingInvariantInit(names, seed):
-        model.init_weights(buffer_device=buffer_device)  # type: ignore[operator]
+    with small_parameters_whole(model):
+        names: dict[int, str] = {}
+        for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+            names.setdefault(id(tensor), canonical_name(name))
+        with ShardingInvariantInit(names, seed):
+            model.init_weights(buffer_device=buffer_device)  # type: ignore[operator]
+
+
+@contextlib.contextmanager
+def small_parameters_whole(model: nn.Module) -> Iterator[None]:
+    """While inside, every DTensor parameter of at most WHOLE_INIT_ELEMENTS is a whole plain tensor
+    on each rank (one per DTensor, so a tied pair stays tied); on the way out each rank keeps its
+    shard of it. The draws fill the whole tensor row by row as they fill shards, so the values are
+    the same either way."""
+    whole: dict[int, tuple[DTensor, nn.Parameter]] = {}
+    owners: list[tuple[nn.Module, str, DTensor]] = []
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if not isinstance(param, DTensor) or param.numel() > WHOLE_INIT_ELEMENTS:
+                continue
+            if id(param) not in whole:
+                local = param.to_local()
+                tensor = torch.empty(param.shape, dtype=param.dtype, device=local.device)
+                whole[id(param)] = (param, nn.Parameter(tensor, requires_grad=param.requires_grad))
+            owners.append((module, name, param))
+            module._parameters[name] = whole[id(param)][1]
+    try:
+        yield
+    finally:
+        for module, name, param in owners:
+            module._parameters[name] = param
+        for param, tensor in whole.values():
+            shard = distribute_tensor(tensor.detach(), param.device_mesh, param.placements, src_data_rank=None)
+            param.to_local().copy_(shard.to_local())
 
 
 _aten = torch.ops.aten
