@@ -105,19 +105,6 @@ class LocalParams(ParallelStyle):
         return module
 
 
-class SumGradOver(torch.autograd.Function):
-    """Identity forward; the gradient summed over a mesh's ranks in backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-        ctx.mesh = mesh
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return funcol.all_reduce(grad.contiguous(), "sum", ctx.mesh), None
-
-
 class LatentKeyValueProjection(LocalReplicate):
     """Multi-head latent attention's joint projection (transformers' "mla_kv_a_proj"): replicated,
     its output [..., latent + rope] split in two. The latent part reaches the heads through a
@@ -133,7 +120,9 @@ class LatentKeyValueProjection(LocalReplicate):
 
         def sum_rope_grads(mod: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
             latent, rope = output.split([output.shape[-1] - self.rope_dim, self.rope_dim], dim=-1)
-            return torch.cat([latent, SumGradOver.apply(rope, device_mesh)], dim=-1)
+            # Seen as replicated, handed back with a Partial gradient: backward sums it over the group.
+            rope = DTensor.from_local(rope, device_mesh, [Replicate()], run_check=False)
+            return torch.cat([latent, rope.to_local(grad_placements=[Partial()])], dim=-1)
 
         module.register_forward_hook(sum_rope_grads)
         return module
