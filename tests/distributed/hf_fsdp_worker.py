@@ -41,7 +41,8 @@ from worker_cases import run_cases  # noqa: E402
 # (soft-capping, a tied head split by the vocabulary) and Gemma 3 (per-head q/k norms), Phi-3
 # (fused projections gathered), OLMo 2 (norms over the whole projection), GPT-NeoX (parallel
 # residual, a vocabulary-split embedding), Mixtral (replicated experts beside split attention);
-# Gemma 2 also under HSDP 2 x 2; ModernBERT-decoder (truncated-normal init, which torch redraws per
+# DeepSeek V3 (latent attention: its joint projection's rope part reaches the heads unsplit, so its
+# gradient is summed over tp) under TP 2 x FSDP 2; Gemma 2 also under HSDP 2 x 2; ModernBERT-decoder (truncated-normal init, which torch redraws per
 # shard) and HunYuan V4 (its init fills a slice of a copy, which DTensor has no rule for; small
 # parameters are initialised whole, titan_tpu/distributed/sharded_init.py) under FSDP 4; Mixtral and OLMoE with their experts split over ep 2 inside FSDP 4.
 FSDP4 = ["--parallelism.dp_shard=4"]
@@ -64,6 +65,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "olmo2_tp2_fsdp2": ("Olmo2ForCausalLM", TP2_FSDP2),
     "gptneox_tp2_fsdp2": ("GPTNeoXForCausalLM", TP2_FSDP2),
     "mixtral_tp2_fsdp2": ("MixtralForCausalLM", TP2_FSDP2),
+    "deepseek_v3_tp2_fsdp2": ("DeepseekV3ForCausalLM", TP2_FSDP2),
     "mixtral_ep2_fsdp4": ("MixtralForCausalLM", EP2_FSDP4),
     "olmoe_ep2_fsdp4": ("OlmoeForCausalLM", EP2_FSDP4),
 }
