@@ -26,14 +26,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.distributed.expert_parallel import ScaleGrad, shard_experts, validate_expert_parallel
+from titan_tpu.distributed.expert_parallel import (
+    GatherRows,
+    ScaleGrad,
+    ScatterRows,
+    shard_experts,
+    validate_expert_parallel,
+)
 from titan_tpu.distributed.parallel_dims import ParallelContext
 from titan_tpu.distributed.tensor_parallel import install_logits_layout
 
@@ -334,9 +339,9 @@ class ExpertDispatch:
     def dispatch(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         bound = inspect.signature(module.forward).bind(*args, **kwargs)
         hidden, index, weights = (bound.arguments[name] for name in EXPERT_INPUTS)
-        hidden = ScaleGrad.apply(funcol.all_gather_tensor_autograd(hidden, 0, self.group), float(self.ep))
-        weights = ScaleGrad.apply(funcol.all_gather_tensor_autograd(weights, 0, self.group), float(self.ep))
-        local = funcol.all_gather_tensor(index, 0, self.group) - self.first_expert
+        hidden = ScaleGrad.apply(GatherRows.apply(hidden, self.group), float(self.ep))
+        weights = ScaleGrad.apply(GatherRows.apply(weights, self.group), float(self.ep))
+        local = GatherRows.apply(index, self.group) - self.first_expert
         off_rank = (local < 0) | (local >= self.local_experts)
         local = local.masked_fill(off_rank, self.local_experts)
         # transformers' batched and grouped experts implementations read off-rank slots' weights as
@@ -346,7 +351,7 @@ class ExpertDispatch:
 
     def combine(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         output = ScaleGrad.apply(output, 1.0 / self.ep)
-        return funcol.reduce_scatter_tensor_autograd(output, "sum", 0, self.group)
+        return ScatterRows.apply(output, self.group)
 
 
 def expert_modules(model: nn.Module, ep: int) -> list[nn.Module]:

@@ -81,6 +81,45 @@ class ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+# torch 2.13 renamed these two (the old names warn on every call); older releases have only the old.
+_all_gather_rows = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_rows = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class GatherRows(torch.autograd.Function):
+    """All-gather along dim 0 over `group` (every rank the same shape); the gradient is
+    reduce-scattered (summed) back to each rank's rows. Blocking c10d calls, so one collective is in
+    flight at a time: the same gathers as functional collectives, issued back to back on a gloo
+    group, crashed a process with a corrupted heap in some launches of the hf layout test."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        out = x.new_empty((x.shape[0] * dist.get_world_size(group), *x.shape[1:]))
+        _all_gather_rows(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ScatterRows.apply(grad, ctx.group), None
+
+
+class ScatterRows(torch.autograd.Function):
+    """Sum over `group` and keep this rank's block of rows (reduce-scatter along dim 0); the
+    gradient is all-gathered. The inverse of GatherRows."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        out = x.new_empty((x.shape[0] // dist.get_world_size(group), *x.shape[1:]))
+        _reduce_scatter_rows(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return GatherRows.apply(grad, ctx.group), None
+
+
 class _Dispatch:
     """The all-to-all pair around one experts module. State from the dispatch (split sizes and the
     regrouping permutation) is kept here until the matching combine; activation-checkpoint recompute
