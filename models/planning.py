@@ -54,7 +54,9 @@ class ExpertRouting:
 
 class TensorParallelPlan(Protocol):
     """A family's tensor-parallel plan as data: module path in the (unwrapped) model -> the
-    `torch.distributed.tensor.parallel` style the family's `parallelize` gives it. The planner reads
-    which weights it splits, and along which dimension, from these styles."""
+    `torch.distributed.tensor.parallel` style the family's `parallelize` gives it, or, for a bare
+    parameter the plan splits, the `Shard` placement of it. The planner reads which weights it
+    splits, and along which dimension, from these styles. A plan that `parallelize` would refuse for
+    `tp` ranks raises the same ConfigError here."""
 
-    def styles(self, model: nn.Module, sequence_parallel: bool, loss_parallel: bool) -> Mapping[str, Any]: ...
+    def styles(self, model: nn.Module, tp: int, sequence_parallel: bool, loss_parallel: bool) -> Mapping[str, Any]: ...

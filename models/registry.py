@@ -55,7 +55,8 @@ class ModelSpec:
     What the planner reads (models/planning.py), so it plans a family it does not know: tp_plan, the
     TP plan `parallelize` applies, as data (None: no tensor parallelism); block_activations(args,
     geometry), the bytes per token one block keeps for backward; expert_routing(args), for a
-    mixture of experts, its top-k and the FLOPs every tp rank repeats (None: dense).
+    mixture of experts, its top-k and the FLOPs every tp rank repeats (None: dense);
+    expert_modules(model, ep), the experts ep splits.
     """
 
     name: str
@@ -69,6 +70,9 @@ class ModelSpec:
     tp_plan: TensorParallelPlan | None = None
     block_activations: Callable[[Any, ActivationGeometry], BlockActivations] | None = None
     expert_routing: Callable[[Any], ExpertRouting] | None = None
+    # The experts modules (weights [E, ...]) of a model built on meta that ep splits, checked as the
+    # family's parallelize checks them for `ep` ranks (None: the native MoE layers' `experts`).
+    expert_modules: Callable[[nn.Module, int], list[nn.Module]] | None = None
     # The model-args fields whose "auto" is measured at start-up (models/common/tunable.py).
     tunables: tuple[Tunable, ...] = ()
     # A family whose arguments come from more of the [model] section than flavor and overrides (the

@@ -9,9 +9,25 @@ feed-forward is the family's (`swiglu_activations` for a dense SwiGLU).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from titan_tpu.models.common.decoder_args import DecoderArgs
 from titan_tpu.models.planning import FLOAT32, ActivationGeometry, BlockActivations
+
+
+class AttentionShape(Protocol):
+    """What the count reads of a block's attention (DecoderArgs has it; the hf family's layers too)."""
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def n_kv_heads(self) -> int: ...
+    @property
+    def attn_head_dim(self) -> int: ...
+    @property
+    def qk_norm(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -37,7 +53,7 @@ def swiglu_activations(hidden_dim: int, g: ActivationGeometry) -> FeedForwardAct
 
 
 def decoder_block_activations(
-    args: DecoderArgs, g: ActivationGeometry, feed_forward: FeedForwardActivations
+    args: AttentionShape, g: ActivationGeometry, feed_forward: FeedForwardActivations
 ) -> BlockActivations:
     """Attention keeps q, the grouped-query k and v repeated to every head, and its output
     (4 H D a / t: the fused kernels keep no S x S matrix); per-head q/k norms add their float32

@@ -127,8 +127,9 @@ class DecoderTPPlan:
 
     block_plan: BlockPlan = decoder_block_plan
 
-    def styles(self, model: DecoderLM, sequence_parallel: bool, loss_parallel: bool) -> dict[str, ParallelStyle]:
-        """Module path in `model` -> its style, for every module the plan touches."""
+    def styles(self, model: DecoderLM, tp: int, sequence_parallel: bool, loss_parallel: bool) -> dict[str, ParallelStyle]:
+        """Module path in `model` -> its style, for every module the plan touches (the same for
+        every tp; the sizes it splits are checked by the caller)."""
         styles = decoder_top_plan(model, sequence_parallel, loss_parallel)
         for name, block in model.layers.items():
             plan = self.block_plan(block, sequence_parallel)  # type: ignore[arg-type]

@@ -9,7 +9,8 @@ from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
 from titan_tpu.models.hf.args import HF_FLAVORS, HFArgs, hf_args, override_value, takes_registered_attention
 from titan_tpu.models.hf.flops import hf_flops_per_token, hf_param_count
 from titan_tpu.models.hf.model import HFCausalLM
-from titan_tpu.models.hf.parallelize import parallelize_hf
+from titan_tpu.models.hf.parallelize import HF_TP_PLAN, expert_modules, parallelize_hf
+from titan_tpu.models.hf.planning import hf_block_activations, hf_expert_routing
 from titan_tpu.models.hf.state_dict_adapter import HF_FAMILY_ADAPTER
 from titan_tpu.models.registry import ModelSpec, register_model
 
@@ -27,6 +28,10 @@ HF_SPEC = ModelSpec(
     loss_fn=cross_entropy_loss,
     parallelize=parallelize_hf,
     state_dict_adapter=HF_FAMILY_ADAPTER,
+    tp_plan=HF_TP_PLAN,
+    block_activations=hf_block_activations,
+    expert_routing=hf_expert_routing,
+    expert_modules=expert_modules,
     tunables=(LOSS_CHUNKS, HF_ATTENTION),
     args_from_section=hf_args,
     override_value=override_value,

@@ -9,6 +9,7 @@ layers, each over the keys it attends to: the sequence, or a sliding window's wi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ class HFParamCount:
     active_non_embedding: int  # N of the convention
 
 
+@functools.lru_cache(maxsize=8)  # built on meta once per arguments: the planner's search asks per layout
 def hf_param_count(args: HFArgs) -> HFParamCount:
     with torch.device("meta"):
         model = build_hf_model(args)

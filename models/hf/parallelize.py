@@ -266,25 +266,57 @@ def module_path(root: nn.Module, module: nn.Module | None) -> str | None:
     return next((path for path, candidate in root.named_modules() if candidate is module), None)
 
 
+def bare_parameter_split(param: torch.Tensor) -> Shard:
+    """A bare parameter the plan splits is split by rows (one per head), like the projections'
+    output columns."""
+    return Shard(max(param.ndim - 2, 0))
+
+
+def module_styles(model: nn.Module, expanded: Mapping[str, str], loss_parallel: bool) -> dict[str, ParallelStyle]:
+    """Our style for each module path (in `model.hf`) of a checked plan; the head's keeps its logits
+    vocab-sharded under loss parallelism."""
+    hf = model.hf
+    head = module_path(hf, hf.get_output_embeddings())
+    styles = _styles(loss_parallel, hf.config.get_text_config())
+    parameters = dict(hf.named_parameters())
+    chosen: dict[str, ParallelStyle] = {}
+    for path, style in expanded.items():
+        if path not in parameters:
+            name = "head" if path == head and style in ("colwise", "colwise_gather_output", "colwise_rep") else style
+            chosen[path] = styles[name]()
+    return chosen
+
+
+class HFTensorParallelPlan:
+    """`apply_hf_tp`'s plan as data, for the planner (ModelSpec.tp_plan): the style of each module
+    path of an HFCausalLM and the Shard of each bare parameter it splits. Sequence parallelism is
+    not applied to this family."""
+
+    def styles(self, model: nn.Module, tp: int, sequence_parallel: bool, loss_parallel: bool) -> dict[str, Any]:
+        expanded = tp_plan_for(model, tp)
+        parameters = dict(model.hf.named_parameters())
+        chosen: dict[str, Any] = {f"hf.{path}": style for path, style in module_styles(model, expanded, loss_parallel).items()}
+        for path in (path for path in expanded if path in parameters):
+            chosen[f"hf.{path}"] = bare_parameter_split(parameters[path])
+        return chosen
+
+
+HF_TP_PLAN = HFTensorParallelPlan()
+
+
 def apply_hf_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
     """Shard `model` (an HFCausalLM on meta) over `tp_mesh` by its transformers plan; every
     parameter the plan does not touch is replicated (`LocalReplicate`)."""
     hf = model.hf
     expanded = tp_plan_for(model, tp_mesh.size())
-    head = module_path(hf, hf.get_output_embeddings())
-    styles = _styles(loss_parallel, hf.config.get_text_config())
     parameters = dict(hf.named_parameters())
     for path in (path for path in expanded if path in parameters):
-        # A bare parameter split by rows (one per head), like the projections' output columns.
         owner, _, name = path.rpartition(".")
         module, param = hf.get_submodule(owner), parameters[path]
-        split = distribute_tensor(param, tp_mesh, [Shard(max(param.ndim - 2, 0))], src_data_rank=None)
+        split = distribute_tensor(param, tp_mesh, [bare_parameter_split(param)], src_data_rank=None)
         module.register_parameter(name, nn.Parameter(split, requires_grad=param.requires_grad))
-    for path, style in expanded.items():
-        if path in parameters:
-            continue
-        name = "head" if path == head and style in ("colwise", "colwise_gather_output", "colwise_rep") else style
-        parallelize_module(hf.get_submodule(path), tp_mesh, styles[name]())
+    for path, style in module_styles(model, expanded, loss_parallel).items():
+        parallelize_module(hf.get_submodule(path), tp_mesh, style)
     for module in hf.modules():
         own = [p for p in module.parameters(recurse=False) if not isinstance(p, DTensor)]
         if own:

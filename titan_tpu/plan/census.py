@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from titan_tpu import models
@@ -97,10 +98,14 @@ def tp_split_dims(model: nn.Module, styles: Mapping[str, Any]) -> dict[str, int]
     """Parameter name -> the dimension tensor parallelism splits it along, for every parameter a
     plan's styles shard, by torch's rules: a column-wise Linear splits its output rows (weight and
     bias dim 0), a row-wise one its input columns (weight dim 1; the bias is replicated); on an
-    Embedding column-wise splits the embedding dim (1), row-wise the vocabulary (0). Other styles
-    (sequence parallel, replicated, input layouts) split no parameter."""
+    Embedding column-wise splits the embedding dim (1), row-wise the vocabulary (0); a bare
+    parameter's `Shard` placement names its dimension. Other styles (sequence parallel, replicated,
+    input layouts) split no parameter."""
     split: dict[str, int] = {}
     for path, style in styles.items():
+        if isinstance(style, Shard):
+            split[path] = style.dim
+            continue
         module = model.get_submodule(path)
         embedding = isinstance(module, nn.Embedding)
         if isinstance(style, ColwiseParallel):
@@ -135,14 +140,18 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
         if plan is None:
             raise ConfigError(f"model '{config.model.name}' has no tensor-parallel plan; set parallelism.tp = 1")
         parallelism = config.parallelism
-        tp_split = tp_split_dims(model, plan.styles(model, parallelism.sequence_parallel, parallelism.loss_parallel))
+        styles = plan.styles(model, dims.tp, parallelism.sequence_parallel, parallelism.loss_parallel)
+        tp_split = tp_split_dims(model, styles)
     block_ids = {id(block) for block in blocks(model)}
     block_names = [name for name, module in model.named_modules() if id(module) in block_ids]
     expert_params: set[int] = set()
-    moes = moe_layers(model)
-    if moes and dims.ep_enabled:
-        validate_expert_parallel(dims, moes[0].experts.num_experts)
-        expert_params = {id(p) for moe in moes for p in moe.experts.parameters()}
+    if dims.ep_enabled:
+        spec = models.get_model_spec(config.model.name)
+        experts = spec.expert_modules(model, dims.ep) if spec.expert_modules else [m.experts for m in moe_layers(model)]
+        if not experts:
+            raise ConfigError(f"parallelism.ep = {dims.ep}: model '{config.model.name}' has no experts; set parallelism.ep = 1")
+        validate_expert_parallel(dims, experts[0].num_experts)
+        expert_params = {id(p) for module in experts for p in module.parameters()}
     fsdp = dims.dp_shard if dims.fsdp_enabled else 1
     shares: list[ParamShare] = []
     for name, param in model.named_parameters():

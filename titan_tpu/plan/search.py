@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from titan_tpu import models
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.distributed.parallel_dims import ParallelDims
-from titan_tpu.plan.census import Census, census
+from titan_tpu.plan.census import Census, census, run_model_args
 from titan_tpu.plan.chips import Cluster
 from titan_tpu.plan.planner import Plan, make_plan
 
@@ -53,7 +53,8 @@ def _powers_of_two_dividing(value: int) -> list[int]:
 def _layouts(config: TrainConfig, cluster: Cluster) -> Iterator[tuple[int, int, int, int, int]]:
     """(dp_replicate, dp_shard, tp, ep, micro-batch) that divide the cluster and the global batch."""
     devices, global_batch = cluster.devices, config.training.global_batch_size
-    is_moe = models.get_model_spec(config.model.name).expert_routing is not None
+    routing = models.get_model_spec(config.model.name).expert_routing
+    is_moe = routing is not None and routing(run_model_args(config)).top_k > 0
     for tp, per_slice, ep in itertools.product(TP_DEGREES, REPLICAS_PER_SLICE, EP_DEGREES if is_moe else (1,)):
         replicate = per_slice * cluster.slices
         if devices % (replicate * tp):
