@@ -208,4 +208,9 @@ class HFCausalLM(nn.Module):
         """tokens [B, S] -> logits [B, S, vocab]."""
         if document_ids is not None:
             raise ValueError("model 'hf' attends across packed documents; set data.document_mask = false")
-        return self.hf(input_ids=tokens, use_cache=False).logits
+        # transformers' attention classes are wrapped by the `kernels` package's forward (where it is
+        # installed), which sets a context variable for the call and resets it after. A compiled,
+        # checkpointed layer traces that as a side effect, which dynamo refuses to leave out of the
+        # backward's recompute unless told it may; set and reset within the call, it changes nothing.
+        with torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True):
+            return self.hf(input_ids=tokens, use_cache=False).logits
