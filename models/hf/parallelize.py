@@ -420,12 +420,10 @@ def expert_modules(model: nn.Module, ep: int) -> list[nn.Module]:
 
 def apply_hf_ep(model: nn.Module, ctx: ParallelContext) -> None:
     """Split every experts module of `model` (on meta) over the ep mesh and FSDP them over the
-    expert-FSDP mesh (titan_tpu/distributed/expert_parallel.py's layout rule)."""
+    expert-FSDP mesh (titan_tpu/distributed/expert_parallel.py's layout rule). Under tp as well the
+    tp ranks hold the same tokens (no sequence split), so each runs the same experts on them: the
+    experts are replicated over tp and `apply_hf_tp`, which runs after, leaves them alone."""
     dims = ctx.dims
-    if dims.tp_enabled:
-        raise ConfigError(
-            f"parallelism: model 'hf' takes tp ({dims.tp}) or ep ({dims.ep}), not both yet; set one of them to 1"
-        )
     experts = expert_modules(model, dims.ep)
     validate_expert_parallel(dims, experts[0].num_experts)
     for module in experts:

@@ -44,10 +44,11 @@ from worker_cases import run_cases  # noqa: E402
 # DeepSeek V3 (latent attention: its joint projection's rope part reaches the heads unsplit, so its
 # gradient is summed over tp) under TP 2 x FSDP 2; Gemma 2 also under HSDP 2 x 2; ModernBERT-decoder (truncated-normal init, which torch redraws per
 # shard) and HunYuan V4 (its init fills a slice of a copy, which DTensor has no rule for; small
-# parameters are initialised whole, titan_tpu/distributed/sharded_init.py) under FSDP 4; Mixtral and OLMoE with their experts split over ep 2 inside FSDP 4.
+# parameters are initialised whole, titan_tpu/distributed/sharded_init.py) under FSDP 4; Mixtral and OLMoE with their experts split over ep 2 inside FSDP 4; Mixtral under TP 2 x EP 2 (attention split over tp, experts over ep and replicated over tp).
 FSDP4 = ["--parallelism.dp_shard=4"]
 TP2_FSDP2 = ["--parallelism.tp=2", "--parallelism.dp_shard=2"]
 EP2_FSDP4 = ["--parallelism.ep=2", "--parallelism.dp_shard=4"]
+TP2_EP2 = ["--parallelism.tp=2", "--parallelism.dp_shard=2", "--parallelism.ep=2"]
 CASES: dict[str, tuple[str, list[str]]] = {
     "mistral_fsdp4_ac": ("MistralForCausalLM", ["--parallelism.dp_shard=4", "--activation_checkpoint.mode=full"]),
     "gemma2_hsdp2x2": ("Gemma2ForCausalLM", ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"]),
@@ -68,6 +69,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "deepseek_v3_tp2_fsdp2": ("DeepseekV3ForCausalLM", TP2_FSDP2),
     "mixtral_ep2_fsdp4": ("MixtralForCausalLM", EP2_FSDP4),
     "olmoe_ep2_fsdp4": ("OlmoeForCausalLM", EP2_FSDP4),
+    "mixtral_tp2_ep2": ("MixtralForCausalLM", TP2_EP2),
 }
 # Negative controls, each a case above with one piece of gradient bookkeeping broken, which the test
 # must tell apart (broken case -> (its case, a name its failures must mention)): Gemma 3's per-head

@@ -1,6 +1,7 @@
 """The hf family on 4 CPU processes (gloo) against 1 process: Mistral under FSDP 4 with activation
 checkpointing, Gemma 2 (tied embeddings) under HSDP 2 x 2, and seven architectures under TP 2 x
-FSDP 2 by their own transformers TP plans (hf_fsdp_worker.CASES). Each starts from the single
+FSDP 2 by their own transformers TP plans, MoE models under EP 2 and TP 2 x EP 2
+(hf_fsdp_worker.CASES). Each starts from the single
 process's weights bit for bit and trains 10 fp32 steps whose losses, gradient norms and final
 state (parameters and AdamW moments, gathered) match the single process's. Catches a
 layout-dependent init (transformers' draws on shards, a padding row zeroed through a DTensor
