@@ -5,7 +5,7 @@ test_ac_compile.py, tests/unit/test_trainer.py).
 Bugs caught: transformers' decoder layers not found as the compile / checkpoint units (the type
 checks), a compiled or recomputed layer that computes something else (a graph break that drops the
 mask, a recompute with another rotary table), and accumulation that sums micro-batch means instead of
-averaging them (the losses and the final weights would differ by the accumulation factor).
+averaging them (the gradient norms then differ by the accumulation factor: the negative control).
 """
 
 from __future__ import annotations
@@ -71,19 +71,39 @@ def test_compiled_and_checkpointed_layers_match_eager(plain, compiled: bool, mod
         torch.testing.assert_close(grad, ref_grads[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def train(tmp_path: Path, local: int, summed: bool = False) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
+    """3 steps of 4 sequences in micro-batches of `local`: per-step losses and gradient norms, final
+    weights. `summed` breaks the accumulation on purpose: each micro-batch's loss is scaled back up
+    by the accumulation count, so the step's gradient is their sum, not their mean."""
+    config = load_config(CONFIG, [f"--job.dump_folder={tmp_path / f'{local}{summed}'}", f"--training.seq_len={SEQ}",
+                                  "--training.global_batch_size=4", f"--training.local_batch_size={local}",
+                                  "--training.steps=3", "--metrics.log_freq=1", "--training.dtype=float32"])  # fmt: skip
+    trainer = Trainer(config)
+    assert trainer.grad_accum_steps == 4 // local
+    if summed:
+        mean_loss = trainer.task.loss_fn
+        trainer.task.loss_fn = lambda *args: mean_loss(*args) * trainer.grad_accum_steps
+    records = trainer.train()
+    state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    trainer.close()
+    return [r.loss for r in records], [r.grad_norm for r in records], state
+
+
 def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
-    runs = []
-    for local in (4, 1):
-        config = load_config(CONFIG, [f"--job.dump_folder={tmp_path / str(local)}", f"--training.seq_len={SEQ}",
-                                      "--training.global_batch_size=4", f"--training.local_batch_size={local}",
-                                      "--training.steps=3", "--metrics.log_freq=1", "--training.dtype=float32"])  # fmt: skip
-        trainer = Trainer(config)
-        assert trainer.grad_accum_steps == 4 // local
-        losses = [r.loss for r in trainer.train()]
-        runs.append((losses, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}))
-        trainer.close()
-    (big_losses, big_state), (accumulated_losses, accumulated_state) = runs
-    assert accumulated_losses == pytest.approx(big_losses, rel=1e-5)
-    assert accumulated_state.keys() == big_state.keys()
-    for name, value in accumulated_state.items():
+    big_losses, big_norms, big_state = train(tmp_path, 4)
+    losses, norms, state = train(tmp_path, 1)
+    assert losses == pytest.approx(big_losses, rel=1e-5)
+    # The gradient norms, before clipping: AdamW and clipping would hide a wrongly scaled gradient
+    # in the weights, the norms do not.
+    assert norms == pytest.approx(big_norms, rel=1e-5)
+    assert state.keys() == big_state.keys()
+    for name, value in state.items():
         torch.testing.assert_close(value, big_state[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_summed_accumulation_is_caught(tmp_path: Path) -> None:
+    """Negative control: micro-batch gradients summed instead of averaged fail the check above."""
+    _, big_norms, _ = train(tmp_path, 4)
+    _, norms, _ = train(tmp_path, 1, summed=True)
+    assert norms[0] == pytest.approx(4 * big_norms[0], rel=1e-4)
+    assert norms != pytest.approx(big_norms, rel=1e-5)
