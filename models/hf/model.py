@@ -154,6 +154,11 @@ def padding_rows_kept(hf: nn.Module, zeroed: set[nn.Embedding], zero_row: ZeroRo
             del owner._initialize_weights
 
 
+def is_experts_module(module: nn.Module) -> bool:
+    """transformers' fused experts (`use_experts_implementation`): weights [E, ...] for E experts."""
+    return hasattr(module, "_is_expert_parallel") and isinstance(getattr(module, "num_experts", None), int)
+
+
 class HFCausalLM(nn.Module):
     """transformers' causal LM for `args` under `self.hf`."""
 

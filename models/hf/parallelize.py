@@ -41,6 +41,7 @@ from titan_tpu.distributed.expert_parallel import (
 )
 from titan_tpu.distributed.parallel_dims import ParallelContext
 from titan_tpu.distributed.tensor_parallel import install_logits_layout
+from titan_tpu.models.hf.model import is_experts_module
 
 logger = logging.getLogger(__name__)
 
@@ -409,8 +410,7 @@ def expert_modules(model: nn.Module, ep: int) -> list[nn.Module]:
         weights = {name for name, _ in module.named_parameters(recurse=False)}
         planned = {path.rpartition(".")[2] for path, style in expanded.items()
                    if style == EXPERT_WEIGHTS and hf.get_submodule(path.rpartition(".")[0]) is module}  # fmt: skip
-        expert_parallel_ready = hasattr(module, "num_experts") and hasattr(module, "_is_expert_parallel")
-        if not set(EXPERT_INPUTS) <= names or planned != weights or not expert_parallel_ready:
+        if not set(EXPERT_INPUTS) <= names or planned != weights or not is_experts_module(module):
             raise ConfigError(
                 f"parallelism.ep = {ep}: {architecture}'s experts ({type(module).__name__}) are not the "
                 f"{'/'.join(EXPERT_INPUTS)} kind with all weights split by expert; set parallelism.ep = 1"

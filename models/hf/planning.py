@@ -25,7 +25,7 @@ from titan_tpu.models.common.decoder_activations import (
 from titan_tpu.models.common.flops import TRAINING_PASSES
 from titan_tpu.models.hf.args import HFArgs
 from titan_tpu.models.hf.flops import layer_configs
-from titan_tpu.models.hf.model import HFCausalLM
+from titan_tpu.models.hf.model import HFCausalLM, is_experts_module
 from titan_tpu.models.planning import FLOAT32, ActivationGeometry, BlockActivations, ExpertRouting
 
 # Per-head norms of queries and keys (Qwen 3, OLMo 2, Gemma 3), by their module names.
@@ -49,11 +49,6 @@ class LayerShape:
     expert_gated: bool
     top_k: int
     router_params: int
-
-
-def is_experts_module(module: nn.Module) -> bool:
-    """transformers' fused experts (`use_experts_implementation`): weights [E, ...] for E experts."""
-    return hasattr(module, "_is_expert_parallel") and isinstance(getattr(module, "num_experts", None), int)
 
 
 def _layer_shape(layer: nn.Module, config: object, dim: int, top_k: int) -> LayerShape:
