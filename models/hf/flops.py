@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from titan_tpu.models.common.flops import TRAINING_PASSES
 from titan_tpu.models.hf.args import HFArgs
@@ -28,10 +29,16 @@ class HFParamCount:
     active_non_embedding: int  # N of the convention
 
 
-@functools.lru_cache(maxsize=8)  # built on meta once per arguments: the planner's search asks per layout
-def hf_param_count(args: HFArgs) -> HFParamCount:
+@functools.lru_cache(maxsize=8)
+def meta_hf_model(args: HFArgs) -> nn.Module:
+    """transformers' model of `args` built on `meta`, once per arguments: the counts here and the
+    planner's (models/hf/planning.py) read it for every layout a search tries."""
     with torch.device("meta"):
-        model = build_hf_model(args)
+        return build_hf_model(args)
+
+
+def hf_param_count(args: HFArgs) -> HFParamCount:
+    model = meta_hf_model(args)
     # The input embedding's tables: one, or one per codebook (MusicGen's list of them).
     embedding = {id(p): p for p in model.get_input_embeddings().parameters()}
     head = model.get_output_embeddings()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from titan_tpu.models.common.decoder_activations import (
@@ -24,8 +23,8 @@ from titan_tpu.models.common.decoder_activations import (
 )
 from titan_tpu.models.common.flops import TRAINING_PASSES
 from titan_tpu.models.hf.args import HFArgs
-from titan_tpu.models.hf.flops import layer_configs
-from titan_tpu.models.hf.model import HFCausalLM, is_experts_module
+from titan_tpu.models.hf.flops import layer_configs, meta_hf_model
+from titan_tpu.models.hf.model import decoder_layers_path, is_experts_module
 from titan_tpu.models.planning import FLOAT32, ActivationGeometry, BlockActivations, ExpertRouting
 
 # Per-head norms of queries and keys (Qwen 3, OLMo 2, Gemma 3), by their module names.
@@ -87,9 +86,8 @@ def _layer_shape(layer: nn.Module, config: object, dim: int, top_k: int) -> Laye
 def layer_shapes(args: HFArgs) -> tuple[LayerShape, ...]:
     """Every decoder layer's shape, read off the model built on `meta` (once per arguments: the
     planner's search asks for each layout)."""
-    with torch.device("meta"):
-        model = HFCausalLM(args)
-    layers = model.hf.get_submodule(model.layers_path)
+    model = meta_hf_model(args)
+    layers = model.get_submodule(decoder_layers_path(model))
     top_k = int(getattr(args.text_config, "num_experts_per_tok", 0) or 0)
     return tuple(_layer_shape(layer, config, args.dim, top_k) for layer, config in zip(layers, layer_configs(args)))
 
