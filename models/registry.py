@@ -78,6 +78,9 @@ class ModelSpec:
     # A family whose arguments come from more of the [model] section than flavor and overrides (the
     # hf family reads model.hf_config / hf_architecture): [model] -> its arguments.
     args_from_section: Callable[[Any], Any] | None = None
+    # Whether `parallelize` makes the model context-parallel when parallelism.cp > 1 (splits its
+    # attention over the cp ranks' tokens: titan_tpu/distributed/context_parallel.py).
+    context_parallel: bool = False
     # The value an override set in the arguments, as the family checked it: (args, key) -> value.
     override_value: Callable[[Any, str], Any] = getattr
     # Whether the model takes our KV cache (`model(tokens, cache=..., start_pos=..., key_padding_mask=...)`,

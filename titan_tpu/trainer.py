@@ -277,10 +277,11 @@ class Trainer:
         return loss, grad_norm, items
 
     def _read_losses(self, losses: list[torch.Tensor], first_step: int) -> list[float]:
-        """The losses of steps `first_step`, `first_step + 1`, ..., averaged over data-parallel ranks:
-        one reduction and one device-to-host read. A sum over ranks is finite only when every rank's
+        """The losses of steps `first_step`, `first_step + 1`, ..., averaged over data-parallel (and
+        context-parallel) ranks: one reduction and one device-to-host read. A sum over ranks is finite only when every rank's
         loss is, so the same read stops the run at the first non-finite step."""
-        means = (sum_over(torch.stack(losses).float(), self.parallel.dp_reduce_mesh) / self.dp_world).tolist()
+        mesh, ranks = self.parallel.loss_reduce_mesh, self.parallel.loss_reduce_ranks
+        means = (sum_over(torch.stack(losses).float(), mesh) / ranks).tolist()
         for offset, value in enumerate(means):
             if not math.isfinite(value):
                 raise TrainingStopped(

@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (
 from titan_tpu.models.common.decoder import DecoderLM
 from titan_tpu.models.common.transformer import TransformerBlock
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.distributed.context_parallel import apply_context_parallel
 from titan_tpu.distributed.parallel_dims import ParallelContext
 from titan_tpu.distributed.tensor_parallel import ReplicateParallel, install_logits_layout, to_replicated_dtensor
 
@@ -162,12 +163,22 @@ def apply_decoder_tp(model: DecoderLM, tp_mesh: DeviceMesh, sequence_parallel: b
     DENSE_DECODER_TP.apply(model, tp_mesh, sequence_parallel, loss_parallel)
 
 
+def apply_decoder_cp(model: DecoderLM, cp_mesh: DeviceMesh) -> None:
+    """Context parallelism for a decoder built from `titan_tpu.models.common`: every block's attention
+    gathers keys and values over cp, and the rotary tables follow the rank's true positions."""
+    attention = [block.attention for block in model.layers.values()]
+    apply_context_parallel(attention, model.rope, cp_mesh)  # type: ignore[arg-type]
+
+
 def parallelize_dense_decoder(model: nn.Module, ctx: ParallelContext) -> nn.Module:
-    """A dense decoder family's `ModelSpec.parallelize`: tensor parallelism when tp > 1 (nothing
-    else here; activation checkpointing, compile and FSDP are applied by the generic pipeline)."""
+    """A dense decoder family's `ModelSpec.parallelize`: tensor parallelism when tp > 1 and context
+    parallelism when cp > 1 (nothing else here; activation checkpointing, compile and FSDP are
+    applied by the generic pipeline)."""
+    decoder: DecoderLM = model  # type: ignore[assignment]
+    if ctx.dims.cp_enabled:
+        apply_decoder_cp(decoder, ctx.cp_mesh)
     if not ctx.dims.tp_enabled:
         return model
-    decoder: DecoderLM = model  # type: ignore[assignment]
     args: DenseDecoderArgs = decoder.args  # type: ignore[assignment]
     sizes = {"n_heads": args.n_heads, "n_kv_heads": args.n_kv_heads, "the ffn hidden size": args.ffn_hidden_dim}
     check_tp_divisibility(sizes, ctx.dims.tp)

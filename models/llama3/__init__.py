@@ -22,6 +22,7 @@ LLAMA3_SPEC = ModelSpec(
     tp_plan=DENSE_DECODER_TP,
     block_activations=dense_decoder_activations,
     tunables=(ATTENTION, LOSS_CHUNKS),
+    context_parallel=True,
 )
 register_model(LLAMA3_SPEC)
 

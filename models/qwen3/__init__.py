@@ -25,6 +25,7 @@ QWEN3_SPEC = ModelSpec(
     tp_plan=DENSE_DECODER_TP,
     block_activations=dense_decoder_activations,
     tunables=(ATTENTION, LOSS_CHUNKS),
+    context_parallel=True,
 )
 QWEN3_MOE_SPEC = ModelSpec(
     name="qwen3_moe",

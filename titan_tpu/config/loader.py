@@ -17,6 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from titan_tpu.config.context_parallel import check_context_parallel
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import (
     ActivationCheckpointConfig,
@@ -84,6 +85,7 @@ class TrainConfig:
     def validate(self) -> None:
         for section in self.sections().values():
             section.validate()
+        check_context_parallel(self)
         if self.profiling.enable and self.profiling.start_step > self.training.steps:
             raise ConfigError(
                 f"profiling.start_step: {self.profiling.start_step} is after the run's last step "

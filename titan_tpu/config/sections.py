@@ -224,6 +224,11 @@ class ParallelismConfig:
     dp_shard: int = opt(-1, "FSDP shard degree; -1 takes every process not used by the other axes.")
     tp: int = opt(1, "Tensor-parallel degree (innermost axis, fastest links).")
     ep: int = opt(1, "Expert-parallel degree for MoE models, carved from dp_shard.")
+    cp: int = opt(
+        1,
+        "Context-parallel degree: each sample's sequence split over cp ranks (2 chunks each, balanced "
+        "for the causal mask); keys and values all-gathered in every attention layer.",
+    )
     sequence_parallel: bool = opt(True, "With tp > 1, shard norms and residuals along the sequence.")
     loss_parallel: bool = opt(False, "With tp > 1, compute the loss on vocab-sharded logits.")
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = opt(
@@ -235,7 +240,7 @@ class ParallelismConfig:
     fsdp_cpu_offload: bool = opt(False, "Keep sharded parameters and optimizer state in host memory.")
 
     def validate(self) -> None:
-        for key in ("dp_replicate", "tp", "ep"):
+        for key in ("dp_replicate", "tp", "ep", "cp"):
             value = getattr(self, key)
             require(value >= 1, f"parallelism.{key}", f"must be >= 1, got {value}")
         require(

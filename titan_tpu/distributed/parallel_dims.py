@@ -4,10 +4,14 @@ Mesh axes, outermost (least traffic) to innermost (most traffic):
 
     dp_replicate  HSDP replicas; on TPU the axis that spans slices over DCN
     dp_shard      FSDP sharding; with ep > 1 it is split into (dp_shard_mod_ep, ep)
+    cp            context parallelism (only when cp > 1): ranks holding different chunks of the
+                  same samples' sequences (titan_tpu/distributed/context_parallel.py)
     tp            tensor parallelism, innermost so it lands on the fastest links
 
 Flattened views handed out: "dp" = (dp_replicate, dp_shard) for the data loader and the loss mean,
-"dp_shard" as one axis even when ep splits it. The rank order inside the mesh comes from
+"dp_shard" as one axis even when ep splits it. With cp > 1 also "dp_shard_cp" = (dp_shard, cp), over
+which FSDP shards (the cp ranks' gradients are summed like data-parallel ones, as in TorchTitan), and
+"dp_cp" = (dp_replicate, dp_shard, cp), over which per-rank mean losses are averaged. The rank order inside the mesh comes from
 `topology.build_rank_layout` (ICI-aware on TPU, row-major elsewhere).
 """
 
@@ -33,34 +37,42 @@ class ParallelDims:
     tp: int
     ep: int
     world_size: int
+    cp: int = 1
 
     @classmethod
     def from_config(cls, cfg: ParallelismConfig, world_size: int) -> ParallelDims:
         """Resolve dp_shard = -1 to "every process the other axes leave", then validate."""
         dp_shard = cfg.dp_shard
         if dp_shard == -1:
-            others = cfg.dp_replicate * cfg.tp
+            others = cfg.dp_replicate * cfg.tp * cfg.cp
             if others <= 0 or world_size % others != 0:
+                cp_factor = f" x cp {cfg.cp}" if cfg.cp > 1 else ""
                 raise ConfigError(
-                    f"parallelism: dp_replicate {cfg.dp_replicate} x tp {cfg.tp} = {others} does not "
+                    f"parallelism: dp_replicate {cfg.dp_replicate}{cp_factor} x tp {cfg.tp} = {others} does not "
                     f"divide the {world_size} processes started, so dp_shard = -1 has no value; "
                     f"pick degrees whose product is {world_size}"
                 )
             dp_shard = world_size // others
-        dims = cls(cfg.dp_replicate, dp_shard, cfg.tp, cfg.ep, world_size)
+        dims = cls(cfg.dp_replicate, dp_shard, cfg.tp, cfg.ep, world_size, cfg.cp)
         dims.validate()
         return dims
 
     def validate(self) -> None:
-        for name in ("dp_replicate", "dp_shard", "tp", "ep"):
+        for name in ("dp_replicate", "dp_shard", "tp", "ep", "cp"):
             value = getattr(self, name)
             if value < 1:
                 raise ConfigError(f"parallelism.{name}: must be >= 1, got {value}")
-        product = self.dp_replicate * self.dp_shard * self.tp
+        product = self.dp_replicate * self.dp_shard * self.cp * self.tp
         if product != self.world_size:
+            cp_factor = f"cp {self.cp} x " if self.cp_enabled else ""
             raise ConfigError(
                 f"parallelism: dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x "
-                f"tp {self.tp} = {product}, but {self.world_size} processes were started"
+                f"{cp_factor}tp {self.tp} = {product}, but {self.world_size} processes were started"
+            )
+        if self.cp_enabled and self.ep_enabled:
+            raise ConfigError(
+                f"parallelism.ep: expert parallelism is not supported with parallelism.cp = {self.cp} yet; "
+                "set parallelism.cp = 1"
             )
         if self.dp_shard % self.ep != 0:
             raise ConfigError(
@@ -75,8 +87,14 @@ class ParallelDims:
 
     @property
     def fsdp_enabled(self) -> bool:
-        """FSDP (or HSDP, or replication through fully_shard) is applied whenever dp > 1."""
-        return self.dp > 1
+        """FSDP (or HSDP, or replication through fully_shard) is applied whenever dp > 1, or cp > 1:
+        the cp ranks' gradients must be summed like data-parallel ones."""
+        return self.dp * self.cp > 1
+
+    @property
+    def fsdp_shards(self) -> int:
+        """How many ways FSDP splits a parameter: dp_shard, times cp (the cp ranks shard too)."""
+        return self.dp_shard * self.cp
 
     @property
     def hsdp_enabled(self) -> bool:
@@ -91,6 +109,10 @@ class ParallelDims:
         return self.ep > 1
 
     @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+    @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
 
@@ -99,19 +121,24 @@ class ParallelDims:
         if self.ep_enabled:
             names = ("dp_replicate", "dp_shard_mod_ep", "ep", "tp")
             sizes = (self.dp_replicate, self.dp_shard // self.ep, self.ep, self.tp)
+        elif self.cp_enabled:
+            names = ("dp_replicate", "dp_shard", "cp", "tp")
+            sizes = (self.dp_replicate, self.dp_shard, self.cp, self.tp)
         else:
             names = ("dp_replicate", "dp_shard", "tp")
             sizes = (self.dp_replicate, self.dp_shard, self.tp)
         return names, sizes
 
     def describe(self) -> str:
-        text = f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x tp {self.tp}"
+        cp_factor = f"cp {self.cp} x " if self.cp_enabled else ""
+        text = f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x {cp_factor}tp {self.tp}"
         return text + (f" (ep {self.ep} inside dp_shard)" if self.ep_enabled else "")
 
     def build_meshes(self, device_type: str, rank_layout: np.ndarray | None = None) -> dict[str, DeviceMesh]:
         """The named world mesh and its sub-meshes, by name: "world", every axis name, "dp",
         "dp_shard" (flattened when ep splits it) and "fsdp" (what `fully_shard` takes: 1-D dp_shard,
-        or 2-D (dp_replicate, dp_shard) for HSDP / replication).
+        or 2-D (dp_replicate, dp_shard) for HSDP / replication; with cp > 1 dp_shard_cp takes
+        dp_shard's place), and with cp > 1 "dp_shard_cp" and "dp_cp".
 
         `rank_layout` has the mesh shape and holds global ranks (the ICI-aware order from
         `topology.build_rank_layout`); None means row-major. Every rank must call this (it creates groups).
@@ -138,6 +165,16 @@ class ParallelDims:
                 )
             else:
                 meshes["fsdp"] = meshes["dp_shard"]
+        elif self.cp_enabled:
+            meshes["dp"] = world["dp_replicate", "dp_shard"]._flatten("dp")
+            meshes["dp_shard_cp"] = world["dp_shard", "cp"]._flatten("dp_shard_cp")
+            meshes["dp_cp"] = world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+            if self.dp_replicate > 1:
+                meshes["fsdp"] = meshes["dp_cp"]._unflatten(
+                    0, (self.dp_replicate, self.fsdp_shards), ("dp_replicate", "dp_shard_cp")
+                )
+            else:
+                meshes["fsdp"] = meshes["dp_shard_cp"]
         else:
             meshes["dp"] = world["dp_replicate", "dp_shard"]._flatten("dp")
             meshes["fsdp"] = world["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else world["dp_shard"]
@@ -186,6 +223,24 @@ class ParallelContext:
     @property
     def fsdp_mesh(self) -> DeviceMesh:
         return self.mesh("fsdp")
+
+    @property
+    def cp_mesh(self) -> DeviceMesh:
+        return self.mesh("cp")
+
+    @property
+    def loss_reduce_mesh(self) -> DeviceMesh | None:
+        """The mesh over which per-rank mean losses are averaged: the data-parallel ranks and, with
+        cp > 1, the cp ranks (each holds an equal share of different tokens of the same samples, so
+        the mean of their means is the mean over the samples' tokens). None with nothing to reduce."""
+        if not self.dims.cp_enabled:
+            return self.dp_reduce_mesh
+        return self.mesh("dp_cp")
+
+    @property
+    def loss_reduce_ranks(self) -> int:
+        """How many ranks' mean losses `loss_reduce_mesh` sums."""
+        return self.dims.dp * self.dims.cp
 
     @property
     def loss_parallel_enabled(self) -> bool:

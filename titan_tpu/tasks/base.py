@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from titan_tpu.config.errors import ConfigError
 from titan_tpu.models.common.attention_kernels import AttentionKernel, SdpaAttention
 
 if TYPE_CHECKING:
@@ -93,9 +94,18 @@ class TrainingTask(ABC):
     # The loss is the model family's chunked cross-entropy (`ModelSpec.loss_fn`), whose chunk the run
     # measures; other tasks' losses leave it at its default and the measurement is skipped.
     chunked_loss: bool = False
+    # Whether the task splits each sample's sequence over the cp ranks (parallelism.cp > 1);
+    # a task that does not is refused rather than run with every cp rank training whole rows.
+    context_parallel: bool = False
 
     def __init__(self, ctx: TaskContext) -> None:
         self.ctx = ctx
+        cp = ctx.parallel.dims.cp
+        if cp > 1 and not self.context_parallel:
+            raise ConfigError(
+                f"parallelism.cp = {cp}: the {type(self).__name__} does not split sequences over cp ranks "
+                "(language-model pretraining does); set parallelism.cp = 1"
+            )
 
     def model_args(self, args: Any) -> Any:
         return args

@@ -18,6 +18,7 @@ from titan_tpu.data.documents import DocumentSource
 from titan_tpu.data.loader import PackedDataset, build_dataloader, build_source, stateful_loader
 from titan_tpu.data.packing import BlockStart
 from titan_tpu.data.tokenizer import Tokenizer, build_tokenizer
+from titan_tpu.distributed.context_parallel import split_for_rank
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.validation import (
     held_out_loss,
@@ -80,6 +81,7 @@ class LanguageModelTask(TrainingTask):
 
     unit = "tokens"
     chunked_loss = True
+    context_parallel = True
 
     def __init__(self, ctx: TaskContext) -> None:
         super().__init__(ctx)
@@ -97,6 +99,12 @@ class LanguageModelTask(TrainingTask):
                 "language_model task reads held-out text from 'files' or 'huggingface' (validation.path)"
             )
         self.validation_source: DocumentSource | None = None
+        dims = ctx.parallel.dims
+        if dims.cp_enabled and not ctx.spec.context_parallel:
+            raise ConfigError(
+                f"parallelism.cp = {dims.cp}: model {ctx.spec.name} has no context-parallel attention "
+                "(llama3 and qwen3 have); set parallelism.cp = 1"
+            )
         if config.data.document_mask and not ctx.spec.separates_documents:
             raise ConfigError(
                 f"data.document_mask: model {ctx.spec.name} attends across packed documents (it takes no "
@@ -179,11 +187,18 @@ class LanguageModelTask(TrainingTask):
         device = self.ctx.device
         input_ids = batch["input_ids"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True)
+        # Every process of a model-parallel group counts the whole rows (the trainer divides by the
+        # group's size): with cp > 1 each trains its share of them.
+        items = labels.numel()
+        if self.ctx.parallel.dims.cp_enabled:
+            cp_mesh = self.ctx.parallel.cp_mesh
+            cp, cp_rank = cp_mesh.size(), cp_mesh.get_local_rank()
+            input_ids, labels = split_for_rank(input_ids, cp, cp_rank), split_for_rank(labels, cp, cp_rank)
         if self.ctx.config.data.document_mask:
             output = model(input_ids, document_ids=documents_after_eos(input_ids, self.tokenizer.eos_id))
         else:
             output = model(input_ids)
-        return TaskLoss(self.loss_fn(output, labels, self.loss_chunk_elements), items=labels.numel())
+        return TaskLoss(self.loss_fn(output, labels, self.loss_chunk_elements), items=items)
 
     def flops_per_item(self) -> float:
         return self.ctx.spec.flops_per_token(self.args, self.seq_len)
