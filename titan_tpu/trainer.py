@@ -278,8 +278,9 @@ class Trainer:
 
     def _read_losses(self, losses: list[torch.Tensor], first_step: int) -> list[float]:
         """The losses of steps `first_step`, `first_step + 1`, ..., averaged over data-parallel (and
-        context-parallel) ranks: one reduction and one device-to-host read. A sum over ranks is finite only when every rank's
-        loss is, so the same read stops the run at the first non-finite step."""
+        context-parallel) ranks: one reduction and one device-to-host read. A sum over ranks is
+        finite only when every rank's loss is, so the same read stops the run at the first
+        non-finite step."""
         mesh, ranks = self.parallel.loss_reduce_mesh, self.parallel.loss_reduce_ranks
         means = (sum_over(torch.stack(losses).float(), mesh) / ranks).tolist()
         for offset, value in enumerate(means):

@@ -6,10 +6,10 @@ Cases, run in order on the same processes:
     outputs and input gradients (joined back into sequence order) and the weight gradients (summed
     over the ranks, as FSDP sums them);
   - a layout of LAYOUTS (CP 2; CP 2 x FSDP 2 with compiled blocks; CP 2 x replicate 2 (HSDP);
-    CP 2 x TP 2 with activation checkpointing): a real `Trainer` on the Llama 3 debug model (the parallelism suite's 10 fp32
-    steps, parallel_worker.layout_run) whose run (per-step loss and gradient norm, gathered final
-    parameters and AdamW state) is saved to OUT's folder/<layout>.pt for the test to compare with a
-    single process;
+    CP 2 x TP 2 with activation checkpointing): a real `Trainer` on the Llama 3 debug model (the
+    parallelism suite's 10 fp32 steps, parallel_worker.layout_run) whose run (per-step loss and
+    gradient norm, gathered final parameters and AdamW state) is saved to OUT's
+    folder/<layout>.pt for the test to compare with a single process;
   - UNBALANCED_MASK: the CP 2 layout with each rank's causal mask built from contiguous positions
     (rank r holding tokens r*S/2 .. (r+1)*S/2 - 1) while the data and rotary tables keep the
     balanced chunks: the negative control the parity comparison must reject.

@@ -33,7 +33,10 @@ from parallel_worker import STEPS  # noqa: E402
 from parity import RunResult, assert_matches_single_process, compare  # noqa: E402
 
 pytestmark = pytest.mark.slow
-LAUNCHES = {2: ["attention", "cp2", worker.UNBALANCED_MASK], 4: ["attention", "cp2_fsdp2", "cp2_replicate2", "cp2_tp2_ac"]}
+LAUNCHES = {
+    2: ["attention", "cp2", worker.UNBALANCED_MASK],
+    4: ["attention", "cp2_fsdp2", "cp2_replicate2", "cp2_tp2_ac"],
+}
 
 
 @pytest.fixture(scope="module")

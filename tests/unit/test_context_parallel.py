@@ -134,7 +134,10 @@ def test_meshes_with_context_parallel(fake_world: int) -> None:
         (["--training.seq_len=30"], "training.seq_len 30 is not a multiple of 4"),
         (["--parallelism.ep=2"], "parallelism.ep: expert parallelism is not supported"),
         (["--data.document_mask=true"], "data.document_mask: packed-document masking is not supported"),
-        (["--validation.enable=true", "--validation.path=held_out.jsonl"], "validation.enable: the held-out evaluation is not supported"),
+        (
+            ["--validation.enable=true", "--validation.path=held_out.jsonl"],
+            "validation.enable: the held-out evaluation is not supported",
+        ),
         (["--parallelism.cp=0"], "parallelism.cp: must be >= 1, got 0"),
     ],
 )

@@ -12,8 +12,9 @@ Attention. Everything in the model but attention is per token, so it runs unchan
 backward reduce-scatters, i.e. sums, the gradients every rank's queries sent to each key), and
 computes the rank's queries against all S keys under the causal mask of their true positions
 (SDPA with an explicit [S / cp, S] mask, whatever kernel the run chose for whole sequences; kv
-heads shared with their query groups by SDPA's `enable_gqa`, as in the model's masked path). The rotary tables are read at the true positions too. Memory per rank: the
-gathered K/V of one layer at a time (2 x S x kv heads x head_dim), and the mask.
+heads shared with their query groups by SDPA's `enable_gqa`, as in the model's masked path). The
+rotary tables are read at the true positions too. Memory per rank: the gathered K/V of one layer at
+a time (2 x S x kv heads x head_dim), and the mask.
 
 Gradients. A rank's loss is the mean over its tokens; cp ranks hold equal shares of the same
 samples, so the mean of their means is the sample mean, and FSDP, which shards over dp_shard x cp

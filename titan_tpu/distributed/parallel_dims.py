@@ -11,7 +11,8 @@ Mesh axes, outermost (least traffic) to innermost (most traffic):
 Flattened views handed out: "dp" = (dp_replicate, dp_shard) for the data loader and the loss mean,
 "dp_shard" as one axis even when ep splits it. With cp > 1 also "dp_shard_cp" = (dp_shard, cp), over
 which FSDP shards (the cp ranks' gradients are summed like data-parallel ones, as in TorchTitan), and
-"dp_cp" = (dp_replicate, dp_shard, cp), over which per-rank mean losses are averaged. The rank order inside the mesh comes from
+"dp_cp" = (dp_replicate, dp_shard, cp), over which per-rank mean losses are averaged. The rank order
+inside the mesh comes from
 `topology.build_rank_layout` (ICI-aware on TPU, row-major elsewhere).
 """
 
