@@ -35,6 +35,8 @@ class KernelShape:
     eager_loss: bool = True
     # The TPU's splash attention op, when the device has it (the device layer hands it in).
     splash_op: Callable[..., torch.Tensor] | None = None
+    # The TPU's ragged grouped matmul (torch.tpu.ops.ragged_dot), handed in the same way.
+    ragged_dot_op: Callable[..., torch.Tensor] | None = None
 
 
 # run(value, dtype) -> the output and the input gradients of one forward and backward, with `value`
@@ -53,7 +55,10 @@ class Tunable:
     correctness check runs at. `float32_inputs_under_autocast`: in an autocast run the inputs arrive
     in float32 (the experts read the residual stream's norm), not in the compute dtype (attention
     reads the projections' autocast outputs); the measurement hands them over as the run would. `key(args, shape)`: the facts the best choice depends on (the cache
-    key, with the device's).
+    key, with the device's). `bind_device_op(args, shape)`: for a field whose value runs an op of the
+    device (a string naming it in the config), `args` with that op from `shape` put beside it, or a
+    ValueError (one line) when the value asks for an op this device lacks; applied to the value the
+    config forced and to the one measured alike.
     """
 
     field: str
@@ -69,6 +74,7 @@ class Tunable:
     # The name of the value the field holds: what the log says a config forced.
     name_of: Callable[[Any], str]
     float32_inputs_under_autocast: bool = False
+    bind_device_op: Callable[[Any, KernelShape], Any] | None = None
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

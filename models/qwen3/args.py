@@ -6,13 +6,14 @@ embeddings for 0.6B / 1.7B / 4B. The MoE sizes route every token to `top_k` of `
 every layer (no dense-only layers), with the top-k weights renormalised (`norm_topk_prob`).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from titan_tpu.models.common.decoder_args import DecoderArgs
 
 # How the experts' matmuls run; see `titan_tpu.models.qwen3.moe.GroupedExperts`.
-ExpertImpl = Literal["auto", "grouped_mm", "padded_bmm", "loop"]
+ExpertImpl = Literal["auto", "grouped_mm", "padded_bmm", "loop", "ragged_dot"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,9 @@ class Qwen3MoeArgs(Qwen3Args):
 
     router_aux_loss_coef weights the load-balancing loss in the training loss (transformers' default
     and the published value is 0.001). expert_impl picks how expert matmuls run; every choice computes
-    the same function ("loop" is the simple reference).
+    the same function ("loop" is the simple reference). ragged_dot_op is the device's grouped matmul
+    that expert_impl "ragged_dot" runs (TorchTPU's `torch.tpu.ops.ragged_dot`), handed in by the run
+    on TPU, never set in a config.
     """
 
     num_experts: int = 128
@@ -48,6 +51,7 @@ class Qwen3MoeArgs(Qwen3Args):
     norm_topk_prob: bool = True
     router_aux_loss_coef: float = 0.001
     expert_impl: ExpertImpl = "auto"
+    ragged_dot_op: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

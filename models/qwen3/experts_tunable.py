@@ -1,7 +1,7 @@
 """How the experts' matmuls run (`GroupedExperts`' impl) as a measured choice (see
-models/common/tunable.py): padded batched matmuls, the ragged grouped matmul where it runs, or the
-per-expert loop. Which wins depends on the device, the dtype, the expert widths and how evenly
-tokens spread over the experts.
+models/common/tunable.py): padded batched matmuls, the ragged grouped matmul where it runs (and
+TorchTPU's ragged_dot on TPU), or the per-expert loop. Which wins depends on the device, the dtype,
+the expert widths and how evenly tokens spread over the experts.
 """
 
 from __future__ import annotations
@@ -32,7 +32,22 @@ def _candidates(args: Any, shape: KernelShape) -> dict[str, str]:
     aligned = all(width * 2 % 16 == 0 for width in (dim, hidden))
     if shape.dtype == torch.bfloat16 and aligned:
         names.append("grouped_mm")
+    # TorchTPU's ragged grouped matmul, as attention's splash kernel: a candidate on TPU only.
+    if shape.device.type == "tpu" and shape.ragged_dot_op is not None:
+        names.append("ragged_dot")
     return {name: name for name in names}
+
+
+def _bind_ragged_dot(args: Any, shape: KernelShape) -> Any:
+    """`args` with the device's ragged_dot op when expert_impl names it; refused off TPU."""
+    if args.expert_impl != "ragged_dot":
+        return args
+    if shape.ragged_dot_op is None:
+        raise ValueError(
+            f"model.overrides.expert_impl = 'ragged_dot' runs TorchTPU's torch.tpu.ops.ragged_dot, which "
+            f"this {shape.device.type} run does not have; use auto, grouped_mm, padded_bmm or loop"
+        )
+    return dataclasses.replace(args, ragged_dot_op=shape.ragged_dot_op)
 
 
 def _tokens(args: Any, shape: KernelShape) -> int:
@@ -52,7 +67,7 @@ def _workload(args: Any, shape: KernelShape) -> KernelRun:
     choices = torch.multinomial(shares, rows, replacement=True, generator=generator)
     counts = torch.bincount(choices, minlength=experts)
     x = torch.randn(rows, dim, generator=generator)
-    module = GroupedExperts(dim, hidden, experts, "loop")
+    module = GroupedExperts(dim, hidden, experts, "loop", ragged_dot_op=shape.ragged_dot_op)
     weights = {name: torch.randn(p.shape, generator=generator) * 0.02 for name, p in module.named_parameters()}
     device_counts = counts.to(shape.device)
 
@@ -89,4 +104,5 @@ EXPERTS = Tunable(
     config_override=lambda name: f"--model.overrides.expert_impl={name}",
     name_of=lambda args: args.expert_impl,
     float32_inputs_under_autocast=True,
+    bind_device_op=_bind_ragged_dot,
 )

@@ -44,6 +44,7 @@ def build_qwen3_block(args: Qwen3Args, layer_id: int) -> TransformerBlock:
             top_k=args.top_k,
             norm_topk_prob=args.norm_topk_prob,
             impl=args.expert_impl,
+            ragged_dot_op=args.ragged_dot_op,
         )
         return decoder_block(args, layer_id, moe, MoETransformerBlock)
     return decoder_block(args, layer_id, FeedForward(args.dim, args.ffn_hidden_dim))

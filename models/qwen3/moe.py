@@ -23,6 +23,7 @@ It is not the mean of per-layer losses, so each layer returns its (C, P) and the
 (how its gradient reaches each layer: `titan_tpu.models.qwen3.model._AuxLossGradient`).
 """
 
+from collections.abc import Callable
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -118,7 +119,11 @@ class GroupedExperts(nn.Module):
       the padding (max_run - run) but is one batched matmul everywhere; the CPU default.
     - "loop": a Python loop over experts with plain matmuls: the reference, and what FLOP counting
       uses (FlopCounterMode sees no FLOPs in `_grouped_mm` and counts bmm padding as work).
-    - "auto": grouped_mm on CUDA in bf16, padded_bmm elsewhere.
+    - "ragged_dot": the device's ragged grouped matmul `ragged_dot_op(lhs [N, D], rhs [E, D, H],
+      group_sizes [E]) -> [N, H]` (TorchTPU's `torch.tpu.ops.ragged_dot`, differentiable in lhs and
+      rhs), three calls over the runs as they are: no padding. Only where the run hands the op in.
+    - "auto": grouped_mm on CUDA in bf16, padded_bmm elsewhere (a run measures it instead:
+      experts_tunable.py, where ragged_dot is a candidate on TPU).
 
     Run lengths are data-dependent (and under expert parallelism, hooks around this module exchange
     tokens with host-side split sizes), so torch.compile takes only `swiglu`, the matmuls.
@@ -126,10 +131,18 @@ class GroupedExperts(nn.Module):
 
     compile_children: ClassVar[tuple[str, ...]] = ("swiglu",)
 
-    def __init__(self, dim: int, hidden_dim: int, num_experts: int, impl: ExpertImpl) -> None:
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        num_experts: int,
+        impl: ExpertImpl,
+        ragged_dot_op: Callable[..., torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.impl: ExpertImpl = impl
+        self.ragged_dot_op = ragged_dot_op
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
         self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
@@ -153,6 +166,13 @@ class GroupedExperts(nn.Module):
             return _loop(x, counts, w1, w2, w3)
         if impl == "grouped_mm":
             return _grouped_mm(x, counts, w1, w2, w3, self.swiglu)
+        if impl == "ragged_dot":
+            if self.ragged_dot_op is None:
+                raise ValueError(
+                    "GroupedExperts: impl 'ragged_dot' needs the device's ragged_dot op (TorchTPU's, handed "
+                    "in on TPU); use auto, grouped_mm, padded_bmm or loop"
+                )
+            return _ragged_dot(x, counts, w1, w2, w3, self.ragged_dot_op)
         return _padded_bmm(x, counts, w1, w2, w3, self.swiglu)
 
     def extra_repr(self) -> str:
@@ -181,6 +201,24 @@ def _grouped_mm(
     dtype = autocast_dtype(x) or x.dtype
     x, w1, w2, w3 = (t.to(dtype) for t in (x, w1, w2, w3))
     return swiglu(x, w1, w2, w3, offsets=torch.cumsum(counts, dim=0, dtype=torch.int32))
+
+
+def _ragged_dot(
+    x: torch.Tensor,
+    counts: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    ragged_dot: Callable[..., torch.Tensor],
+) -> torch.Tensor:
+    # The op's rhs is [E, in, out]: the experts' (out, in) slices, transposed. Cast by hand, as for
+    # _grouped_mm: the op is on no autocast list. Group sizes in int32, the type XLA's ragged dot takes.
+    dtype = autocast_dtype(x) or x.dtype
+    x, w1, w2, w3 = (t.to(dtype) for t in (x, w1, w2, w3))
+    sizes = counts.to(torch.int32)
+    gate = ragged_dot(lhs=x, rhs=w1.transpose(-2, -1), group_sizes=sizes)
+    up = ragged_dot(lhs=x, rhs=w3.transpose(-2, -1), group_sizes=sizes)
+    return ragged_dot(lhs=F.silu(gate) * up, rhs=w2.transpose(-2, -1), group_sizes=sizes)
 
 
 def _bucket(rows: int) -> int:
@@ -232,12 +270,13 @@ class MoEFeedForward(nn.Module):
         top_k: int,
         norm_topk_prob: bool,
         impl: ExpertImpl,
+        ragged_dot_op: Callable[..., torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.top_k = top_k
         self.router = TopKRouter(dim, num_experts, top_k, norm_topk_prob)
-        self.experts = GroupedExperts(dim, hidden_dim, num_experts, impl)
+        self.experts = GroupedExperts(dim, hidden_dim, num_experts, impl, ragged_dot_op)
 
     def init_weights(self, out_init_std: float) -> None:
         trunc_normal_std_(self.router.gate.weight, 0.02)

@@ -8,7 +8,8 @@ host with chips, renames PrivateUse1 to "tpu", registers `torch.tpu` and the pro
 (`tpu_runtime`), since no chip can be seen there. Its own `torch.tpu.device_count()`, `is_available()`, `set_device()`,
 `synchronize()` and `current_device()` are internal to PyTorch and raise when user code calls them.
 From `torch.tpu` this module calls only `get_device_name` and `get_device_properties` (public,
-marked experimental), through `torch.get_device_module`, and hands out `torch.tpu.ops.splash_sdpa`.
+marked experimental), through `torch.get_device_module`, and hands out `torch.tpu.ops.splash_sdpa` and
+`torch.tpu.ops.ragged_dot`.
 """
 
 from __future__ import annotations
@@ -162,6 +163,11 @@ class Device:
         if self.type != "tpu" or importlib.util.find_spec("jax") is None:
             return None
         return torch_tpu_function("torch.tpu.ops.splash_sdpa")
+
+    def ragged_dot_op(self) -> Callable[..., Any] | None:
+        """TorchTPU's ragged grouped matmul (`torch.tpu.ops.ragged_dot`, the MoE experts' matmul
+        without padding) on TPU, else None."""
+        return torch_tpu_function("torch.tpu.ops.ragged_dot") if self.type == "tpu" else None
 
     def reset_peak_memory(self) -> None:
         """Start a new window for `peak_memory_gib`."""
