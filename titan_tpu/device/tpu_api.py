@@ -32,6 +32,20 @@ TORCH_TPU_CALLS: dict[str, tuple[str, ...]] = {
         "block_dkv",
         "block_kv_dkv_compute",
     ),
+    # The MoE experts' grouped matmul over ragged runs, differentiable in lhs and rhs (so its weight
+    # gradient op is not called); models/qwen3/moe.py `_ragged_dot`.
+    "torch.tpu.ops.ragged_dot": ("lhs", "rhs", "group_sizes"),
+    # Expert parallelism's token exchange, differentiable in operand;
+    # titan_tpu/distributed/ragged_exchange.py.
+    "torch.tpu.ops.ragged_all_to_all": (
+        "operand",
+        "output",
+        "input_offsets",
+        "send_sizes",
+        "output_offsets",
+        "recv_sizes",
+        "process_group_name",
+    ),
     # Rank layout of the device mesh on the chips' interconnect (dp_replicate over DCN).
     "torch.tpu.distributed.topology_aware_mesh": ("mesh_shape", "dcn_mesh_shape", "allow_split_physical_axes"),
     # Device-trace options of torch.profiler on TPU (a class); titan_tpu/device/tracing.py.

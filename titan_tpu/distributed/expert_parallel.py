@@ -26,7 +26,9 @@ tp rank routes the same tokens and computes the same outputs (so router and expe
 across tp without a reduction), and the output is re-sharded along the sequence for the residual.
 
 The model code knows none of this: `GroupedExperts(x_sorted, counts)` is wrapped by a forward
-pre-hook (dispatch) and a forward hook (combine) installed here.
+pre-hook (dispatch) and a forward hook (combine) installed here. On TPU the two exchanges are
+TorchTPU's ragged all-to-all (ragged_exchange.py, no host-side split sizes); elsewhere
+`all_to_all_single`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.device.tpu_api import torch_tpu_function
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
+from titan_tpu.distributed.ragged_exchange import RaggedExchange
 
 LAYOUT_RULE = (
     "expert parallelism is carved from dp_shard (dp_shard = dp_shard_mod_ep x ep); ep must divide "
@@ -121,26 +125,30 @@ class ScatterRows(torch.autograd.Function):
 
 
 class _Dispatch:
-    """The all-to-all pair around one experts module. State from the dispatch (split sizes and the
-    regrouping permutation) is kept here until the matching combine; activation-checkpoint recompute
-    runs the pair again in the same order, so one slot suffices."""
+    """The all-to-all pair around one experts module. State from the dispatch (how to send the
+    results back, and the regrouping permutation) is kept here until the matching combine;
+    activation-checkpoint recompute runs the pair again in the same order, so one slot suffices.
 
-    def __init__(self, ep_mesh: DeviceMesh, num_experts: int) -> None:
+    `ragged_all_to_all`: the device's ragged exchange (TorchTPU's on TPU, see ragged_exchange.py),
+    or None for `all_to_all_single` with host-side split sizes."""
+
+    def __init__(
+        self, ep_mesh: DeviceMesh, num_experts: int, ragged_all_to_all: Callable[..., torch.Tensor] | None
+    ) -> None:
         self.mesh = ep_mesh
         self.group = ep_mesh.get_group()
         self.ep = ep_mesh.size()
         self.local_experts = num_experts // self.ep
-        self.state: tuple[list[int], list[int], torch.Tensor] | None = None
+        self.ragged_all_to_all = ragged_all_to_all
+        self.state: tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor] | None = None
 
     def dispatch(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         x, counts = args
         # counts [E] of this rank's tokens per global expert; experts e*L .. (e+1)*L-1 live on ep rank e.
-        received = torch.empty_like(counts)
-        dist.all_to_all_single(received, counts, group=self.group)
-        sent_per_rank = counts.view(self.ep, self.local_experts).sum(1).tolist()
-        received_matrix = received.view(self.ep, self.local_experts)  # [source rank, local expert]
-        received_per_rank = received_matrix.sum(1).tolist()
-        routed = all_to_all_single_autograd(x, received_per_rank, sent_per_rank, group=self.group)
+        if self.ragged_all_to_all is None:
+            routed, received_matrix, send_back = self._exchange_split(x, counts)
+        else:
+            routed, received_matrix, send_back = self._exchange_ragged(x, counts, self.ragged_all_to_all)
         # Arrived ordered by (source rank, local expert); the experts want (local expert, source).
         expert_of_row = torch.repeat_interleave(
             torch.arange(self.local_experts, device=x.device).repeat(self.ep),
@@ -148,19 +156,50 @@ class _Dispatch:
             output_size=routed.shape[0],
         )
         order = torch.argsort(expert_of_row, stable=True)
-        self.state = (sent_per_rank, received_per_rank, order)
+        self.state = (send_back, order)
         # Undo, for the tokens, the 1/ep the combine puts on the experts' gradients (module doc).
         tokens = ScaleGrad.apply(routed[order], float(self.ep))
         return tokens, received_matrix.sum(0)
 
+    def _exchange_split(
+        self, x: torch.Tensor, counts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=self.group)
+        sent_per_rank = counts.view(self.ep, self.local_experts).sum(1).tolist()
+        received_matrix = received.view(self.ep, self.local_experts)  # [source rank, local expert]
+        received_per_rank = received_matrix.sum(1).tolist()
+        routed = all_to_all_single_autograd(x, received_per_rank, sent_per_rank, group=self.group)
+
+        def send_back(rows: torch.Tensor) -> torch.Tensor:
+            return all_to_all_single_autograd(rows, sent_per_rank, received_per_rank, group=self.group)
+
+        return routed, received_matrix, send_back
+
+    def _exchange_ragged(
+        self, x: torch.Tensor, counts: torch.Tensor, op: Callable[..., torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+        # Every rank's counts: the op's output offsets are the receiver's rows as seen by the sender.
+        every_rank = counts.new_empty(self.ep * counts.shape[0])
+        _all_gather_rows(every_rank, counts.contiguous(), group=self.group)
+        exchange = RaggedExchange.from_counts(
+            every_rank.view(self.ep, -1), dist.get_rank(self.group), self.group.group_name
+        )
+        return exchange.dispatch(x, op), exchange.received_matrix, lambda rows: exchange.combine(rows, op)
+
     def combine(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         if self.state is None:
             raise RuntimeError("expert-parallel combine without a dispatch")
-        sent_per_rank, received_per_rank, order = self.state
+        send_back, order = self.state
         self.state = None
         output = ScaleGrad.apply(output, 1.0 / self.ep)
         by_source = torch.empty_like(output).index_copy(0, order, output)
-        return all_to_all_single_autograd(by_source, sent_per_rank, received_per_rank, group=self.group)
+        return send_back(by_source)
+
+
+def tpu_ragged_all_to_all(ep_mesh: DeviceMesh) -> Callable[..., torch.Tensor] | None:
+    """TorchTPU's ragged all-to-all when the ep mesh is on TPU, else None (the all-to-all path)."""
+    return torch_tpu_function("torch.tpu.ops.ragged_all_to_all") if ep_mesh.device_type == "tpu" else None
 
 
 def moe_layers(model: nn.Module) -> list[nn.Module]:
@@ -168,16 +207,19 @@ def moe_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if hasattr(m, "router") and hasattr(m, "experts")]
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
-    """Shard every MoE layer's experts over `ep_mesh` (dim 0) and wrap them with dispatch / combine.
-    Call on the `meta` model, before FSDP."""
+def apply_expert_parallel(
+    model: nn.Module, ep_mesh: DeviceMesh, ragged_all_to_all: Callable[..., torch.Tensor] | None = None
+) -> None:
+    """Shard every MoE layer's experts over `ep_mesh` (dim 0) and wrap them with dispatch / combine,
+    which exchange tokens through `ragged_all_to_all` when given (see `_Dispatch`). Call on the
+    `meta` model, before FSDP."""
     for moe in moe_layers(model):
         experts = moe.experts
         num_experts = experts.num_experts
         for name, param in list(experts.named_parameters(recurse=False)):
             sharded = nn.Parameter(distribute_tensor(param.data, ep_mesh, [Shard(0)]))
             experts.register_parameter(name, sharded)
-        hooks = _Dispatch(ep_mesh, num_experts)
+        hooks = _Dispatch(ep_mesh, num_experts, ragged_all_to_all)
         experts.register_forward_pre_hook(hooks.dispatch)
         experts.register_forward_hook(hooks.combine)
 
@@ -263,5 +305,5 @@ def parallelize_moe(model: nn.Module, ctx: ParallelContext, num_experts: int) ->
     validate_expert_parallel(dims, num_experts)
     if not dims.ep_enabled:
         return
-    apply_expert_parallel(model, ctx.ep_mesh)
+    apply_expert_parallel(model, ctx.ep_mesh, tpu_ragged_all_to_all(ctx.ep_mesh))
     apply_expert_fsdp(model, ctx)
