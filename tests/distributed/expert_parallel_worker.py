@@ -13,18 +13,24 @@ One launch runs, on the same 4 processes:
   3. the negative control: EP 2 x FSDP 2 with the experts' weight gradients scaled by ep, as if
      the 1/ep correction were missing; the test requires the same comparison to fail for it;
   4. EP 2 x FSDP 2 again in bfloat16: it must train, gather the experts in bf16 (the run's FSDP
-     policy) and stay near the float32 losses.
+     policy) and stay near the float32 losses;
+  5. EP 2 x FSDP 2 on TorchTPU's MoE path (experts through ragged_dot, tokens through
+     ragged_all_to_all) with the CPU references of both ops (tests/ragged_reference.py) plugged in
+     where the run looks the TPU's up; the test compares it with the all-to-all path's run.
 Rank 0 writes OUT (JSON) and OUT's folder/<layout>.pt. `reference()` is the single-process side, run by
 the test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -37,7 +43,10 @@ if str(ROOT) not in sys.path:
 
 from titan_tpu.models.qwen3.moe import MoEFeedForward  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
+from titan_tpu.device.select import Device  # noqa: E402
+from titan_tpu.distributed import expert_parallel  # noqa: E402
 from titan_tpu.distributed.expert_parallel import ScaleGrad, apply_expert_parallel  # noqa: E402
+from tests.ragged_reference import GlooRaggedAllToAll, ragged_dot  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
 from parallel_worker import layout_run, single_process_init  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
@@ -69,6 +78,11 @@ MISSCALED_LAYOUT = ("ep2_fsdp2_missing_1_over_ep", ["--parallelism.dp_shard=4", 
 # Not a parity layout: bf16 compute, compared loosely with the float32 ep2_fsdp2 run.
 BF16_LAYOUT = (
     "ep2_fsdp2_bf16", ["--parallelism.dp_shard=4", "--parallelism.ep=2", "--training.dtype=bfloat16"]
+)
+# ep2_fsdp2 on TorchTPU's MoE path, eager, with the references of its two ops (`tpu_moe_ops_on_cpu`).
+RAGGED_LAYOUT = (
+    "ep2_fsdp2_tpu_ragged",
+    ["--parallelism.dp_shard=4", "--parallelism.ep=2", "--model.overrides.expert_impl=ragged_dot"],
 )
 
 
@@ -144,7 +158,40 @@ def misscale_expert_grads(model: torch.nn.Module, factor: float) -> None:
             module.register_forward_hook(lambda m, args, out: ScaleGrad.apply(out, factor))
 
 
+@contextlib.contextmanager
+def tpu_moe_ops_on_cpu(calls: dict[str, int]) -> Iterator[None]:
+    """The run finds the references where it looks up TorchTPU's ragged_dot (the device) and
+    ragged_all_to_all (the ep mesh); `calls` counts how often each ran, so that a run that never
+    took the path cannot pass."""
+    exchanges: list[GlooRaggedAllToAll] = []
+
+    def counted_ragged_dot(**kwargs: torch.Tensor) -> torch.Tensor:
+        calls["ragged_dot"] += 1
+        return ragged_dot(**kwargs)
+
+    def exchange_for(mesh: DeviceMesh) -> GlooRaggedAllToAll:
+        exchanges.append(GlooRaggedAllToAll(mesh.get_group()))
+        return exchanges[-1]
+
+    calls.update(ragged_dot=0, ragged_all_to_all=0)
+    with (
+        mock.patch.object(Device, "ragged_dot_op", lambda self: counted_ragged_dot),
+        mock.patch.object(expert_parallel, "tpu_ragged_all_to_all", exchange_for),
+    ):
+        yield
+    calls["ragged_all_to_all"] = sum(exchange.calls for exchange in exchanges)
+
+
 def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
+    if name != RAGGED_LAYOUT[0]:
+        return _run_layout(name, overrides, dump)
+    calls: dict[str, int] = {}
+    with tpu_moe_ops_on_cpu(calls):
+        result = _run_layout(name, overrides, dump)
+    return {**result, "calls": calls}
+
+
+def _run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
     from titan_tpu.trainer import Trainer
 
     config = load_config(CONFIG, [*BASE, *overrides, f"--job.dump_folder={dump / name}"])
@@ -188,7 +235,7 @@ def main(out: Path) -> None:
         ("moe_layer", functools.partial(moe_layer, False)),
         ("moe_layer_collapsed", functools.partial(moe_layer, True)),
         *((name, functools.partial(run_layout, name, overrides, out.parent))
-          for name, overrides in [*LAYOUTS.items(), MISSCALED_LAYOUT, BF16_LAYOUT]),
+          for name, overrides in [*LAYOUTS.items(), MISSCALED_LAYOUT, BF16_LAYOUT, RAGGED_LAYOUT]),
     ])  # fmt: skip
 
 

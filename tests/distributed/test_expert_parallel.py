@@ -10,7 +10,9 @@ One torchrun launch (expert_parallel_worker.py) runs every multi-process check; 
 - the check bites: the same comparison fails for EP 2 x FSDP 2 with the experts' gradients scaled by
   ep (the 1/ep correction left out), although its losses stay close;
 - identical init and the expected expert shards per rank;
-- EP 2 x FSDP 2 in bf16 gathers the experts in bf16 and stays near the float32 losses.
+- EP 2 x FSDP 2 in bf16 gathers the experts in bf16 and stays near the float32 losses;
+- EP 2 x FSDP 2 on TorchTPU's MoE path (ragged_dot experts, ragged_all_to_all exchange), with CPU
+  references of both ops plugged in, matches the all-to-all path's run and the single process's.
 The layout rule's error messages are checked without processes.
 """
 
@@ -40,6 +42,7 @@ from parity import assert_matches_single_process, compare  # noqa: E402
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     layouts = {layout: layout for layout in [*expert_parallel_worker.LAYOUTS, expert_parallel_worker.MISSCALED_LAYOUT[0]]}
     layouts[expert_parallel_worker.BF16_LAYOUT[0]] = "ep2_fsdp2_bf16"
+    layouts[expert_parallel_worker.RAGGED_LAYOUT[0]] = expert_parallel_worker.RAGGED_LAYOUT[0]
     return launch_layout_worker(
         HERE / "expert_parallel_worker.py",
         tmp_path_factory.mktemp("expert_parallel"),
@@ -117,6 +120,31 @@ def test_bf16_experts_are_gathered_in_bf16_and_train(results: dict[str, Any]) ->
     assert len(rel) == STEPS and all(math.isfinite(x) for x in bf16)
     assert max(rel) <= 5e-2
     assert bf16[-1] < bf16[0]
+
+
+@pytest.mark.slow
+def test_tpu_ragged_path_matches_the_all_to_all_path(results: dict[str, Any]) -> None:
+    """Bugs: offsets, sizes or group sizes handed to TorchTPU's ops that differ from the routing,
+    the receiver's view of the output offsets, a combine that returns rows to the wrong places or a
+    backward that loses the 1/ep bookkeeping. Every step's loss and gradient norm and the final
+    parameters and moments against today's EP 2 x FSDP 2 run and the single process (parity's
+    tolerances, whose mis-scaled negative control is the test above), and step 1 to 1e-6; the
+    references must have run."""
+    name, _ = expert_parallel_worker.RAGGED_LAYOUT
+    ragged, today = results[name], results["ep2_fsdp2"]
+    calls = ragged["calls"]
+    print(f"\n{name}: op calls per rank 0 {calls}; against ep2_fsdp2 {compare(ragged['run'], today['run']).summary()}")
+    # 4 MoE layers x 10 steps, each forward: 3 ragged_dots and 2 exchanges (backward is not counted).
+    assert calls["ragged_dot"] >= 3 * 4 * STEPS and calls["ragged_all_to_all"] >= 2 * 4 * STEPS, calls
+    # Step 1, before the optimizer has amplified anything: the same loss and gradient norm to 1e-6.
+    first = [abs(a[0] - b[0]) / abs(b[0]) for a, b in (
+        (ragged["run"].losses, today["run"].losses), (ragged["run"].grad_norms, today["run"].grad_norms)
+    )]  # fmt: skip
+    print(f"step 1 relative differences (loss, grad norm): {first[0]:.1e}, {first[1]:.1e}")
+    assert max(first) <= 1e-6, first
+    assert_matches_single_process(ragged["run"], results["single"], STEPS, name)
+    report = compare(ragged["run"], today["run"])
+    assert report.ok, report.failures[:5]
 
 
 def test_layout_rule_is_validated_with_a_clear_message() -> None:

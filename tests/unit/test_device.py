@@ -132,6 +132,7 @@ def test_cpu_device_is_named_after_the_processor() -> None:
     assert device.torch_device == torch.device("cpu")
     assert device.name() == torch.cpu.get_capabilities()["cpu_name"]
     assert device.memory_capacity_gib() is None and device.splash_attention_op() is None
+    assert device.ragged_dot_op() is None  # TorchTPU's MoE matmul is handed out on TPU only
 
 
 PER_WINDOW_PROBE = """
