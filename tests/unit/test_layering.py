@@ -36,7 +36,7 @@ _ENGINE = (
 
 
 # Everything of titan_tpu but the models (test_every_part_of_the_package_is_in_a_layer keeps it whole).
-_OUTSIDE_MODELS = ("titan_tpu.config", *_ENGINE, "titan_tpu.plan", "titan_tpu.launch")
+_OUTSIDE_MODELS = ("titan_tpu.config", *_ENGINE, "titan_tpu.plan", "titan_tpu.launch", "titan_tpu.doctor")
 
 
 def _engine_except(*layers: str) -> tuple[str, ...]:
@@ -156,7 +156,7 @@ RULES = (
         "plan",
         ("titan_tpu/plan/**/*.py",),
         _engine_except("titan_tpu.device", "titan_tpu.distributed", "titan_tpu.registered_names")
-        + ("titan_tpu.launch",),
+        + ("titan_tpu.launch", "titan_tpu.doctor"),
         "the planner reads a config (its names checked like train.py's) and the model's shape, sharded "
         "by the trainer's rules, without building a run: nothing that trains, loads data or "
         "checkpoints, or logs",
@@ -164,16 +164,24 @@ RULES = (
     Rule(
         "launch",
         ("titan_tpu/launch/**/*.py",),
-        ("titan_tpu.models", "titan_tpu.plan", *_engine_except("titan_tpu.device")),
+        ("titan_tpu.models", "titan_tpu.plan", "titan_tpu.doctor", *_engine_except("titan_tpu.device")),
         "the launcher runs on each host before any training process exists; it only asks the device "
         "layer how many devices the host has",
     ),
     Rule(
+        "doctor",
+        ("titan_tpu/doctor/**/*.py",),
+        ("titan_tpu.launch",),
+        "the doctor runs the engine's pieces and reads the planner's assumptions; the launcher may start "
+        "it, it never starts the launcher",
+    ),
+    Rule(
         "leaves",
         ("titan_tpu/**/*.py", "models/**/*.py"),
-        ("titan_tpu.plan", "titan_tpu.launch"),
-        "the planner and the launcher are entry points around the engine; nothing in it depends on them",
-        exempt=("titan_tpu/plan/*.py", "titan_tpu/launch/*.py"),
+        ("titan_tpu.plan", "titan_tpu.launch", "titan_tpu.doctor"),
+        "the planner, the launcher and the doctor are entry points around the engine; nothing in it "
+        "depends on them (the planner reads a doctor report as a file, not through its code)",
+        exempt=("titan_tpu/plan/*.py", "titan_tpu/launch/*.py", "titan_tpu/doctor/*.py"),
     ),
     Rule(
         "package",

@@ -45,12 +45,16 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 PROBE_SIZE = 1024
 
 
-def table_peak_flops(device_name: str) -> float | None:
+def device_generation(device_name: str) -> str | None:
+    """The table's key for a device name ("tpu v6e" for "TPU v6e lite"), or None: what a doctor
+    report and the planner's chip are matched by."""
     lowered = device_name.lower()
-    for key, flops in PEAK_BF16_FLOPS:
-        if key in lowered:
-            return flops
-    return None
+    return next((key for key, _ in PEAK_BF16_FLOPS if key in lowered), None)
+
+
+def table_peak_flops(device_name: str) -> float | None:
+    key = device_generation(device_name)
+    return None if key is None else dict(PEAK_BF16_FLOPS)[key]
 
 
 def measure_matmul_flops(

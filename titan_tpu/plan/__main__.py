@@ -1,4 +1,4 @@
-"""`python -m titan_tpu.plan --config NAME --chips NAME-COUNT [--efficiency F] [--search [--top N]] [--section.key=value ...]`
+"""`python -m titan_tpu.plan --config NAME --chips NAME-COUNT [--efficiency F] [--calibration REPORT.json] [--search [--top N]] [--section.key=value ...]`
 
 Prints whether the run fits in each device's HBM, by how much, and its estimated step time and MFU;
 with --search, the layouts that fit ranked by estimated MFU, each as train.py overrides (search.py).
@@ -14,14 +14,17 @@ from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
 skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
 
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
-from titan_tpu.plan.chips import parse_chips, valid_chip_names  # noqa: E402
+from titan_tpu.plan.calibration import load_calibration  # noqa: E402
+from titan_tpu.plan.chips import calibrated, parse_chips, valid_chip_names  # noqa: E402
 from titan_tpu.plan.roofline import COMPUTE_EFFICIENCY  # noqa: E402
 
 USAGE = (
-    "usage: python -m titan_tpu.plan --config NAME --chips NAME-COUNT [--efficiency F] [--search [--top N]] "
-    "[--section.key=VALUE ...]\n"
+    "usage: python -m titan_tpu.plan --config NAME --chips NAME-COUNT [--efficiency F] [--calibration REPORT.json] "
+    "[--search [--top N]] [--section.key=VALUE ...]\n"
     f"  --chips       one of {valid_chip_names()}; e.g. v6e-256, v5p-128, h100-8\n"
     f"  --efficiency  fraction of peak FLOP/s the matmuls sustain (default {COMPUTE_EFFICIENCY})\n"
+    "  --calibration a report of python -m titan_tpu.doctor run on that chip: its measured matmul FLOP/s\n"
+    "                and collective bandwidths replace the vendor figures\n"
     "  --search      try every layout (dp_replicate, tp, ep, micro-batch, checkpointing, offload, reduce dtype)\n"
     "                and print the best that fit as overrides; --top N of them (default 5)"
 )
@@ -52,6 +55,7 @@ def main(argv: list[str]) -> int:
         chips = _take(argv, "--chips")
         efficiency_text = _take(argv, "--efficiency")
         top_text = _take(argv, "--top")
+        calibration = _take(argv, "--calibration")
         searching = "--search" in argv
         if searching:
             argv.remove("--search")
@@ -61,6 +65,8 @@ def main(argv: list[str]) -> int:
         if config_name is None or chips is None:
             raise ConfigError("--config and --chips are required (see --help)")
         cluster = parse_chips(chips)
+        if calibration is not None:
+            cluster = calibrated(cluster, load_calibration(calibration, cluster.chip))
         efficiency = COMPUTE_EFFICIENCY if efficiency_text is None else float(efficiency_text)
         if not 0 < efficiency <= 1:
             raise ConfigError(f"--efficiency: must be in (0, 1], got {efficiency_text}")

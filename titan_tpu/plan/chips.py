@@ -17,11 +17,16 @@ Gb/s per chip / GPU (one direction), NVLink as total (bidirectional) GB/s per GP
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.device.peak import table_peak_flops
+from titan_tpu.device.peak import device_generation, table_peak_flops
+
+if TYPE_CHECKING:
+    from titan_tpu.plan.calibration import Calibration
 
 GIB = 2**30
 
@@ -108,6 +113,8 @@ class Cluster:
     chip: ChipType
     chips: int
     slices: int
+    # Figures a doctor report measured on this chip (`--calibration`), used in place of the vendor's.
+    calibration: Calibration | None = None
 
     @property
     def name(self) -> str:
@@ -141,6 +148,19 @@ class Cluster:
                 f"bandwidth is published for {self.chip.name}; plan at most {self.chip.max_slice_chips} chips"
             )
         return self.chip.slow_bytes_per_s / self.chip.devices_per_chip
+
+
+def chip_for_device(device_name: str) -> ChipType | None:
+    """The chip whose runtime name falls under the same peak-table entry as `device_name` (the name
+    a runtime reports, as a doctor report records it), or None."""
+    generation = device_generation(device_name)
+    if generation is None:
+        return None
+    return next((chip for chip in CHIP_TYPES if device_generation(chip.runtime_name) == generation), None)
+
+
+def calibrated(cluster: Cluster, calibration: Calibration) -> Cluster:
+    return dataclasses.replace(cluster, calibration=calibration)
 
 
 def valid_chip_names() -> str:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from titan_tpu.plan.chips import GIB
 from titan_tpu.plan.memory import HBM_RESERVE
 from titan_tpu.plan.planner import Plan
-from titan_tpu.plan.roofline import COLLECTIVE_EFFICIENCY
+from titan_tpu.plan.roofline import (
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    COLLECTIVE_EFFICIENCY,
+    GATHER_SCATTER,
+    assumed_bus_bandwidth,
+    compute_flops,
+)
 from titan_tpu.plan.search import Candidate
 
 
@@ -33,6 +42,7 @@ def render(plan: Plan) -> str:
         f"cluster    {cluster.name}: {cluster.chips} chips, {cluster.devices} devices, {cluster.slices} slice(s) "
         f"of {cluster.devices_per_slice} devices; {gib(cluster.hbm_bytes_per_device)} HBM and "
         f"{cluster.peak_flops_per_device / 1e12:.0f} TFLOP/s bf16 per device",
+        *_calibration_lines(plan),
         f"layout     {dims.describe()}; micro-batch {layout.micro_batch} x {detail.workload.tokens_per_sample} tokens, "
         f"{layout.grad_accum} micro-batch(es) per step; {dtype}; activation checkpointing "
         f"{config.activation_checkpoint.mode}",
@@ -59,6 +69,25 @@ def render(plan: Plan) -> str:
         f"  MFU           {100 * step.mfu:.1f}%",
     ]
     return "\n".join(lines)
+
+
+def _calibration_lines(plan: Plan) -> list[str]:
+    """What a doctor report changed: its measured figures beside the vendor's they replace."""
+    cluster, calibration = plan.cluster, plan.cluster.calibration
+    if calibration is None:
+        return []
+    vendor = dataclasses.replace(cluster, calibration=None)
+    precision = plan.detail.layout.precision
+    matmuls, table = compute_flops(cluster, precision) / 1e12, vendor.peak_flops_per_device / 1e12
+    figures = [f"matmuls {matmuls:.1f} TFLOP/s (table: {table:.0f})"]
+    for fast, link in ((True, cluster.chip.fast_link), (False, cluster.chip.slow_link)):
+        for name, kinds in (("all-gather/reduce-scatter", GATHER_SCATTER), ("all-reduce", ALL_REDUCE),
+                            ("all-to-all", ALL_TO_ALL)):  # fmt: skip
+            measured = calibration.bus_bytes_per_s.get("fast" if fast else "slow", {})
+            if any(kind in measured for kind in kinds):
+                used, planned = assumed_bus_bandwidth(cluster, fast, kinds), assumed_bus_bandwidth(vendor, fast, kinds)
+                figures.append(f"{link} {name} {used / 1e9:.1f} GB/s (vendor: {planned / 1e9:.1f})")
+    return [f"calibrated from {calibration.source} (measured on {calibration.device}): " + "; ".join(figures)]
 
 
 def _layout_line(plan: Plan) -> str:

@@ -25,6 +25,13 @@ A collective whose group fits inside a slice (TPU) or NVLink domain (GPU) runs a
 bandwidth (`chips.py`), otherwise at DCN / InfiniBand's, each at `COLLECTIVE_EFFICIENCY`. Groups are
 laid out innermost first: tp, then ep, then dp_shard, then dp_replicate.
 
+With a doctor report (`--calibration`, `calibration.py`) the measured figures replace the vendor's:
+compute runs at the measured matmul FLOP/s of the plan's dtype (still at the compute efficiency:
+a step's smaller matmuls and other ops lose against one large square matmul), and each collective
+at the bus bandwidth measured for its kind on that link (the slowest axis measured; nothing further
+derated: a measured bus bandwidth already is what the ring reaches). MFU still divides by the
+table's peak, as the trainer's does.
+
 Overlap: FSDP and HSDP collectives run on other links while the device computes and are prefetched,
 so they cost only what exceeds compute; tensor- and expert-parallel collectives sit on the critical
 path (the next op needs their result) and add to it:
@@ -92,11 +99,38 @@ def _ring(n: int) -> float:
     return (n - 1) / n if n > 1 else 0.0
 
 
-def _bandwidth(cluster: Cluster, span: int) -> float:
-    """Bytes/s a device receives in a collective over a group laid out across `span` devices."""
-    fast = span <= cluster.devices_per_slice
+# The collectives each kind of traffic runs (the doctor's names for them).
+GATHER_SCATTER = ("all_gather", "reduce_scatter")
+ALL_REDUCE = ("all_reduce",)
+ALL_TO_ALL = ("all_to_all",)
+
+
+def assumed_bus_bandwidth(cluster: Cluster, fast: bool, kinds: tuple[str, ...] = ()) -> float:
+    """Bus bandwidth (bytes/s a device receives, the ring model's rate) of `kinds` of collective on
+    the fast or the slow links: the calibration's slowest measured kind where it has one, else the
+    vendor's per-device figure at COLLECTIVE_EFFICIENCY."""
+    calibration = cluster.calibration
+    measured = calibration.bus_bytes_per_s.get("fast" if fast else "slow", {}) if calibration else {}
+    known = [measured[kind] for kind in kinds if kind in measured]
+    if known:
+        return min(known)
     per_device = cluster.fast_bytes_per_s_per_device() if fast else cluster.slow_bytes_per_s_per_device()
     return per_device * COLLECTIVE_EFFICIENCY
+
+
+def _bandwidth(cluster: Cluster, span: int, kinds: tuple[str, ...]) -> float:
+    """Bytes/s a device receives in a collective over a group laid out across `span` devices."""
+    return assumed_bus_bandwidth(cluster, span <= cluster.devices_per_slice, kinds)
+
+
+def compute_flops(cluster: Cluster, precision: Precision) -> float:
+    """FLOP/s the matmuls run at before the compute efficiency: the calibration's measured matmul
+    rate in the plan's dtype, else the table's bf16 peak."""
+    dtype = "bfloat16" if precision.compute_bytes == 2 else "float32"
+    calibration = cluster.calibration
+    if calibration is not None and dtype in calibration.matmul_flops:
+        return calibration.matmul_flops[dtype]
+    return cluster.peak_flops_per_device
 
 
 def _regathered(unit: str, is_last_block: bool, reshard: str) -> bool:
@@ -116,12 +150,12 @@ def fsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster
         block = name.removesuffix(".experts")
         gathers = 2 if _regathered(name, bool(blocks) and block == blocks[-1], shape.reshard) else 1
         moved += _ring(degree) * gathered * (gathers * precision.compute_bytes + precision.reduce_bytes)
-    return shape.grad_accum * moved / _bandwidth(cluster, shape.dp_shard * shape.tp)
+    return shape.grad_accum * moved / _bandwidth(cluster, shape.dp_shard * shape.tp, GATHER_SCATTER)
 
 
 def hsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster: Cluster) -> float:
     moved = 2 * _ring(shape.dp_replicate) * census.local * precision.reduce_bytes
-    return shape.grad_accum * moved / _bandwidth(cluster, shape.devices)
+    return shape.grad_accum * moved / _bandwidth(cluster, shape.devices, ALL_REDUCE)
 
 
 def tp_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> float:
@@ -133,7 +167,7 @@ def tp_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> floa
     moved = collectives * activation
     if not shape.loss_parallel:
         moved += activation / shape.dim * shape.vocab
-    return shape.grad_accum * _ring(shape.tp) * moved / _bandwidth(cluster, shape.tp)
+    return shape.grad_accum * _ring(shape.tp) * moved / _bandwidth(cluster, shape.tp, GATHER_SCATTER)
 
 
 def ep_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> float:
@@ -142,7 +176,8 @@ def ep_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> floa
     routed = shape.micro_batch * shape.tokens_per_sample * shape.moe_top_k * shape.dim * precision.compute_bytes
     # Dispatch and combine, forward and backward, and forward again for a recomputed block.
     all_to_alls = 2 * (2 * shape.n_blocks + shape.recomputed_blocks)
-    return shape.grad_accum * _ring(shape.ep) * routed * all_to_alls / _bandwidth(cluster, shape.ep * shape.tp)
+    bandwidth = _bandwidth(cluster, shape.ep * shape.tp, ALL_TO_ALL)
+    return shape.grad_accum * _ring(shape.ep) * routed * all_to_alls / bandwidth
 
 
 def estimate_step(
@@ -161,7 +196,7 @@ def estimate_step(
     recompute = block_forward_flops_per_item * items_per_step / shape.devices * shape.recomputed_blocks / shape.n_blocks
     repeated = tp_replicated_flops_per_item * items_per_step / shape.devices * (shape.tp - 1)
     return StepEstimate(
-        compute_s=(useful + recompute + repeated) / (peak * compute_efficiency),
+        compute_s=(useful + recompute + repeated) / (compute_flops(cluster, precision) * compute_efficiency),
         fsdp_s=fsdp_seconds(census, shape, precision, cluster),
         hsdp_s=hsdp_seconds(census, shape, precision, cluster),
         tp_s=tp_seconds(shape, precision, cluster),
