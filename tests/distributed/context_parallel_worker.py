@@ -10,6 +10,10 @@ Cases, run in order on the same processes:
     parallelism suite's 10 fp32 steps, parallel_worker.layout_run) whose run (per-step loss and
     gradient norm, gathered final parameters and AdamW state) is saved to OUT's
     folder/<layout>.pt for the test to compare with a single process;
+  - "activations" (cp = all N ranks): the live-tensor peak of one forward + backward of the Llama 3
+    debug model (512 tokens, 4 samples, float32, no FSDP) on each rank's chunks, beside the
+    planner's per-rank activation peak for the same config (and, for the negative control, its
+    peak for one process, which holds every token);
   - UNBALANCED_MASK: the CP 2 layout with each rank's causal mask built from contiguous positions
     (rank r holding tokens r*S/2 .. (r+1)*S/2 - 1) while the data and rotary tables keep the
     balanced chunks: the negative control the parity comparison must reject.
@@ -28,9 +32,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
+from titan_tpu import models  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.context_parallel import (  # noqa: E402
     ContextParallelAttention,
@@ -38,7 +44,11 @@ from titan_tpu.distributed.context_parallel import (  # noqa: E402
     split_for_rank,
 )
 from titan_tpu.models.common.attention import Attention  # noqa: E402
+from titan_tpu.models.common.parallelize import apply_decoder_cp  # noqa: E402
 from titan_tpu.models.common.rope import RotaryEmbedding  # noqa: E402
+from titan_tpu.plan.census import run_model_args  # noqa: E402
+from titan_tpu.plan.planner import plan_memory  # noqa: E402
+from plan_measure import LiveTensorPeak  # noqa: E402
 from parallel_worker import layout_run  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
@@ -105,6 +115,39 @@ def attention_case() -> dict[str, float]:
     }
 
 
+# As tests/unit/test_plan_activations.py: activations (about 50 to 100 MB per rank here) dwarf anything
+# incidental. As many kv heads as query heads, so the gathered keys and values weigh (10% to 23%).
+ACTIVATION_RUN = ["--training.seq_len=512", "--training.global_batch_size=4", "--training.dtype=float32",
+                  "--model.overrides.n_kv_heads=8"]  # fmt: skip
+
+
+def activations_case() -> dict[str, int]:
+    """Measured and planned activation peaks of this rank (bytes); for the negative controls, the
+    planner's peak without the gathered keys and values, and a single process's."""
+    cp, rank = dist.get_world_size(), dist.get_rank()
+    config = load_config(CONFIG, [*ACTIVATION_RUN, f"--parallelism.cp={cp}", "--parallelism.dp_shard=1"])
+    spec = models.get_model_spec(config.model.name)
+    torch.manual_seed(0)
+    model = spec.model_cls(run_model_args(config))
+    apply_decoder_cp(model, DeviceMesh("cpu", torch.arange(cp), mesh_dim_names=("cp",)))
+    whole = torch.randint(0, 256, (config.training.global_batch_size, config.training.seq_len))
+    tokens = split_for_rank(whole, cp, rank)
+    # A first backward allocates the gradients (and the shared mask), as a step before the measured one.
+    spec.loss_fn(model(tokens), tokens).backward()
+    existing = [*model.parameters(), *(p.grad for p in model.parameters()), *model.buffers()]
+    with LiveTensorPeak(existing) as tally:  # type: ignore[arg-type]
+        spec.loss_fn(model(tokens), tokens).backward()
+    planned = plan_memory(config, cp).activations.peak
+    with mock.patch("titan_tpu.plan.planner.with_gathered_kv", lambda block, *args: block):
+        without_gathered_kv = plan_memory(config, cp).activations.peak
+    return {
+        "measured": tally.peak,
+        "planned": planned,
+        "planned_without_gathered_kv": without_gathered_kv,
+        "planned_one_process": plan_memory(load_config(CONFIG, ACTIVATION_RUN), 1).activations.peak,
+    }
+
+
 def run_layout(name: str, overrides: list[str], dump: Path) -> None:
     from titan_tpu.trainer import Trainer
 
@@ -132,6 +175,8 @@ def reference(dump: Path) -> RunResult:
 def case(name: str, dump: Path) -> tuple[str, Any]:
     if name == "attention":
         return name, attention_case
+    if name == "activations":
+        return name, activations_case
     if name == UNBALANCED_MASK:
         return name, lambda: run_unbalanced(dump)
     return name, lambda: run_layout(name, LAYOUTS[name], dump)

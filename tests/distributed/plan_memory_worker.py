@@ -27,6 +27,8 @@ LAYOUTS: dict[str, tuple[str, list[str]]] = {
     "llama3_fsdp4": ("llama3_debug", ["--parallelism.dp_shard=4"]),
     # Qwen 3's per-head q/k norms are replicated over tp, its projections split.
     "qwen3_tp2_fsdp2": ("qwen3_debug", ["--parallelism.dp_shard=2", "--parallelism.tp=2"]),
+    # Context parallelism 2 alone: FSDP shards over dp_shard x cp = 2 (titan_tpu/distributed/parallel_dims.py).
+    "llama3_cp2": ("llama3_debug", ["--parallelism.cp=2", "--parallelism.dp_shard=1"]),
 }
 COMMON = ["--training.steps=1", "--metrics.log_freq=1", "--training.dtype=float32", "--training.global_batch_size=4"]
 

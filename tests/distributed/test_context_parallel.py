@@ -2,7 +2,8 @@
 
 Two torchrun launches of context_parallel_worker.py (2 processes: CP 2 and the negative control; 4
 processes: CP 2 x FSDP 2 compiled, CP 2 x replicate 2, CP 2 x TP 2 with activation checkpointing),
-each also checking one attention layer split over all its ranks. The tests read them:
+each also checking one attention layer split over all its ranks and the planner's activation peak
+at cp = all its ranks. The tests read them:
 - parity: every layout trains the Llama 3 debug model 10 fp32 steps (warmup 2) through the real
   Trainer; every step's loss and gradient norm and the final parameters and AdamW moments match the
   single process's within the layout suite's tolerances (parity.py). Catches keys not gathered (a
@@ -11,6 +12,10 @@ each also checking one attention layer split over all its ranks. The tests read 
   gradients not summed over the cp ranks (FSDP sharding over dp_shard alone);
 - the check bites: CP 2 with the causal mask built from contiguous positions while the ranks hold
   the balanced chunks i and 2 cp - 1 - i fails the same comparison;
+- the planner (titan_tpu/plan/context_parallel.py): its per-rank activation peak at cp 2 and cp 4
+  is within 10% of the live-tensor peak of a forward + backward on a rank's chunks (Llama 3 debug,
+  512 tokens, kv heads = query heads); a planner that does not divide the tokens by cp fails, and so,
+  at cp 4, does one that leaves out the gathered keys and values;
 - one attention layer (cp 2 and cp 4): outputs and input gradients joined back into sequence order
   and weight gradients summed over the ranks equal the whole-sequence layer within 1e-6.
 """
@@ -23,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plan_measure import within
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
 import context_parallel_worker as worker  # noqa: E402
 from launch import torchrun  # noqa: E402
@@ -34,9 +41,10 @@ from parity import RunResult, assert_matches_single_process, compare  # noqa: E4
 
 pytestmark = pytest.mark.slow
 LAUNCHES = {
-    2: ["attention", "cp2", worker.UNBALANCED_MASK],
-    4: ["attention", "cp2_fsdp2", "cp2_replicate2", "cp2_tp2_ac"],
+    2: ["attention", "activations", "cp2", worker.UNBALANCED_MASK],
+    4: ["attention", "activations", "cp2_fsdp2", "cp2_replicate2", "cp2_tp2_ac"],
 }
+ACTIVATION_TOLERANCE = 0.10  # as the planner's other checks (tests/unit/test_plan_activations.py)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +57,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         launched = json.loads(out.read_text())
         print(f"\n{processes}-process launch, per part: {launched['timings_s']}")
         data[f"attention_cp{processes}"] = launched["attention"]
-        for name in cases[1:]:
+        data[f"activations_cp{processes}"] = launched["activations"]
+        for name in cases[2:]:
             data[name] = RunResult.load(folder / f"{name}.pt")
     data["single"] = worker.reference(folder)
     return data
@@ -74,3 +83,14 @@ def test_attention_layer_matches_whole_sequence(results: dict[str, Any], cp: int
     diffs = results[f"attention_cp{cp}"]
     print(f"\nattention over cp {cp}: " + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
     assert max(diffs.values()) <= 1e-6
+
+
+@pytest.mark.parametrize("cp", sorted(LAUNCHES))
+def test_planned_activation_peak_matches_measured(results: dict[str, Any], cp: int) -> None:
+    peaks = results[f"activations_cp{cp}"]
+    measured = peaks["measured"]
+    print(f"\ncp {cp} activation peak per rank: " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in peaks.items()))
+    assert within(peaks["planned"], measured, ACTIVATION_TOLERANCE), peaks
+    assert not within(peaks["planned_one_process"], measured, ACTIVATION_TOLERANCE)
+    if cp == 4:  # 2 (cp - 1) kv rows per local token: 23% of the figure at cp 4, 8% at cp 2
+        assert not within(peaks["planned_without_gathered_kv"], measured, ACTIVATION_TOLERANCE)

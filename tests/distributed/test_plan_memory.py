@@ -1,10 +1,10 @@
 """The planner's per-device parameters + gradients + optimizer bytes against what each rank of a real
 run holds after a training step (local shards of every parameter, gradient and AdamW state tensor),
-under FSDP 2 with expert parallelism 2 (MoE), FSDP 4 (Llama 3) and TP 2 x FSDP 2 (Qwen 3), in one
-launch per process count (one process: tests/unit/test_plan_activations.py). Within 10% on every rank.
+under FSDP 2 with expert parallelism 2 (MoE), CP 2 (Llama 3), FSDP 4 (Llama 3) and TP 2 x FSDP 2
+(Qwen 3), in one launch per process count (one process: tests/unit/test_plan_activations.py). Within 10% on every rank.
 
 Bugs caught: a sharding rule the planner gets wrong (a tp-split weight counted whole, experts not
-divided by ep, norms divided by tp), a forgotten AdamW moment, or a size not divided over dp_shard;
+divided by ep, norms divided by tp, parameters not sharded over the cp ranks), a forgotten AdamW moment, or a size not divided over dp_shard;
 the last two are shown to fail the same comparison.
 """
 
@@ -29,7 +29,7 @@ from titan_tpu.plan.planner import plan_memory  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 0.10
-LAUNCHES = {2: ["qwen3_moe_fsdp2_ep2"], 4: ["llama3_fsdp4", "qwen3_tp2_fsdp2"]}
+LAUNCHES = {2: ["qwen3_moe_fsdp2_ep2", "llama3_cp2"], 4: ["llama3_fsdp4", "qwen3_tp2_fsdp2"]}
 
 
 def estimates(layout: str, processes: int, tmp: Path) -> dict[str, int]:

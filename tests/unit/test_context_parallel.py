@@ -174,3 +174,19 @@ def test_families_and_tasks_without_context_parallel_are_refused() -> None:
         LanguageModelTask(cp_task_context("qwen3_moe_debug", []))
     with pytest.raises(ConfigError, match=r"the SftTask does not split sequences over cp ranks"):
         SftTask(cp_task_context("llama3_debug", ["--training.task=sft"]))
+
+
+def test_planner_shards_over_cp_and_divides_the_tokens() -> None:
+    """The planner's cp 2 layout: parameters sharded over dp_shard x cp (not dp_shard alone), and
+    activations at half the tokens plus the gathered keys and values (the measured check is
+    tests/distributed/test_context_parallel.py); a family without cp attention is refused."""
+    from titan_tpu.plan.planner import plan_memory
+
+    run = ["--training.seq_len=512", "--training.global_batch_size=4", "--training.dtype=float32"]
+    one = plan_memory(load_config("llama3_debug", run), 1)
+    cp2 = plan_memory(load_config("llama3_debug", [*run, "--parallelism.cp=2"]), 2)
+    assert cp2.layout.dims.cp == 2 and cp2.layout.micro_batch == 4
+    assert abs(cp2.memory.parameters / one.memory.parameters - 0.5) < 0.01
+    assert 0.5 < cp2.activations.peak / one.activations.peak < 0.6
+    with pytest.raises(ConfigError, match=r"model qwen3_moe has no context-parallel attention"):
+        plan_memory(load_config("qwen3_moe_debug", ["--parallelism.cp=2"]), 2)

@@ -13,8 +13,9 @@ backward reduce-scatters, i.e. sums, the gradients every rank's queries sent to 
 computes the rank's queries against all S keys under the causal mask of their true positions
 (SDPA with an explicit [S / cp, S] mask, whatever kernel the run chose for whole sequences; kv
 heads shared with their query groups by SDPA's `enable_gqa`, as in the model's masked path). The
-rotary tables are read at the true positions too. Memory per rank: the gathered K/V of one layer at
-a time (2 x S x kv heads x head_dim), and the mask.
+rotary tables are read at the true positions too. Memory per rank: the gathered K/V of every layer,
+which attention keeps for backward (2 x S x kv heads x head_dim per sample and layer), and one
+[S / cp, S] mask that every layer shares (titan_tpu/plan/context_parallel.py counts both).
 
 Gradients. A rank's loss is the mean over its tokens; cp ranks hold equal shares of the same
 samples, so the mean of their means is the sample mean, and FSDP, which shards over dp_shard x cp
@@ -86,6 +87,8 @@ class ContextParallelAttention:
     cp: int
     cp_rank: int
     name: str = field(default="", init=False)
+    # (sequence length, device) -> causal_mask: built once, shared by every layer and step.
+    masks: dict[tuple[int, torch.device], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", f"cp{self.cp}[{getattr(self.inner, 'name', 'kernel')}]")
@@ -104,7 +107,10 @@ class ContextParallelAttention:
             raise ValueError("context parallelism does not split document ids; data.document_mask needs cp = 1")
         keys = gather_sequence(k, self.group, self.cp)
         values = gather_sequence(v, self.group, self.cp)
-        mask = self.causal_mask(keys.shape[2], q.device)
+        key = (keys.shape[2], q.device)
+        if key not in self.masks:
+            self.masks[key] = self.causal_mask(*key)
+        mask = self.masks[key]
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
@@ -129,7 +135,9 @@ def apply_context_parallel(attention_modules: Iterable[nn.Module], rotary: nn.Mo
     gathering kernel, and the rotary module answers with the rank's true positions. The model's
     forward must take this rank's tokens (`split_for_rank` of every row)."""
     cp, cp_rank, group = cp_mesh.size(), cp_mesh.get_local_rank(), cp_mesh.get_group()
+    # One cp kernel per distinct inner kernel (normally one for the whole model), so its mask is shared.
+    shared: dict[Kernel, ContextParallelAttention] = {}
     for attention in attention_modules:
         kernel: Kernel = attention.kernel  # type: ignore[assignment]
-        attention.kernel = ContextParallelAttention(kernel, group, cp, cp_rank)
+        attention.kernel = shared.setdefault(kernel, ContextParallelAttention(kernel, group, cp, cp_rank))
     rotary.register_forward_hook(_rotary_at_rank_positions(cp, cp_rank))

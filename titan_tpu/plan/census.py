@@ -10,8 +10,9 @@ touched), and each parameter is classified by where it sits in the module tree:
 - expert parallel (ep > 1): every MoE layer's experts are split over ep on the expert dimension, then
   FSDP-sharded over dp_shard / ep on the expert dimension, or on the hidden dimension when there are
   fewer local experts than shards (as `titan_tpu.distributed.expert_parallel.apply_expert_fsdp`);
-- FSDP (dp > 1): every other parameter is sharded over dp_shard on its first dimension, rounded up as
-  FSDP2 pads uneven shards; dp_replicate replicates.
+- FSDP (dp > 1 or cp > 1): every other parameter is sharded over dp_shard (x cp: the cp ranks
+  shard too, `ParallelDims.fsdp_shards`) on its first dimension, rounded up as FSDP2 pads uneven
+  shards; dp_replicate replicates.
 
 The FSDP units are the blocks the trainer shards one by one (`titan_tpu.distributed.parallelize.blocks`)
 and the root, which holds the rest (embeddings, final norm, head).
@@ -152,7 +153,7 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
             raise ConfigError(f"parallelism.ep = {dims.ep}: model '{config.model.name}' has no experts; set parallelism.ep = 1")
         validate_expert_parallel(dims, experts[0].num_experts)
         expert_params = {id(p) for module in experts for p in module.parameters()}
-    fsdp = dims.dp_shard if dims.fsdp_enabled else 1
+    fsdp = dims.fsdp_shards if dims.fsdp_enabled else 1
     shares: list[ParamShare] = []
     for name, param in model.named_parameters():
         unit = next((b for b in block_names if name.startswith(b + ".")), ROOT)

@@ -19,6 +19,7 @@ from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.plan.activations import ActivationEstimate, Geometry, estimate_activations, lm_head_bytes
 from titan_tpu.plan.census import Census, census
 from titan_tpu.plan.chips import Cluster
+from titan_tpu.plan.context_parallel import with_gathered_kv, with_mask
 from titan_tpu.plan.memory import Fit, MemoryEstimate, Precision, check_fit, estimate_memory
 from titan_tpu.plan.roofline import COMPUTE_EFFICIENCY, StepEstimate, StepShape, estimate_step
 from titan_tpu.plan.workload import Workload, workload
@@ -81,9 +82,10 @@ def plan_memory(config: TrainConfig, devices: int, census_of: CensusOf = census)
     model = census_of(config, dims)
     work = workload(config, model.args)
     parallelism = config.parallelism
+    # With cp > 1 each device holds tokens_per_sample / cp tokens of every sample (plan/context_parallel.py).
     geometry = Geometry(
         micro_batch=layout.micro_batch,
-        tokens_per_sample=work.tokens_per_sample,
+        tokens_per_sample=work.tokens_per_sample // dims.cp,
         act_bytes=layout.precision.compute_bytes,
         tp=dims.tp,
         sequence_parallel=parallelism.sequence_parallel,
@@ -92,10 +94,19 @@ def plan_memory(config: TrainConfig, devices: int, census_of: CensusOf = census)
     spec = models.get_model_spec(config.model.name)
     if spec.block_activations is None:
         raise ConfigError(f"model '{config.model.name}' has no activation estimate (ModelSpec.block_activations)")
+    if dims.cp_enabled and not spec.context_parallel:
+        raise ConfigError(
+            f"parallelism.cp = {dims.cp}: model {config.model.name} has no context-parallel attention "
+            "(llama3 and qwen3 have); set parallelism.cp = 1"
+        )
     args = model.args
     head = lm_head_bytes(args.vocab_size, args.dim, geometry) if work.unit == "tokens" else (0.0, 0.0)
     block = spec.block_activations(args, geometry)
+    if dims.cp_enabled:
+        block = with_gathered_kv(block, args.n_kv_heads * args.attn_head_dim, geometry, dims.cp)
     activations = estimate_activations(block, model.n_blocks, geometry, config.activation_checkpoint, head)
+    if dims.cp_enabled:
+        activations = with_mask(activations, work.tokens_per_sample, dims.cp)
     memory = estimate_memory(model, activations, layout.precision, sharded=dims.fsdp_enabled)
     return MemoryPlan(layout, model, work, activations, memory)
 
@@ -116,13 +127,13 @@ def make_plan(
     moe_top_k = routing(args).top_k if routing is not None else 0
     shape = StepShape(
         devices=dims.world_size,
-        dp_shard=dims.dp_shard,
+        dp_shard=dims.fsdp_shards,  # FSDP's group: the cp ranks shard too
         dp_replicate=dims.dp_replicate,
         tp=dims.tp,
         ep=dims.ep,
         micro_batch=layout.micro_batch,
         grad_accum=layout.grad_accum,
-        tokens_per_sample=work.tokens_per_sample,
+        tokens_per_sample=work.tokens_per_sample // dims.cp,  # what one device's activations hold
         dim=args.dim,
         vocab=args.vocab_size if work.unit == "tokens" else 0,
         loss_parallel=config.parallelism.loss_parallel,

@@ -51,8 +51,9 @@ def _powers_of_two_dividing(value: int) -> list[int]:
 
 
 def _layouts(config: TrainConfig, cluster: Cluster) -> Iterator[tuple[int, int, int, int, int]]:
-    """(dp_replicate, dp_shard, tp, ep, micro-batch) that divide the cluster and the global batch."""
-    devices, global_batch = cluster.devices, config.training.global_batch_size
+    """(dp_replicate, dp_shard, tp, ep, micro-batch) that divide the cluster and the global batch;
+    the config's parallelism.cp is kept, and takes its share of the devices first."""
+    devices, global_batch = cluster.devices // config.parallelism.cp, config.training.global_batch_size
     routing = models.get_model_spec(config.model.name).expert_routing
     is_moe = routing is not None and routing(run_model_args(config)).top_k > 0
     for tp, per_slice, ep in itertools.product(TP_DEGREES, REPLICAS_PER_SLICE, EP_DEGREES if is_moe else (1,)):
