@@ -1,7 +1,7 @@
 """`python -m titan_tpu.doctor [--quick] [--out FILE] [--checks NAMES] [--section.key=VALUE ...]`, or `titan-doctor`.
 
-Run it as training runs: plain for one device, under `torchrun` or `titan-launch` for a host or a
-slice. The `--section.key=VALUE` options are train.py's, applied to the debug config the training
+Run it as training runs: plain for one device, under `torchrun -m titan_tpu.doctor` or
+`titan-launch <this file>` (the launcher takes a script path) for a host or a slice. The `--section.key=VALUE` options are train.py's, applied to the debug config the training
 check runs (`llama3_debug`): `--parallelism.*` lays out the mesh whose axes the collectives are
 measured over, `--device.type` picks the device. Rank 0 prints the table and writes the JSON report.
 Exit status: 0 when no line is wrong, 1 when one is, 2 for bad input (one line).
