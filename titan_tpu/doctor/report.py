@@ -44,7 +44,7 @@ def _number(value: float | None, unit: str) -> str:
 
 def render_table(rows: list[Row]) -> str:
     header = ("check", "name", "measured", "expected", "verdict", "reason")
-    cells = [(r.check, r.name, r.detail if r.measured is None else _number(r.measured, r.unit),
+    cells = [(r.check, r.name, (r.detail or "-") if r.measured is None else _number(r.measured, r.unit),
               _number(r.expected, r.unit), r.verdict, r.reason) for r in rows]  # fmt: skip
     widths = [max(len(str(line[i])) for line in [header, *cells]) for i in range(5)]
     lines = ["  ".join(str(text).ljust(width) for text, width in zip(line[:5], widths)) + "  " + line[5]
