@@ -190,3 +190,26 @@ def test_planner_shards_over_cp_and_divides_the_tokens() -> None:
     assert 0.5 < cp2.activations.peak / one.activations.peak < 0.6
     with pytest.raises(ConfigError, match=r"model qwen3_moe has no context-parallel attention"):
         plan_memory(load_config("qwen3_moe_debug", ["--parallelism.cp=2"]), 2)
+
+
+def test_roofline_charges_the_kv_gathers() -> None:
+    """Llama 3 8B at 32K tokens on v5p-64 with cp 4: each block gathers 2 x kv_dim of the whole
+    sequence forward (and again when recomputed) and reduce-scatters as much backward, the ring's
+    3/4 of it arriving at ICI speed; cp 1 charges nothing and prints no CP line (its report is
+    unchanged). Catches a term left at zero, or counted at the local 1/cp of the sequence."""
+    from titan_tpu.plan.chips import parse_chips
+    from titan_tpu.plan.planner import make_plan
+    from titan_tpu.plan.report import render
+    from titan_tpu.plan.roofline import GATHER_SCATTER, assumed_bus_bandwidth
+
+    cluster = parse_chips("v5p-64")
+    run = ["--training.seq_len=32768", "--activation_checkpoint.mode=full"]
+    plan = make_plan(load_config("llama3_8b", [*run, "--parallelism.cp=4"]), cluster)
+    args, layout = plan.detail.census.args, plan.detail.layout
+    gathered = layout.micro_batch * 32768 * 2 * args.n_kv_heads * args.attn_head_dim * 2  # bf16
+    collectives = 2 * args.n_layers + args.n_layers  # forward + backward, and every block recomputed
+    expected = layout.grad_accum * 3 / 4 * gathered * collectives / assumed_bus_bandwidth(cluster, True, GATHER_SCATTER)
+    assert plan.step.cp_s == pytest.approx(expected, rel=1e-9)
+    assert "+ TP + EP + CP" in render(plan)
+    plain = make_plan(load_config("llama3_8b", run), cluster)
+    assert plain.step.cp_s == 0.0 and "CP" not in render(plain)

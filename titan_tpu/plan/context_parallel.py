@@ -12,7 +12,7 @@ head_dim):
 - the causal mask of the rank's queries against all keys, [S / cp, S] booleans, built once and
   shared by every layer (`ContextParallelAttention.masks`): S^2 / cp bytes.
 
-Not modelled here: the time of the per-layer K/V all-gather in the step-time roofline.
+The time of the per-layer K/V all-gather is in the step-time roofline (`roofline.cp_seconds`).
 """
 
 from __future__ import annotations

@@ -141,6 +141,8 @@ def make_plan(
         n_blocks=model.n_blocks,
         recomputed_blocks=config.activation_checkpoint.recomputed_blocks(model.n_blocks),
         reshard=config.parallelism.fsdp_reshard_after_forward,
+        cp=dims.cp,
+        kv_dim=args.n_kv_heads * args.attn_head_dim if dims.cp_enabled else 0,
     )
     items = config.training.global_batch_size * work.items_per_sample
     step = estimate_step(

@@ -36,6 +36,7 @@ def render(plan: Plan) -> str:
     dtype = "bfloat16" if layout.precision.compute_bytes == 2 else "float32"
     unit = detail.workload.unit
     items_per_s = config.training.global_batch_size * detail.workload.items_per_sample / dims.world_size / step.step_s
+    cp_term = " + CP" if dims.cp_enabled else ""  # context parallelism's exposed K/V gathers
     lines = [
         f"model      {config.model.name} {config.model.flavor}: {detail.census.total / 1e9:.2f}B parameters, "
         f"{detail.census.n_blocks} blocks",
@@ -64,7 +65,8 @@ def render(plan: Plan) -> str:
         f"  HSDP          {step.hsdp_s:.3f} s   (overlapped with compute)",
         f"  TP            {step.tp_s:.3f} s   (exposed)",
         f"  EP            {step.ep_s:.3f} s   (exposed)",
-        f"  step          {step.step_s:.3f} s = max(compute, FSDP, HSDP) + TP + EP",
+        *([f"  CP            {step.cp_s:.3f} s   (exposed)"] if dims.cp_enabled else []),
+        f"  step          {step.step_s:.3f} s = max(compute, FSDP, HSDP) + TP + EP{cp_term}",
         f"  throughput    {items_per_s:,.0f} {unit}/s per device",
         f"  MFU           {100 * step.mfu:.1f}%",
     ]

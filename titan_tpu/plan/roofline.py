@@ -20,10 +20,14 @@ bytes in an all-gather or reduce-scatter over n devices, twice that in an all-re
   block's forward; the head gathers its input and, without loss parallelism, the logits.
 - Expert parallelism: each MoE block sends every token's top-k copies out and back (all-to-all, the
   (ep - 1) / ep that leave the device), forward, backward and recompute.
+- Context parallelism (titan_tpu/distributed/context_parallel.py): each block's attention
+  all-gathers the keys and values of the whole sequence over cp (micro_batch x seq x 2 kv_dim / tp
+  elements gathered) in forward and again for a recomputed block, and reduce-scatters their
+  gradients in backward; blocking, so exposed.
 
 A collective whose group fits inside a slice (TPU) or NVLink domain (GPU) runs at the fast links'
 bandwidth (`chips.py`), otherwise at DCN / InfiniBand's, each at `COLLECTIVE_EFFICIENCY`. Groups are
-laid out innermost first: tp, then ep, then dp_shard, then dp_replicate.
+laid out innermost first: tp, then ep or cp, then dp_shard, then dp_replicate.
 
 With a doctor report (`--calibration`, `calibration.py`) the measured figures replace the vendor's:
 compute runs at the measured matmul FLOP/s of the plan's dtype (still at the compute efficiency:
@@ -36,7 +40,7 @@ Overlap: FSDP and HSDP collectives run on other links while the device computes 
 so they cost only what exceeds compute; tensor- and expert-parallel collectives sit on the critical
 path (the next op needs their result) and add to it:
 
-    step = max(compute, FSDP, HSDP) + TP + EP
+    step = max(compute, FSDP, HSDP) + TP + EP + CP
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ class StepShape:
     n_blocks: int
     recomputed_blocks: int  # blocks whose forward runs twice
     reshard: str  # FSDP policy: default, always, never
+    cp: int = 1
+    kv_dim: int = 0  # n_kv_heads x head_dim of attention (before tp), for context parallelism
 
 
 @dataclass(frozen=True)
@@ -85,10 +91,11 @@ class StepEstimate:
     ep_s: float
     useful_flops_per_device: float
     peak_flops: float
+    cp_s: float = 0.0
 
     @property
     def step_s(self) -> float:
-        return max(self.compute_s, self.fsdp_s, self.hsdp_s) + self.tp_s + self.ep_s
+        return max(self.compute_s, self.fsdp_s, self.hsdp_s) + self.tp_s + self.ep_s + self.cp_s
 
     @property
     def mfu(self) -> float:
@@ -180,6 +187,17 @@ def ep_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> floa
     return shape.grad_accum * _ring(shape.ep) * routed * all_to_alls / bandwidth
 
 
+def cp_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> float:
+    """The K/V all-gathers (forward, recompute) and gradient reduce-scatters (backward) over cp;
+    `shape.tokens_per_sample` is a device's share, 1 / cp of the sequence."""
+    if shape.cp == 1:
+        return 0.0
+    gathered = shape.micro_batch * shape.tokens_per_sample * shape.cp * 2 * shape.kv_dim / shape.tp
+    collectives = 2 * shape.n_blocks + shape.recomputed_blocks
+    bandwidth = _bandwidth(cluster, shape.cp * shape.tp, GATHER_SCATTER)
+    return shape.grad_accum * _ring(shape.cp) * gathered * precision.compute_bytes * collectives / bandwidth
+
+
 def estimate_step(
     census: Census,
     shape: StepShape,
@@ -203,4 +221,5 @@ def estimate_step(
         ep_s=ep_seconds(shape, precision, cluster),
         useful_flops_per_device=useful,
         peak_flops=peak,
+        cp_s=cp_seconds(shape, precision, cluster),
     )
