@@ -1,4 +1,4 @@
-"""Worker of tests/distributed/test_doctor.py: the doctor twice in one 4-process launch (dp_shard 2 x
+"""Worker of tests/distributed/test_doctor_processes.py: the doctor twice in one 4-process launch (dp_shard 2 x
 tp 2), as it runs under torchrun: plainly, then with the all-reduce slowed by an injected delay.
 
 argv: OUT_DIR. Writes OUT_DIR/plain.json and OUT_DIR/slowed.json (rank 0) and each run's exit status

@@ -1,7 +1,7 @@
 """`python -m titan_tpu.doctor --quick` in one process on this CPU: the report's fields, its verdicts,
 and the negative controls that make them fail (a perturbed attention kernel is `wrong` and the run
 exits 1; a broken training reference is `wrong`). The 4-process run and the forced-slow collective:
-tests/distributed/test_doctor.py.
+tests/distributed/test_doctor_processes.py.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def moe_rows(device: Device, sizes: Sizes, dtype: torch.dtype, timer: Timer = ti
     """In the compute dtype, as the chooser checks them (grouped_mm runs in bf16 only), against the
     per-expert loop in float32, with skewed routing (experts_tunable.py)."""
     args = sizes.experts
-    shape = KernelShape(device.torch_device, dtype, 1, sizes.expert_tokens)
+    shape = KernelShape(device.torch_device, dtype, 1, sizes.expert_tokens, ragged_dot_op=device.ragged_dot_op())
     offered = EXPERTS.candidates(args, shape)
     errors = _errors(EXPERTS, args, EXPERTS.check_shape(shape), offered)
     how = f"{dtype_name(dtype)} against loop in float32"
