@@ -135,6 +135,13 @@ def test_a_wrong_attention_kernel_is_reported_wrong_and_fails_the_run(
     assert report["exit_status"] == 1
 
 
+def test_a_cpu_host_gets_the_quick_sizes_without_asking(tmp_path: Path, one_thread: None) -> None:
+    """Bug caught: a newcomer's plain `python -m titan_tpu.doctor` on a CPU host measuring 32-head
+    attention over 8k tokens (minutes per kernel, GB of scores) instead of the CPU sizes."""
+    assert main(["--checks", "matmul", "--out", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["sizes"] == QUICK.name
+
+
 def test_training_against_a_different_reference_is_wrong(monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
     """Negative control of the ten-step comparison: a reference at ten times the learning rate
     leaves the tolerance. Bug caught: a comparison that cannot fail (losses compared with

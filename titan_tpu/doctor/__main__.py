@@ -33,7 +33,7 @@ DEFAULT_OUT = "doctor_report.json"
 CHECKS = ("matmul", "compile", "attention", "moe", "collectives", "training")
 USAGE = (
     "usage: python -m titan_tpu.doctor [--quick] [--out FILE] [--checks NAMES] [--section.key=VALUE ...]\n"
-    "  --quick    CPU-sized measurements (seconds each) instead of accelerator-sized ones\n"
+    "  --quick    CPU-sized measurements (seconds each) instead of accelerator-sized ones; always on a CPU\n"
     f"  --out      the JSON report (default ./{DEFAULT_OUT}); rank 0 writes it\n"
     f"  --checks   comma-separated subset of {', '.join(CHECKS)} (default all)\n"
     "  --section.key=VALUE  train.py's overrides of the debug config: --parallelism.tp=2 ... lays out\n"
@@ -110,7 +110,9 @@ def main(argv: list[str]) -> int:
         return 2
     joined = not dist.is_initialized()  # a caller's own group is left as it was found
     process_group.init_process_group(device.backend, info)
-    sizes = QUICK if quick else DEFAULT
+    # On a CPU the accelerator sizes (32 heads x 8k tokens of attention, a 128-expert layer) take
+    # minutes per kernel and several GB of scores in the blocked kernels: a CPU host gets the quick ones.
+    sizes = QUICK if quick or device.type == "cpu" else DEFAULT
     rows = run_checks(device, dims, sizes, checks, config, argv)
     rows_per_rank: list[list[Row]] = [rows]
     if dist.is_initialized():
