@@ -4,6 +4,10 @@
 source "$(dirname "$0")/_venv.sh"
 case " $* " in *" --config"*) ;; *) set -- --config llama3_debug "$@" ;; esac
 if [ "${NPROC:-1}" -gt 1 ]; then
-    exec torchrun --standalone --nproc_per_node="$NPROC" train.py "$@"
+    # titan-launch rather than a bare torchrun: importing torch in the launcher process loads
+    # torch_tpu, which leaves TORCH_DEVICE_BACKEND_AUTOLOAD=1 set for the workers, so each would load
+    # it again (seconds of CPU and libtpu's log lines) on a host without TPU chips; titan-launch
+    # decides that before torch is imported, for itself and the workers.
+    exec python -m titan_tpu.launch --nproc-per-node="$NPROC" train.py "$@"
 fi
 exec python train.py "$@"
