@@ -16,7 +16,11 @@ from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.values import check, did_you_mean, is_supported, to_toml_value
 
 # Model arguments that every run sets from its own config, so an override would be overwritten.
-RUN_SET_ARGS = {"max_seq_len": "training.seq_len", "attention": "model.attention_block"}
+RUN_SET_ARGS = {
+    "max_seq_len": "training.seq_len",
+    "attention": "model.attention_block",
+    "expert_impl": "model.moe_impl",
+}
 
 
 class StateDictAdapter(Protocol):
@@ -94,10 +98,25 @@ class ModelSpec:
         the family's `args_from_section` builds from the section."""
         if self.args_from_section is not None:
             try:
-                return self.args_from_section(model)
+                args = self.args_from_section(model)
             except ValueError as e:  # the family's one-line account of a bad [model] section
                 raise ConfigError(str(e)) from None
-        return self.build_args(model.flavor, model.overrides)
+        else:
+            args = self.build_args(model.flavor, model.overrides)
+        return self._with_moe_impl(args, model.moe_impl)
+
+    def _with_moe_impl(self, args: Any, moe_impl: str) -> Any:
+        """`args` with the expert kernel `model.moe_impl` names; a family without `expert_impl`
+        (no experts, or experts it does not choose a kernel for) accepts only "auto"."""
+        fields = {f.name for f in dataclasses.fields(args)} if dataclasses.is_dataclass(args) else set()
+        if "expert_impl" not in fields:
+            if moe_impl != "auto":
+                raise ConfigError(
+                    f"model.moe_impl = {moe_impl!r}: model {self.name} has no expert kernels to choose; leave it 'auto'"
+                )
+            return args
+        impl = check(moe_impl, typing.get_type_hints(type(args))["expert_impl"], "model.moe_impl")
+        return dataclasses.replace(args, expert_impl=impl)
 
     def flavor(self, name: str) -> Any:
         if name not in self.flavors:

@@ -39,10 +39,10 @@ class Qwen3MoeArgs(Qwen3Args):
     config's `intermediate_size`).
 
     router_aux_loss_coef weights the load-balancing loss in the training loss (transformers' default
-    and the published value is 0.001). expert_impl picks how expert matmuls run; every choice computes
-    the same function ("loop" is the simple reference). ragged_dot_op is the device's grouped matmul
-    that expert_impl "ragged_dot" runs (TorchTPU's `torch.tpu.ops.ragged_dot`), handed in by the run
-    on TPU, never set in a config.
+    and the published value is 0.001). expert_impl (set from `model.moe_impl`) picks how expert
+    matmuls run; every choice computes the same function ("loop" is the simple reference).
+    ragged_dot_op is the device's grouped matmul that expert_impl "ragged_dot" runs (TorchTPU's
+    `torch.tpu.ops.ragged_dot`), handed in by the run on TPU, never set in a config.
     """
 
     num_experts: int = 128

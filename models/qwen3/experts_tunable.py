@@ -44,7 +44,7 @@ def _bind_ragged_dot(args: Any, shape: KernelShape) -> Any:
         return args
     if shape.ragged_dot_op is None:
         raise ValueError(
-            f"model.overrides.expert_impl = 'ragged_dot' runs TorchTPU's torch.tpu.ops.ragged_dot, which "
+            f"model.moe_impl = 'ragged_dot' runs TorchTPU's torch.tpu.ops.ragged_dot, which "
             f"this {shape.device.type} run does not have; use auto, grouped_mm, padded_bmm or loop"
         )
     return dataclasses.replace(args, ragged_dot_op=shape.ragged_dot_op)
@@ -101,7 +101,7 @@ EXPERTS = Tunable(
     workload=_workload,
     check_shape=_check_shape,
     key=_key,
-    config_override=lambda name: f"--model.overrides.expert_impl={name}",
+    config_override=lambda name: f"--model.moe_impl={name}",
     name_of=lambda args: args.expert_impl,
     float32_inputs_under_autocast=True,
     bind_device_op=_bind_ragged_dot,

@@ -82,7 +82,7 @@ BF16_LAYOUT = (
 # ep2_fsdp2 on TorchTPU's MoE path, eager, with the references of its two ops (`tpu_moe_ops_on_cpu`).
 RAGGED_LAYOUT = (
     "ep2_fsdp2_tpu_ragged",
-    ["--parallelism.dp_shard=4", "--parallelism.ep=2", "--model.overrides.expert_impl=ragged_dot"],
+    ["--parallelism.dp_shard=4", "--parallelism.ep=2", "--model.moe_impl=ragged_dot"],
 )
 
 

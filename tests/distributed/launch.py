@@ -70,5 +70,5 @@ def fixed_kernels(config: str) -> list[str]:
     if not config.startswith("flux"):
         pinned.append("--model.overrides.loss_chunk_elements=67108864")  # the budget, 2^26
     if config.startswith("qwen3_moe"):
-        pinned.append("--model.overrides.expert_impl=padded_bmm")
+        pinned.append("--model.moe_impl=padded_bmm")
     return pinned

@@ -18,6 +18,7 @@ from titan_tpu.config import ConfigError, help_text, load_config, to_toml
 from titan_tpu.config.loader import CONFIG_DIR
 from titan_tpu.plan.__main__ import main as plan_main
 from titan_tpu.registered_names import check_registered_names
+from titan_tpu.models import get_model_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -167,13 +168,20 @@ def test_cli_errors_are_one_line_and_exit_2(
 
 
 def test_moe_overrides_are_checked_against_the_moe_dataclass(capsys: pytest.CaptureFixture[str]) -> None:
+    """Bugs caught: model.moe_impl not reaching the experts' arguments, an unknown kernel accepted,
+    the same choice settable twice (model.overrides.expert_impl), a kernel choice on a model
+    without experts silently ignored."""
     base = ["--model.name=qwen3_moe", "--model.flavor=debug_moe"]
-    config = load_config(
-        None, [*base, "--model.overrides.num_experts=4", "--model.overrides.expert_impl=loop"]
-    )
-    assert config.model.overrides == {"num_experts": 4, "expert_impl": "loop"}
-    impl_error = main_error(capsys, *base, "--model.overrides.expert_impl=x")
-    assert "model.overrides.expert_impl: got 'x', expected one of 'auto', 'grouped_mm'" in impl_error
+    config = load_config(None, [*base, "--model.overrides.num_experts=4", "--model.moe_impl=loop"])
+    assert config.model.overrides == {"num_experts": 4}
+    args = get_model_spec("qwen3_moe").args_for(config.model)
+    assert (args.num_experts, args.expert_impl) == (4, "loop")
+    impl_error = main_error(capsys, *base, "--model.moe_impl=x")
+    assert "model.moe_impl: got 'x', expected one of 'auto', 'grouped_mm'" in impl_error
+    twice = main_error(capsys, *base, "--model.overrides.expert_impl=loop")
+    assert "model.overrides.expert_impl: set from model.moe_impl on every run; set that instead" in twice
+    dense = main_error(capsys, "--model.moe_impl=loop")
+    assert "model.moe_impl = 'loop': model llama3 has no expert kernels to choose; leave it 'auto'" in dense
     assert "top_k must be in [1, num_experts=1], got 2" in main_error(
         capsys, *base, "--model.overrides.num_experts=1"
     )

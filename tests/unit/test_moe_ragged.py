@@ -210,7 +210,7 @@ def _choose(expert_impl: str, device_type: str, op: Any) -> Any:
 
 def test_forced_ragged_dot_gets_the_devices_op_or_one_config_error() -> None:
     assert _choose("ragged_dot", "tpu", ragged_dot).ragged_dot_op is ragged_dot
-    with pytest.raises(ConfigError, match=r"^model.overrides.expert_impl = 'ragged_dot' runs TorchTPU's .* cpu run"):
+    with pytest.raises(ConfigError, match=r"^model.moe_impl = 'ragged_dot' runs TorchTPU's .* cpu run"):
         _choose("ragged_dot", "cpu", None)
     today = _choose("padded_bmm", "cpu", None)  # other values are left as they are
     assert today.expert_impl == "padded_bmm" and today.ragged_dot_op is None

@@ -58,6 +58,12 @@ class ModelConfig:
         "query blocks, -1 = automatic: the fastest correct candidate measured at the run's shapes "
         "(SDPA, blocks of 64-512, splash on TPU), cached per machine.",
     )
+    moe_impl: str = opt(
+        "auto",
+        "Mixture-of-experts expert matmuls (qwen3_moe): grouped_mm, padded_bmm, loop, ragged_dot "
+        "(TorchTPU's grouped matmul, TPU only), or auto = the fastest correct candidate measured at the "
+        "run's shapes, cached per machine. Every choice computes the same function.",
+    )
     overrides: dict[str, Any] = opt_table(
         "Model arguments set on top of the flavor, e.g. { n_layers = 2, dim = 512 }; each is checked "
         "against the flavor's fields (max_seq_len comes from training.seq_len). For name = 'hf': "
