@@ -32,3 +32,17 @@ def one_thread() -> Iterator[None]:
 
     with one_intra_op_thread():
         yield
+
+
+@pytest.fixture
+def fake_world() -> Iterator[int]:
+    """A 16-process world in which this process is rank 5 (collectives are no-ops): meshes built
+    without processes."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=16)
+    try:
+        yield 5
+    finally:
+        dist.destroy_process_group()

@@ -4,13 +4,10 @@ one line. The multi-process parity is tests/distributed/test_context_parallel.py
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from titan_tpu import models
 from titan_tpu.config import load_config
@@ -101,16 +98,6 @@ def test_cp_alone_is_fsdp_wrapped() -> None:
     assert d.dp == 1 and d.fsdp_enabled
     assert ParallelContext(d).loss_reduce_ranks == 2
     assert not dims(1).fsdp_enabled and ParallelContext(dims(4, dp_shard=4)).loss_reduce_ranks == 4
-
-
-@pytest.fixture
-def fake_world() -> Iterator[int]:
-    """A 16-process world in which this process is rank 5 (collectives are no-ops)."""
-    dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=16)
-    try:
-        yield 5
-    finally:
-        dist.destroy_process_group()
 
 
 def test_meshes_with_context_parallel(fake_world: int) -> None:

@@ -3,13 +3,10 @@ fake process group, so one process can stand in for 16)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import ParallelismConfig
@@ -73,16 +70,6 @@ def test_fsdp_policy_from_config() -> None:
     assert ParallelContext(dims(1)).fsdp == FSDPPolicy()
     with pytest.raises(ConfigError, match=r"got 'sometimes', expected default, always or never"):
         FSDPPolicy(reshard="sometimes")
-
-
-@pytest.fixture
-def fake_world() -> Iterator[int]:
-    """A 16-process world in which this process is rank 5 (collectives are no-ops)."""
-    dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=16)
-    try:
-        yield 5
-    finally:
-        dist.destroy_process_group()
 
 
 def test_meshes_row_major(fake_world: int) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from titan_tpu.config import ConfigError, TrainConfig, load_config  # noqa: E402
+from titan_tpu.config.argv import take_option  # noqa: E402
 from titan_tpu.device.select import Device, select_device  # noqa: E402
 from titan_tpu.distributed import process_group  # noqa: E402
 from titan_tpu.distributed.parallel_dims import ParallelDims  # noqa: E402
@@ -39,21 +40,6 @@ USAGE = (
     "  --section.key=VALUE  train.py's overrides of the debug config: --parallelism.tp=2 ... lays out\n"
     "             the mesh the collectives run over, --device.type the device"
 )
-
-
-def _take(argv: list[str], flag: str) -> str | None:
-    """Remove `--flag VALUE` or `--flag=VALUE` from argv and return VALUE."""
-    for i, arg in enumerate(argv):
-        if arg == flag:
-            if i + 1 >= len(argv):
-                raise ConfigError(f"{flag}: missing value")
-            value = argv[i + 1]
-            del argv[i : i + 2]
-            return value
-        if arg.startswith(flag + "="):
-            del argv[i]
-            return arg.split("=", 1)[1]
-    return None
 
 
 def _parse_checks(text: str | None) -> tuple[str, ...]:
@@ -99,8 +85,8 @@ def main(argv: list[str]) -> int:
         quick = "--quick" in argv
         if quick:
             argv.remove("--quick")
-        out = Path(_take(argv, "--out") or DEFAULT_OUT)
-        checks = _parse_checks(_take(argv, "--checks"))
+        out = Path(take_option(argv, "--out") or DEFAULT_OUT)
+        checks = _parse_checks(take_option(argv, "--checks"))
         config = load_config(training_check.CONFIG, argv)
         info = process_group.process_info()
         dims = ParallelDims.from_config(config.parallelism, info.world_size)

@@ -14,6 +14,7 @@ from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
 skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
 
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
+from titan_tpu.config.argv import take_option  # noqa: E402
 from titan_tpu.plan.calibration import load_calibration  # noqa: E402
 from titan_tpu.plan.chips import calibrated, parse_chips, valid_chip_names  # noqa: E402
 from titan_tpu.plan.roofline import COMPUTE_EFFICIENCY  # noqa: E402
@@ -30,32 +31,17 @@ USAGE = (
 )
 
 
-def _take(argv: list[str], flag: str) -> str | None:
-    """Remove `--flag VALUE` or `--flag=VALUE` from argv and return VALUE."""
-    for i, arg in enumerate(argv):
-        if arg == flag:
-            if i + 1 >= len(argv):
-                raise ConfigError(f"{flag}: missing value")
-            value = argv[i + 1]
-            del argv[i : i + 2]
-            return value
-        if arg.startswith(flag + "="):
-            del argv[i]
-            return arg.split("=", 1)[1]
-    return None
-
-
 def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(USAGE)
         return 0
     argv = list(argv)
     try:
-        config_name = _take(argv, "--config")
-        chips = _take(argv, "--chips")
-        efficiency_text = _take(argv, "--efficiency")
-        top_text = _take(argv, "--top")
-        calibration = _take(argv, "--calibration")
+        config_name = take_option(argv, "--config")
+        chips = take_option(argv, "--chips")
+        efficiency_text = take_option(argv, "--efficiency")
+        top_text = take_option(argv, "--top")
+        calibration = take_option(argv, "--calibration")
         searching = "--search" in argv
         if searching:
             argv.remove("--search")
