@@ -85,6 +85,10 @@ class ModelSpec:
     # Whether `parallelize` makes the model context-parallel when parallelism.cp > 1 (splits its
     # attention over the cp ranks' tokens: titan_tpu/distributed/context_parallel.py).
     context_parallel: bool = False
+    # Whether the model can be cut into pipeline stages (parallelism.pp > 1): it has
+    # `keep_pipeline_stage(layers, first, last)` and its forward runs what a stage keeps
+    # (models/common/decoder.py; titan_tpu/distributed/pipeline.py).
+    pipeline_stages: bool = False
     # The value an override set in the arguments, as the family checked it: (args, key) -> value.
     override_value: Callable[[Any, str], Any] = getattr
     # Whether the model takes our KV cache (`model(tokens, cache=..., start_pos=..., key_padding_mask=...)`,

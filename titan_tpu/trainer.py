@@ -36,6 +36,7 @@ from titan_tpu.distributed.comm_timeouts import CommTimeouts
 from titan_tpu.distributed.grad_utils import clip_grad_norm_, sum_over
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import parallelize_model
+from titan_tpu.distributed.pipeline import PipelineRunner, build_pipeline
 from titan_tpu.distributed.tensor_parallel import local_value, loss_context
 from titan_tpu.distributed.topology import build_rank_layout
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
@@ -83,7 +84,8 @@ class Trainer:
             self._setup_task()
             self._setup_model()
             self._setup_optimizer()
-            self.task.setup(self.model)
+            # A task reads the model's arguments; with several pipeline stages per rank, from the first.
+            self.task.setup(self.model if self.pipeline is None else self.pipeline.modules[0])
             self._setup_metrics()
             self._setup_checkpointing()
         except RuntimeError as error:
@@ -171,7 +173,16 @@ class Trainer:
         config = self.config
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
-        self.model: nn.Module = parallelize_model(
+        self.pipeline: PipelineRunner | None = None
+        self.model: nn.Module
+        if self.parallel.dims.pp_enabled:
+            # This rank's stages only (titan_tpu/distributed/pipeline.py); the task's loss runs on the last.
+            self.model, self.pipeline = build_pipeline(
+                model, self.spec, self.parallel, config, self.device.torch_device,
+                self.compute_dtype, self.local_batch_size, self.task.pipeline_loss,  # type: ignore[attr-defined]
+            )  # fmt: skip
+            return
+        self.model = parallelize_model(
             model,
             self.spec.parallelize,
             self.parallel,
@@ -238,6 +249,8 @@ class Trainer:
     def forward_backward(self) -> tuple[torch.Tensor, int]:
         """Loss and gradients of one optimizer step over `grad_accum_steps` micro-batches: the mean
         micro-batch loss (a device tensor, this rank's) and the items this rank trained on."""
+        if self.pipeline is not None:
+            return self._pipeline_forward_backward()
         loss_sum = torch.zeros((), device=self.device.torch_device)
         items = 0
         for _ in range(self.grad_accum_steps):
@@ -256,10 +269,21 @@ class Trainer:
             items += result.items
         return loss_sum, items
 
+    def _pipeline_forward_backward(self) -> tuple[torch.Tensor, int]:
+        """The schedule's micro-batches of one batch through this rank's stages: the batch's mean
+        loss on the last stage's ranks (0 on the others) and the items of the batch."""
+        with self.task.ctx.autocast():
+            batch = self.task.next_batch(self.model)
+            input_ids, labels, items = self.task.pipeline_inputs(batch)  # type: ignore[attr-defined]
+            assert self.pipeline is not None
+            return self.pipeline.step(input_ids, labels), items
+
     def optimizer_step(self) -> torch.Tensor:
         """Clip, step the optimizer and the schedule; returns the gradient norm before clipping (a
         device tensor)."""
-        grad_norm = clip_grad_norm_(self.model.parameters(), self.config.training.max_norm)
+        # With pp > 1 each rank holds its stages' gradients; the norm is taken over every stage's.
+        pp_mesh = self.parallel.pp_mesh if self.parallel.dims.pp_enabled else None
+        grad_norm = clip_grad_norm_(self.model.parameters(), self.config.training.max_norm, pp_mesh=pp_mesh)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()

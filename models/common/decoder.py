@@ -4,6 +4,10 @@ final norm and output head (or the embedding reused as the head when tied), all 
 the family's feed-forward); `forward` is the plain decoder, which a family overrides when its blocks
 return more (MoE).
 
+A pipeline stage is this model with the modules of other stages removed (set to None, layers deleted
+from the ModuleDict), the rest keeping their names: without tok_embeddings the input is the previous
+stage's hidden states, without norm (and head) the output is the hidden states for the next stage.
+
 Module names follow TorchTitan, so tensor-parallel plans (`models/common/parallelize.py`) and the
 Hugging Face adapters (`models/common/hf_adapter.py`) address every family alike: tok_embeddings,
 layers["i"].{attention_norm, attention.{wq, wk, wv, wo[, q_norm, k_norm]}, ffn_norm, feed_forward},
@@ -58,26 +62,43 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.args = args
         self.dim = args.dim
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
         self.rope = RotaryEmbedding(args.attn_head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling)
         # A ModuleDict keyed by the original index, so wrapping a block (activation checkpointing,
         # fully_shard) or dropping some (pipeline stages) keeps the names checkpoints refer to.
         self.layers = nn.ModuleDict({str(i): block for i, block in enumerate(blocks)})
-        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
         # Tied: no separate head, the logits reuse tok_embeddings.weight (one parameter, one checkpoint key).
         self.output: nn.Linear | None = (
             None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
         )
 
+    def keep_pipeline_stage(self, layers: tuple[int, ...], first: bool, last: bool) -> None:
+        """Cut this model (built on meta) down to one pipeline stage: the blocks `layers`, with the
+        embedding when `first` and the norm and head when `last`; every kept module keeps its name."""
+        if self.output is None and not (first and last):
+            raise ValueError("tied embeddings cannot be split between pipeline stages (the head is the embedding)")
+        keep = {str(i) for i in layers}
+        for name in list(self.layers.keys()):
+            if name not in keep:
+                del self.layers[name]
+        if not first:
+            self.tok_embeddings = None
+        if not last:
+            self.norm = None
+            self.output = None
+
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """(Re)initialise every parameter and recompute the rotary tables on `buffer_device`
         (default: where the tables already are, i.e. the device given to `to_empty`)."""
         self.rope.reset_buffers(buffer_device if buffer_device is not None else self.rope.cos.device)
-        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=0.02)
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=0.02)
         for layer in self.layers.values():
             block: TransformerBlock = layer  # type: ignore[assignment]
             block.init_weights()
-        self.norm.reset_parameters()
+        if self.norm is not None:
+            self.norm.reset_parameters()
         if self.output is not None:
             # Scaled so the initial logits have unit variance given a unit-RMS normed input.
             trunc_normal_std_(self.output.weight, self.dim**-0.5)
@@ -100,7 +121,8 @@ class DecoderLM(nn.Module):
         """
         if cache is None and start_pos != 0:
             raise ValueError(f"start_pos {start_pos} needs a KVCache holding the earlier positions")
-        h = self.tok_embeddings(tokens)
+        # A later pipeline stage (no embedding) is handed the previous stage's hidden states.
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope(start_pos + tokens.shape[1])
         cos, sin = cos[start_pos:], sin[start_pos:]
         if cache is None and key_padding_mask is None:
@@ -139,7 +161,10 @@ class DecoderLM(nn.Module):
         return cos[positions], sin[positions], {"document_ids": document_ids}
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
+        if self.norm is None:
+            return h  # a pipeline stage before the last: its hidden states go to the next stage
         h = self.norm(h)
         if self.output is None:
+            assert self.tok_embeddings is not None, "tied embeddings are one pipeline stage's"
             return F.linear(h, self.tok_embeddings.weight)
         return self.output(h)

@@ -27,6 +27,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -106,12 +107,14 @@ def decoder_block_plan(block: TransformerBlock, sequence_parallel: bool) -> dict
 
 
 def decoder_top_plan(model: DecoderLM, sequence_parallel: bool, loss_parallel: bool) -> dict[str, ParallelStyle]:
-    """Styles for a decoder's `tok_embeddings`, `norm` and optional `output` head."""
+    """Styles for a decoder's `tok_embeddings`, `norm` and optional `output` head, those of them the
+    model has (a pipeline stage holds the embedding, or the norm and head, or neither)."""
     residual = Shard(1) if sequence_parallel else Replicate()
-    top: dict[str, ParallelStyle] = {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
-        "norm": SequenceParallel() if sequence_parallel else ReplicateParallel(),
-    }
+    top: dict[str, ParallelStyle] = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
+    if model.norm is not None:
+        top["norm"] = SequenceParallel() if sequence_parallel else ReplicateParallel()
     if model.output is not None:
         top["output"] = ColwiseParallel(
             input_layouts=residual,
@@ -142,8 +145,9 @@ class DecoderTPPlan:
         # The embedding's local output is a view into a DTensor's storage; a compiled first block
         # (AOTAutograd) would route its input gradient to that base with the wrong type. A copy of
         # one activation breaks the alias.
-        model.tok_embeddings.register_forward_hook(lambda module, args, output: output.clone())
-        if model.output is None:
+        if model.tok_embeddings is not None:
+            model.tok_embeddings.register_forward_hook(lambda module, args, output: output.clone())
+        if model.output is None and model.norm is not None:
             # Tied head: forward computes F.linear(norm(h), tok_embeddings.weight) with the weight
             # vocab-sharded; hand it the normed hidden states replicated, so the logits come out
             # vocab-sharded without gathering the embedding table.
@@ -152,7 +156,26 @@ class DecoderTPPlan:
             )
         for block in model.layers.values():
             parallelize_module(block, tp_mesh, self.block_plan(block, sequence_parallel))  # type: ignore[arg-type]
+        if sequence_parallel:
+            whole_sequence_between_stages(model, tp_mesh)
         install_logits_layout(model, tp_mesh, loss_parallel)
+
+
+def whole_sequence_between_stages(model: DecoderLM, tp_mesh: DeviceMesh) -> None:
+    """A pipeline stage (models/common/decoder.py) hands the next one the whole sequence: the rotary
+    tables of a stage are sized from its input's length. So a stage without the embedding takes the
+    replicated hidden states and shards them along the sequence for its first block, and a stage
+    without the head gathers its last block's sequence-sharded output. A whole model has neither."""
+    blocks = list(model.layers.values())
+    if model.tok_embeddings is None:
+        parallelize_module(blocks[0], tp_mesh, PrepareModuleInput(
+            input_layouts=(Replicate(), None, None), desired_input_layouts=(Shard(1), None, None),
+            use_local_output=True,
+        ))  # fmt: skip
+    if model.norm is None:
+        parallelize_module(blocks[-1], tp_mesh, PrepareModuleOutput(
+            output_layouts=Shard(1), desired_output_layouts=Replicate()
+        ))  # fmt: skip
 
 
 DENSE_DECODER_TP = DecoderTPPlan()

@@ -23,6 +23,7 @@ LLAMA3_SPEC = ModelSpec(
     block_activations=dense_decoder_activations,
     tunables=(ATTENTION, LOSS_CHUNKS),
     context_parallel=True,
+    pipeline_stages=True,
 )
 register_model(LLAMA3_SPEC)
 

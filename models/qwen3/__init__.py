@@ -26,6 +26,7 @@ QWEN3_SPEC = ModelSpec(
     block_activations=dense_decoder_activations,
     tunables=(ATTENTION, LOSS_CHUNKS),
     context_parallel=True,
+    pipeline_stages=True,
 )
 QWEN3_MOE_SPEC = ModelSpec(
     name="qwen3_moe",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from titan_tpu.config.context_parallel import check_context_parallel
+from titan_tpu.config.pipeline_parallel import check_pipeline_parallel
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import (
     ActivationCheckpointConfig,
@@ -86,6 +87,7 @@ class TrainConfig:
         for section in self.sections().values():
             section.validate()
         check_context_parallel(self)
+        check_pipeline_parallel(self)
         if self.profiling.enable and self.profiling.start_step > self.training.steps:
             raise ConfigError(
                 f"profiling.start_step: {self.profiling.start_step} is after the run's last step "

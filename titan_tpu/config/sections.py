@@ -235,6 +235,20 @@ class ParallelismConfig:
         "Context-parallel degree: each sample's sequence split over cp ranks (2 chunks each, balanced "
         "for the causal mask); keys and values all-gathered in every attention layer.",
     )
+    pp: int = opt(
+        1,
+        "Pipeline-parallel degree (outermost axis): the model's layers split into stages, one stage (or "
+        "several, with an interleaved schedule) per pp rank.",
+    )
+    pp_schedule: Literal["1F1B", "Interleaved1F1B", "GPipe"] = opt(
+        "1F1B", "With pp > 1, the order of micro-batch forwards and backwards (torch.distributed.pipelining)."
+    )
+    pp_microbatches: int = opt(
+        -1, "With pp > 1, micro-batches each local batch is split into; -1 = the number of stages."
+    )
+    pp_layers_per_stage: int = opt(
+        -1, "With pp > 1, decoder layers in each stage; -1 = the model's layers split evenly over pp ranks."
+    )
     sequence_parallel: bool = opt(True, "With tp > 1, shard norms and residuals along the sequence.")
     loss_parallel: bool = opt(False, "With tp > 1, compute the loss on vocab-sharded logits.")
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = opt(
@@ -246,9 +260,12 @@ class ParallelismConfig:
     fsdp_cpu_offload: bool = opt(False, "Keep sharded parameters and optimizer state in host memory.")
 
     def validate(self) -> None:
-        for key in ("dp_replicate", "tp", "ep", "cp"):
+        for key in ("dp_replicate", "tp", "ep", "cp", "pp"):
             value = getattr(self, key)
             require(value >= 1, f"parallelism.{key}", f"must be >= 1, got {value}")
+        for key in ("pp_microbatches", "pp_layers_per_stage"):
+            value = getattr(self, key)
+            require(value == -1 or value >= 1, f"parallelism.{key}", f"must be -1 or >= 1, got {value}")
         require(
             self.dp_shard == -1 or self.dp_shard >= 1,
             "parallelism.dp_shard",

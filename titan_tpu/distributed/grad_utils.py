@@ -43,15 +43,31 @@ def _total_norm(groups: list[list[torch.Tensor]], norm_type: float) -> torch.Ten
     return torch.linalg.vector_norm(stacked, norm_type)
 
 
-def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm_(
+    parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0, pp_mesh: DeviceMesh | None = None
+) -> torch.Tensor:
     """Scale every gradient so the global norm is at most `max_norm` (0 = only measure); returns the
-    norm before clipping."""
+    norm before clipping. With `pp_mesh` (pipeline parallelism) `parameters` are this rank's stages'
+    and the norm is combined over every stage's ranks."""
     groups = _group_by_mesh(parameters)
     total = _total_norm(groups, norm_type)
+    if pp_mesh is not None:
+        total = _combine_over(total, pp_mesh, norm_type)
     if max_norm > 0:
         for params in groups:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
+
+
+def _combine_over(norm: torch.Tensor, mesh: DeviceMesh, norm_type: float) -> torch.Tensor:
+    """The norm of the vector made of every rank's part of `mesh`, from each part's `norm`."""
+    if math.isinf(norm_type):
+        norm = norm.clone()
+        dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=mesh.get_group())
+        return norm
+    powered = norm.float() ** norm_type
+    dist.all_reduce(powered, op=dist.ReduceOp.SUM, group=mesh.get_group())
+    return (powered ** (1.0 / norm_type)).to(norm.dtype)
 
 
 def sum_over(value: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:

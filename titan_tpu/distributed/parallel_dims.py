@@ -2,6 +2,8 @@
 
 Mesh axes, outermost (least traffic) to innermost (most traffic):
 
+    pp            pipeline stages (only when pp > 1): one activation per micro-batch crosses it, so
+                  it is outermost, and on TPU the axis that spans slices over DCN
     dp_replicate  HSDP replicas; on TPU the axis that spans slices over DCN
     dp_shard      FSDP sharding; with ep > 1 it is split into (dp_shard_mod_ep, ep)
     cp            context parallelism (only when cp > 1): ranks holding different chunks of the
@@ -11,7 +13,9 @@ Mesh axes, outermost (least traffic) to innermost (most traffic):
 Flattened views handed out: "dp" = (dp_replicate, dp_shard) for the data loader and the loss mean,
 "dp_shard" as one axis even when ep splits it. With cp > 1 also "dp_shard_cp" = (dp_shard, cp), over
 which FSDP shards (the cp ranks' gradients are summed like data-parallel ones, as in TorchTitan), and
-"dp_cp" = (dp_replicate, dp_shard, cp), over which per-rank mean losses are averaged. The rank order
+"dp_cp" = (dp_replicate, dp_shard, cp), over which per-rank mean losses are averaged. With pp > 1
+also "pp" and "pp_dp" = (pp, dp_replicate, dp_shard), over which the losses are summed (only the last
+stage holds one; the others add zeros). The rank order
 inside the mesh comes from
 `topology.build_rank_layout` (ICI-aware on TPU, row-major elsewhere).
 """
@@ -39,41 +43,51 @@ class ParallelDims:
     ep: int
     world_size: int
     cp: int = 1
+    pp: int = 1
 
     @classmethod
     def from_config(cls, cfg: ParallelismConfig, world_size: int) -> ParallelDims:
         """Resolve dp_shard = -1 to "every process the other axes leave", then validate."""
         dp_shard = cfg.dp_shard
         if dp_shard == -1:
-            others = cfg.dp_replicate * cfg.tp * cfg.cp
+            others = cfg.pp * cfg.dp_replicate * cfg.tp * cfg.cp
             if others <= 0 or world_size % others != 0:
                 cp_factor = f" x cp {cfg.cp}" if cfg.cp > 1 else ""
+                pp_factor = f"pp {cfg.pp} x " if cfg.pp > 1 else ""
                 raise ConfigError(
-                    f"parallelism: dp_replicate {cfg.dp_replicate}{cp_factor} x tp {cfg.tp} = {others} does not "
+                    f"parallelism: {pp_factor}dp_replicate {cfg.dp_replicate}{cp_factor} x tp {cfg.tp} = {others} "
+                    "does not "
                     f"divide the {world_size} processes started, so dp_shard = -1 has no value; "
                     f"pick degrees whose product is {world_size}"
                 )
             dp_shard = world_size // others
-        dims = cls(cfg.dp_replicate, dp_shard, cfg.tp, cfg.ep, world_size, cfg.cp)
+        dims = cls(cfg.dp_replicate, dp_shard, cfg.tp, cfg.ep, world_size, cfg.cp, cfg.pp)
         dims.validate()
         return dims
 
     def validate(self) -> None:
-        for name in ("dp_replicate", "dp_shard", "tp", "ep", "cp"):
+        for name in ("dp_replicate", "dp_shard", "tp", "ep", "cp", "pp"):
             value = getattr(self, name)
             if value < 1:
                 raise ConfigError(f"parallelism.{name}: must be >= 1, got {value}")
-        product = self.dp_replicate * self.dp_shard * self.cp * self.tp
+        product = self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
         if product != self.world_size:
             cp_factor = f"cp {self.cp} x " if self.cp_enabled else ""
+            pp_factor = f"pp {self.pp} x " if self.pp_enabled else ""
             raise ConfigError(
-                f"parallelism: dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x "
+                f"parallelism: {pp_factor}dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x "
                 f"{cp_factor}tp {self.tp} = {product}, but {self.world_size} processes were started"
             )
         if self.cp_enabled and self.ep_enabled:
             raise ConfigError(
                 f"parallelism.ep: expert parallelism is not supported with parallelism.cp = {self.cp} yet; "
                 "set parallelism.cp = 1"
+            )
+        if self.pp_enabled and (self.cp_enabled or self.ep_enabled):
+            other = "cp" if self.cp_enabled else "ep"
+            raise ConfigError(
+                f"parallelism.{other}: not supported with parallelism.pp = {self.pp} yet; "
+                f"set parallelism.{other} = 1"
             )
         if self.dp_shard % self.ep != 0:
             raise ConfigError(
@@ -114,6 +128,10 @@ class ParallelDims:
         return self.cp > 1
 
     @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
 
@@ -128,11 +146,14 @@ class ParallelDims:
         else:
             names = ("dp_replicate", "dp_shard", "tp")
             sizes = (self.dp_replicate, self.dp_shard, self.tp)
+        if self.pp_enabled:
+            names, sizes = ("pp", *names), (self.pp, *sizes)
         return names, sizes
 
     def describe(self) -> str:
         cp_factor = f"cp {self.cp} x " if self.cp_enabled else ""
-        text = f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x {cp_factor}tp {self.tp}"
+        pp_factor = f"pp {self.pp} x " if self.pp_enabled else ""
+        text = f"{pp_factor}dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x {cp_factor}tp {self.tp}"
         return text + (f" (ep {self.ep} inside dp_shard)" if self.ep_enabled else "")
 
     def build_meshes(self, device_type: str, rank_layout: np.ndarray | None = None) -> dict[str, DeviceMesh]:
@@ -179,6 +200,8 @@ class ParallelDims:
         else:
             meshes["dp"] = world["dp_replicate", "dp_shard"]._flatten("dp")
             meshes["fsdp"] = world["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else world["dp_shard"]
+        if self.pp_enabled:
+            meshes["pp_dp"] = world["pp", "dp_replicate", "dp_shard"]._flatten("pp_dp")
         return meshes
 
 
@@ -226,6 +249,10 @@ class ParallelContext:
         return self.mesh("fsdp")
 
     @property
+    def pp_mesh(self) -> DeviceMesh:
+        return self.mesh("pp")
+
+    @property
     def cp_mesh(self) -> DeviceMesh:
         return self.mesh("cp")
 
@@ -233,7 +260,11 @@ class ParallelContext:
     def loss_reduce_mesh(self) -> DeviceMesh | None:
         """The mesh over which per-rank mean losses are averaged: the data-parallel ranks and, with
         cp > 1, the cp ranks (each holds an equal share of different tokens of the same samples, so
-        the mean of their means is the mean over the samples' tokens). None with nothing to reduce."""
+        the mean of their means is the mean over the samples' tokens). None with nothing to reduce.
+        With pp > 1 the sum runs over the stages too: only the last stage holds a loss, the others
+        add zeros."""
+        if self.dims.pp_enabled:
+            return self.mesh("pp_dp")
         if not self.dims.cp_enabled:
             return self.dp_reduce_mesh
         return self.mesh("dp_cp")

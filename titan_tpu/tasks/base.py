@@ -97,9 +97,19 @@ class TrainingTask(ABC):
     # Whether the task splits each sample's sequence over the cp ranks (parallelism.cp > 1);
     # a task that does not is refused rather than run with every cp rank training whole rows.
     context_parallel: bool = False
+    # Whether the task can be trained through pipeline stages (parallelism.pp > 1): it then has
+    # `pipeline_inputs(batch)` -> (first stage's input, labels, items) and `pipeline_loss(output,
+    # labels)`, the mean loss of the last stage's output.
+    pipeline_parallel: bool = False
 
     def __init__(self, ctx: TaskContext) -> None:
         self.ctx = ctx
+        pp = ctx.parallel.dims.pp
+        if pp > 1 and not self.pipeline_parallel:
+            raise ConfigError(
+                f"parallelism.pp = {pp}: the {type(self).__name__} cannot be trained through pipeline stages "
+                "(language-model pretraining can); set parallelism.pp = 1"
+            )
         cp = ctx.parallel.dims.cp
         if cp > 1 and not self.context_parallel:
             raise ConfigError(

@@ -82,6 +82,7 @@ class LanguageModelTask(TrainingTask):
     unit = "tokens"
     chunked_loss = True
     context_parallel = True
+    pipeline_parallel = True
 
     def __init__(self, ctx: TaskContext) -> None:
         super().__init__(ctx)
@@ -199,6 +200,16 @@ class LanguageModelTask(TrainingTask):
         else:
             output = model(input_ids)
         return TaskLoss(self.loss_fn(output, labels, self.loss_chunk_elements), items=items)
+
+    def pipeline_inputs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(input_ids, labels, items) of a batch on the device, for the pipeline schedule, which runs
+        the model in stages and calls `pipeline_loss` on the last one."""
+        device = self.ctx.device
+        labels = batch["labels"].to(device, non_blocking=True)
+        return batch["input_ids"].to(device, non_blocking=True), labels, labels.numel()
+
+    def pipeline_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(output, labels, self.loss_chunk_elements)
 
     def flops_per_item(self) -> float:
         return self.ctx.spec.flops_per_token(self.args, self.seq_len)
