@@ -1,0 +1,126 @@
+"""Worker for the pipeline-parallel tests: `torchrun --nproc-per-node 4 pipeline_worker.py OUT CASE...`.
+
+Each case is a layout of LAYOUTS (or the negative control DETACHED_BOUNDARY): a real `Trainer` on the
+Llama 3 debug model (4 layers; the parallelism suite's 10 fp32 steps, parallel_worker.layout_run),
+whose freshly initialised stages are compared with one process's initialisation, and whose run
+(per-step loss and gradient norm, and every stage's final parameters and AdamW state, gathered from
+all ranks and keyed by canonical name) is saved to OUT's folder/<case>.pt for the test to compare
+with a single process. DETACHED_BOUNDARY is PP 4 with every stage after the first cutting the
+gradient of its input activation (the forward value is unchanged), so the earlier stages get zero
+gradients. Rank 0 writes OUT (JSON).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[2]
+for path in (ROOT, ROOT / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from titan_tpu.config import load_config  # noqa: E402
+from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
+from parallel_worker import layout_run, max_diff, single_process_init  # noqa: E402
+from parity import RunResult, full_state  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
+
+CONFIG = "llama3_debug"
+BASE = layout_run(CONFIG, global_batch_size=4)
+LAYOUTS: dict[str, list[str]] = {
+    # Pure pipeline: one layer per stage, 4 micro-batches of 1 sample.
+    "pp4_1f1b": ["--parallelism.pp=4", "--parallelism.dp_shard=1"],
+    # Two stages (one layer each) per rank, replicated over dp_replicate (fully_shard on a (2, 1) mesh).
+    "pp2_interleaved_replicate2": [
+        "--parallelism.pp=2",
+        "--parallelism.pp_schedule=Interleaved1F1B",
+        "--parallelism.pp_microbatches=2",
+        "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=1",
+    ],
+    # FSDP inside each stage, with full activation checkpointing.
+    "pp2_fsdp2_ac": ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--activation_checkpoint.mode=full"],
+    # Tensor parallelism (sequence parallel: the activation between stages is sequence-sharded).
+    "pp2_tp2_gpipe": ["--parallelism.pp=2", "--parallelism.tp=2", "--parallelism.dp_shard=1",
+                      "--parallelism.pp_schedule=GPipe"],  # fmt: skip
+}
+DETACHED_BOUNDARY = "pp4_detached_boundary"
+
+
+def stage_modules(model: nn.Module) -> list[nn.Module]:
+    """The stages this rank runs: the trainer's model, or the parts of its ModuleList."""
+    return list(model) if isinstance(model, nn.ModuleList) else [model]
+
+
+def cut_input_gradient(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The same activation forward, no gradient back to the previous stage."""
+    hidden = args[0]
+    return (hidden.detach() + 0 * hidden, *args[1:])
+
+
+def gathered_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Every stage's full_state, merged from all ranks (each pp rank holds different names)."""
+    state: dict[str, torch.Tensor] = {}
+    for stage in stage_modules(model):
+        state.update(full_state(stage, optimizer))
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, state)
+    merged: dict[str, torch.Tensor] = {}
+    for rank_state in everyone:
+        merged.update(rank_state)
+    return merged
+
+
+def run_layout(name: str, overrides: list[str], dump: Path, detach_boundary: bool = False) -> dict[str, float]:
+    from titan_tpu.trainer import Trainer
+
+    config = load_config(CONFIG, [*BASE, *overrides, f"--job.dump_folder={dump / name}"])
+    trainer = Trainer(config)
+    reference = single_process_init(config)
+    init_diff = max(
+        max_diff(p, reference[canonical_name(n)]) for stage in stage_modules(trainer.model)
+        for n, p in stage.named_parameters()
+    )  # fmt: skip
+    if detach_boundary:
+        for stage in stage_modules(trainer.model):
+            if stage.tok_embeddings is None:
+                stage.register_forward_pre_hook(cut_input_gradient)
+    records = trainer.train()
+    run = RunResult(
+        [r.step for r in records], [r.loss for r in records], [r.grad_norm for r in records],
+        gathered_state(trainer.model, trainer.optimizer),
+    )  # fmt: skip
+    if dist.get_rank() == 0:
+        run.save(dump / f"{name}.pt")
+    return {"init_max_abs_diff": init_diff}
+
+
+def reference(dump: Path) -> RunResult:
+    """The single process, same config."""
+    from parity import train_and_capture
+    from titan_tpu.trainer import Trainer
+
+    trainer = Trainer(load_config(CONFIG, [*BASE, f"--job.dump_folder={dump / 'single'}"]))
+    run = train_and_capture(trainer)
+    trainer.close()
+    return run
+
+
+def case(name: str, dump: Path) -> tuple[str, Any]:
+    if name == DETACHED_BOUNDARY:
+        return name, lambda: run_layout(name, LAYOUTS["pp4_1f1b"], dump, detach_boundary=True)
+    return name, lambda: run_layout(name, LAYOUTS[name], dump)
+
+
+def main(out: Path, names: list[str]) -> None:
+    run_cases(out, [case(name, out.parent) for name in names])
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2:])
