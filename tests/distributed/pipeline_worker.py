@@ -1,5 +1,10 @@
 """Worker for the pipeline-parallel tests: `torchrun --nproc-per-node 4 pipeline_worker.py OUT CASE...`.
 
+CHECKPOINT_CHAIN, the 4-process links of the checkpoint chain 1 -> PP 2 x FSDP 2 -> PP 4 -> 1: PP 2 x
+FSDP 2 loads the step-2 checkpoint of the one-process run in OUT's folder/chain_single (the test
+made it), trains steps 3-5 and saves 5; PP 4 loads that, trains 6-8 and saves 8. Each keeps the
+state it loaded (gathered before any step) and its run, in OUT's folder/chain_<layout>.pt.
+
 Each case is a layout of LAYOUTS (or the negative control DETACHED_BOUNDARY): a real `Trainer` on the
 Llama 3 debug model (4 layers; the parallelism suite's 10 fp32 steps, parallel_worker.layout_run),
 whose freshly initialised stages are compared with one process's initialisation, and whose run
@@ -12,6 +17,7 @@ gradients. Rank 0 writes OUT (JSON).
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,7 @@ for path in (ROOT, ROOT / "tests"):
 
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
+from checkpoint_layouts_worker import LINKS, trainer_for  # noqa: E402
 from parallel_worker import layout_run, max_diff, single_process_init  # noqa: E402
 from parity import RunResult, full_state  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
@@ -51,6 +58,12 @@ LAYOUTS: dict[str, list[str]] = {
                       "--parallelism.pp_schedule=GPipe"],  # fmt: skip
 }
 DETACHED_BOUNDARY = "pp4_detached_boundary"
+CHECKPOINT_CHAIN = "checkpoint_chain"
+# The 4-process links of the chain, in order: (name, layout).
+CHAIN_LINKS = [
+    ("pp2_fsdp2", ["--parallelism.pp=2", "--parallelism.dp_shard=2"]),
+    ("pp4", ["--parallelism.pp=4", "--parallelism.dp_shard=1"]),
+]
 
 
 def stage_modules(model: nn.Module) -> list[nn.Module]:
@@ -101,6 +114,27 @@ def run_layout(name: str, overrides: list[str], dump: Path, detach_boundary: boo
     return {"init_max_abs_diff": init_diff}
 
 
+def checkpoint_chain(work: Path) -> None:
+    source = work / "chain_single"
+    for (name, layout), step, stop in zip(CHAIN_LINKS, LINKS, LINKS[1:]):
+        dump = work / f"chain_{name}"
+        if dist.get_rank() == 0:
+            (dump / "checkpoint").mkdir(parents=True)
+            shutil.copytree(source / "checkpoint" / f"step-{step}", dump / "checkpoint" / f"step-{step}")
+        dist.barrier()
+        trainer = trainer_for(CONFIG, dump, stop, *layout)
+        assert trainer.step == step, (trainer.step, step)
+        loaded = gathered_state(trainer.model, trainer.optimizer)
+        records = trainer.train()
+        run = RunResult(
+            [r.step for r in records], [r.loss for r in records], [r.grad_norm for r in records],
+            gathered_state(trainer.model, trainer.optimizer),
+        )  # fmt: skip
+        if dist.get_rank() == 0:
+            torch.save({"loaded": loaded, "run": run.__dict__}, work / f"chain_{name}.pt")
+        source = dump
+
+
 def reference(dump: Path) -> RunResult:
     """The single process, same config."""
     from parity import train_and_capture
@@ -113,6 +147,8 @@ def reference(dump: Path) -> RunResult:
 
 
 def case(name: str, dump: Path) -> tuple[str, Any]:
+    if name == CHECKPOINT_CHAIN:
+        return name, lambda: checkpoint_chain(dump)
     if name == DETACHED_BOUNDARY:
         return name, lambda: run_layout(name, LAYOUTS["pp4_1f1b"], dump, detach_boundary=True)
     return name, lambda: run_layout(name, LAYOUTS[name], dump)

@@ -14,7 +14,13 @@ checkpointing (1F1B), PP 2 x TP 2 with sequence parallelism (GPipe), and the neg
 - identical init: every stage's parameters equal one process's initialisation bit for bit (the
   layout-invariant init keys each parameter by its unchanged name);
 - the check bites: PP 4 with every stage boundary passing the activation forward but no gradient
-  back (the earlier stages then never learn) fails the same comparison.
+  back (the earlier stages then never learn) fails the same comparison;
+- checkpoint moves 1 process -(step 2)-> PP 2 x FSDP 2 -(step 5)-> PP 4 -(step 8)-> 1 process (to
+  11), as test_checkpoint_reshard.py's chains: at each link the loaded state (parameters, both AdamW
+  moments, step counts, gathered from every stage) equals the saving run's bit for bit, and each
+  segment's 3 steps and end state match the uninterrupted one-process run. Catches stage parameters
+  or optimizer state saved or loaded under other names than one process's (a stage prefix, a
+  renumbered layer), and a stage that loads another stage's layers.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -33,22 +40,47 @@ sys.path.insert(0, str(HERE.parent))
 import pipeline_worker as worker  # noqa: E402
 from launch import torchrun  # noqa: E402
 from parallel_worker import STEPS  # noqa: E402
-from parity import RunResult, assert_matches_single_process, compare  # noqa: E402
+from checkpoint_layouts_worker import LINKS, resume, trainer_for  # noqa: E402
+from parity import (  # noqa: E402
+    EXACT,
+    RunResult,
+    assert_matches_single_process,
+    assert_parity,
+    capture_states,
+    compare,
+    compare_states,
+    train_and_capture,
+)
+from tests.one_thread import one_intra_op_thread  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CASES = [*worker.LAYOUTS, worker.DETACHED_BOUNDARY]
+CHAIN_STEPS = 11
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("pipeline_parallel")
+    data: dict[str, Any] = {}
+    with one_intra_op_thread():
+        # The chain's uninterrupted run first: its step-2 checkpoint starts the 4-process links.
+        trainer = trainer_for(worker.CONFIG, folder / "chain_single", CHAIN_STEPS, f"--checkpoint.interval={LINKS[0]}")
+        data["chain_captured"] = capture_states(trainer, set(LINKS))
+        data["chain_single"] = train_and_capture(trainer)
+        trainer.close()
     out = folder / "results.json"
-    torchrun(4, HERE / "pipeline_worker.py", str(out), *CASES, timeout=900)
-    data: dict[str, Any] = json.loads(out.read_text())
+    torchrun(4, HERE / "pipeline_worker.py", str(out), *CASES, worker.CHECKPOINT_CHAIN, timeout=900)
+    data.update(json.loads(out.read_text()))
     print(f"\n4-process launch, per part: {data['timings_s']}")
     for name in CASES:
         data[name]["run"] = RunResult.load(folder / f"{name}.pt")
-    data["single"] = worker.reference(folder)
+    with one_intra_op_thread():
+        data["single"] = worker.reference(folder)
+        saved_by = folder / f"chain_{worker.CHAIN_LINKS[-1][0]}"
+        trainer, loaded = resume(worker.CONFIG, saved_by, LINKS[-1], CHAIN_STEPS, folder / "chain_back")
+        data["chain_back"] = (loaded, train_and_capture(trainer))
+        trainer.close()
+    data["folder"] = folder
     return data
 
 
@@ -67,3 +99,24 @@ def test_parity_check_fails_for_a_boundary_without_gradient(results: dict[str, A
     report = compare(results[worker.DETACHED_BOUNDARY]["run"], results["single"])
     print(f"\n{worker.DETACHED_BOUNDARY}: {report.summary()}; e.g. {report.failures[:2]}")
     assert not report.ok
+
+
+def test_checkpoint_chain_through_pipeline_layouts(results: dict[str, Any]) -> None:
+    single, captured, folder = results["chain_single"], results["chain_captured"], results["folder"]
+    segments = []
+    for name, _ in worker.CHAIN_LINKS:
+        saved = torch.load(folder / f"chain_{name}.pt", weights_only=True)
+        segments.append((name, saved["loaded"], RunResult(**saved["run"])))
+    segments.append(("1 process", *results["chain_back"]))
+    saved_state, saved_by = captured[LINKS[0]], "1 process"
+    for (name, loaded, run), step in zip(segments, LINKS):
+        steps = {int(v) for k, v in loaded.items() if k.startswith("step/")}
+        assert steps == {step}, f"{saved_by} -> {name}: AdamW step counts {steps} after loading step {step}"
+        load_report = compare_states(loaded, saved_state, EXACT)
+        assert load_report.ok, (f"{saved_by} -> {name}", load_report.failures[:10])
+        end = run.steps[-1]
+        assert run.steps == list(range(step + 1, step + 4)), run.steps
+        reference = single.at(end, captured[end]) if end in captured else single
+        label = f"{saved_by} -> {name} (loaded state bitwise equal) against the uninterrupted run"
+        assert_parity(run, reference, label)
+        saved_state, saved_by = run.state, name

@@ -384,7 +384,9 @@ class CheckpointManager:
 
     def _states_to_load(self, folder: Path, metadata: Metadata) -> dict[str, Any]:
         keys = metadata.state_dict_metadata
-        check_model_fits(folder, ModelState(self.model).state_dict(), keys)
+        # The union over ranks: with pipeline parallelism each rank holds only its stages' tensors.
+        shapes = {k: tuple(v.shape) for k, v in ModelState(self.model).state_dict().items()}
+        check_model_fits(folder, {k: s for rank in self._gather(shapes) for k, s in rank.items()}, keys)
         states: dict[str, Any] = {"model": ModelState(self.model)}
 
         def has(prefix: str) -> bool:

@@ -38,9 +38,10 @@ class ModelState(Stateful):
         set_model_state_dict(self.model, state_dict, options=StateDictOptions(strict=True))
 
 
-def check_model_fits(folder: Any, model_state: dict[str, Any], saved_keys: dict[str, Any]) -> None:
-    """ConfigError naming the first differences between the model's tensors and the checkpoint's."""
-    here = {f"model.{k}": tuple(v.shape) for k, v in model_state.items()}
+def check_model_fits(folder: Any, model_shapes: dict[str, tuple[int, ...]], saved_keys: dict[str, Any]) -> None:
+    """ConfigError naming the first differences between the model's tensors (name -> full shape, of
+    every rank: a pipeline stage holds some of them) and the checkpoint's."""
+    here = {f"model.{k}": shape for k, shape in model_shapes.items()}
     saved = {
         k: tuple(md.size)
         for k, md in saved_keys.items()
@@ -61,18 +62,24 @@ def check_model_fits(folder: Any, model_state: dict[str, Any], saved_keys: dict[
         )
 
 
+_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 class OptimizerState(Stateful):
-    """Keyed by parameter name, not by position, so it survives re-wrapping and resharding."""
+    """Keyed by parameter name, not by position, so it survives re-wrapping and resharding: every
+    value under its own key, the param groups' settings too (`optimizer.param_groups.<name>.lr`),
+    so a pipeline stage loads its parameters' entries and nothing else (a list of groups would be
+    matched by position, and a stage's groups hold other parameters than one process's)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model = model
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        return get_optimizer_state_dict(self.model, self.optimizer)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=_FLAT)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict, options=_FLAT)
 
 
 def _leaf(value: Any) -> tuple[Any]:
