@@ -65,6 +65,11 @@ def precision_of(config: TrainConfig) -> Precision:
 
 def layout_of(config: TrainConfig, devices: int) -> Layout:
     dims = ParallelDims.from_config(config.parallelism, devices)
+    if dims.pp_enabled:
+        # Its memory and step time would be those of the whole model on every rank: wrong, not rough.
+        raise ConfigError(
+            f"parallelism.pp = {dims.pp}: the planner does not model pipeline stages yet; plan with parallelism.pp = 1"
+        )
     micro_batch, grad_accum = split_global_batch(
         config.training.global_batch_size, config.training.local_batch_size, dims.dp
     )
