@@ -5,8 +5,8 @@ FSDP 2 loads the step-2 checkpoint of the one-process run in OUT's folder/chain_
 made it), trains steps 3-5 and saves 5; PP 4 loads that, trains 6-8 and saves 8. Each keeps the
 state it loaded (gathered before any step) and its run, in OUT's folder/chain_<layout>.pt.
 
-Each case is a layout of LAYOUTS (or the negative control DETACHED_BOUNDARY): a real `Trainer` on the
-Llama 3 debug model (4 layers; the parallelism suite's 10 fp32 steps, parallel_worker.layout_run),
+Each other case is a layout of LAYOUTS (or the negative control DETACHED_BOUNDARY): a real
+`Trainer` on the Llama 3 debug model (4 layers; the parallelism suite's 10 fp32 steps, parallel_worker.layout_run),
 whose freshly initialised stages are compared with one process's initialisation, and whose run
 (per-step loss and gradient norm, and every stage's final parameters and AdamW state, gathered from
 all ranks and keyed by canonical name) is saved to OUT's folder/<case>.pt for the test to compare
@@ -53,9 +53,11 @@ LAYOUTS: dict[str, list[str]] = {
     ],
     # FSDP inside each stage, with full activation checkpointing.
     "pp2_fsdp2_ac": ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--activation_checkpoint.mode=full"],
-    # Tensor parallelism (sequence parallel: the activation between stages is sequence-sharded).
-    "pp2_tp2_gpipe": ["--parallelism.pp=2", "--parallelism.tp=2", "--parallelism.dp_shard=1",
-                      "--parallelism.pp_schedule=GPipe"],  # fmt: skip
+    # Tensor parallelism (sequence parallel: each stage gathers its output sequence, and the next
+    # shards it again) with per-block torch.compile (aot_eager, as the parallelism suite's TP 2 x FSDP 2).
+    "pp2_tp2_gpipe_compiled": ["--parallelism.pp=2", "--parallelism.tp=2", "--parallelism.dp_shard=1",
+                               "--parallelism.pp_schedule=GPipe", "--compile.enable=true",
+                               "--compile.backend=aot_eager"],  # fmt: skip
 }
 DETACHED_BOUNDARY = "pp4_detached_boundary"
 CHECKPOINT_CHAIN = "checkpoint_chain"
