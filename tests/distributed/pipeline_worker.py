@@ -58,6 +58,9 @@ LAYOUTS: dict[str, list[str]] = {
     "pp2_tp2_gpipe_compiled": ["--parallelism.pp=2", "--parallelism.tp=2", "--parallelism.dp_shard=1",
                                "--parallelism.pp_schedule=GPipe", "--compile.enable=true",
                                "--compile.backend=aot_eager"],  # fmt: skip
+    # The zero-bubble schedule (input and weight gradients computed apart) with FSDP inside the stages.
+    "pp2_zero_bubble_fsdp2": ["--parallelism.pp=2", "--parallelism.pp_schedule=InterleavedZeroBubble",
+                              "--parallelism.pp_microbatches=2", "--parallelism.dp_shard=2"],  # fmt: skip
 }
 DETACHED_BOUNDARY = "pp4_detached_boundary"
 CHECKPOINT_CHAIN = "checkpoint_chain"

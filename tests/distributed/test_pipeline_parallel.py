@@ -3,8 +3,8 @@
 One torchrun launch of pipeline_worker.py trains the Llama 3 debug model (4 layers) 10 fp32 steps
 (warmup 2) through the real Trainer in each layout: PP 4 with 1F1B (one layer per stage), PP 2
 Interleaved1F1B (two stages per rank) x replicate 2, PP 2 x FSDP 2 with full activation
-checkpointing (1F1B), PP 2 x TP 2 with sequence parallelism and compiled blocks (GPipe), and the
-negative control.
+checkpointing (1F1B), PP 2 x TP 2 with sequence parallelism and compiled blocks (GPipe), PP 2 x
+FSDP 2 with InterleavedZeroBubble (two stages per rank), and the negative control.
 - parity: every step's loss and gradient norm and the final parameters and AdamW moments of every
   stage, gathered from all ranks, match the single process within the layout suite's tolerances
   (parity.py). Catches a loss normalised per micro-batch rather than over the batch (or scaled

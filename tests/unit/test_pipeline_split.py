@@ -37,6 +37,12 @@ def test_interleaved_runs_two_looped_stages_per_rank() -> None:
     assert plan.microbatches == 4
 
 
+def test_zero_bubble_runs_two_stages_per_rank() -> None:
+    plan = plan_pipeline(parallelism(pp=2, pp_schedule="InterleavedZeroBubble"), n_layers=8, local_batch_size=4)
+    assert plan.stage_layers == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert plan.stages_of_rank(1) == [1, 3]
+
+
 def test_layers_per_stage_override() -> None:
     plan = plan_pipeline(parallelism(pp=2, pp_schedule="Interleaved1F1B", pp_layers_per_stage=2), 8, 4)
     assert plan.stage_layers == ((0, 1), (2, 3), (4, 5), (6, 7))

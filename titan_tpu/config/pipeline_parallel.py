@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from titan_tpu.config.loader import TrainConfig
 
 # Schedules that run several stages on each pp rank (torch.distributed.pipelining's
-# PipelineScheduleMulti); the others run exactly one.
-MULTI_STAGE_SCHEDULES = ("Interleaved1F1B",)
+# PipelineScheduleMulti; the zero-bubble one computes input and weight gradients apart, filling the
+# bubble with the latter); the others run exactly one.
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble")
 
 
 def check_pipeline_parallel(config: TrainConfig) -> None:

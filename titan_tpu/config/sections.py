@@ -240,14 +240,18 @@ class ParallelismConfig:
         "Pipeline-parallel degree (outermost axis): the model's layers split into stages, one stage (or "
         "several, with an interleaved schedule) per pp rank.",
     )
-    pp_schedule: Literal["1F1B", "Interleaved1F1B", "GPipe"] = opt(
-        "1F1B", "With pp > 1, the order of micro-batch forwards and backwards (torch.distributed.pipelining)."
+    pp_schedule: Literal["1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble"] = opt(
+        "1F1B",
+        "With pp > 1, the order of micro-batch forwards and backwards (torch.distributed.pipelining); the "
+        "interleaved ones run two stages per rank.",
     )
     pp_microbatches: int = opt(
         -1, "With pp > 1, micro-batches each local batch is split into; -1 = the number of stages."
     )
     pp_layers_per_stage: int = opt(
-        -1, "With pp > 1, decoder layers in each stage; -1 = the model's layers split evenly over pp ranks."
+        -1,
+        "With pp > 1, decoder layers in each stage; -1 = the model's layers split evenly over the stages (one "
+        "per pp rank, two with an interleaved schedule).",
     )
     sequence_parallel: bool = opt(True, "With tp > 1, shard norms and residuals along the sequence.")
     loss_parallel: bool = opt(False, "With tp > 1, compute the loss on vocab-sharded logits.")

@@ -23,7 +23,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
 
 from titan_tpu.config import TrainConfig
 from titan_tpu.config.errors import ConfigError
@@ -33,7 +39,12 @@ from titan_tpu.distributed.pipeline_plan import MULTI_STAGE_SCHEDULES, PipelineP
 
 IGNORE_INDEX = -100
 # parallelism.pp_schedule -> torch's schedule (the public ones of torch.distributed.pipelining).
-SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe, "Interleaved1F1B": ScheduleInterleaved1F1B}
+SCHEDULES = {
+    "1F1B": Schedule1F1B,
+    "GPipe": ScheduleGPipe,
+    "Interleaved1F1B": ScheduleInterleaved1F1B,
+    "InterleavedZeroBubble": ScheduleInterleavedZeroBubble,
+}
 
 
 def stage_models(
