@@ -243,3 +243,22 @@ def test_missing_torch_tpu_says_how_to_install(monkeypatch: pytest.MonkeyPatch) 
 def test_off_tpu_the_order_is_row_major(device_type: str) -> None:
     layout = topology.build_rank_layout(device_type, NAMES, (2, 2, 2), rank=0)
     assert layout.tolist() == np.arange(8).reshape(2, 2, 2).tolist()
+
+
+def test_pp_is_the_axis_that_spans_slices(replay, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With pipeline parallelism the mesh is (pp, dp_replicate, dp_shard, tp), outermost first, and
+    the slices split pp: each pipeline's stages sit on different slices (one activation per
+    micro-batch crosses DCN), while every dp_shard and tp group stays inside one slice."""
+    devices = load("v6e_4x4_two_slices")
+    replay(devices)
+    monkeypatch.setenv(topology.SLICE_COUNT_VARIABLE, "2")
+    names = ("pp", *NAMES)
+    layout = topology.build_rank_layout("tpu", names, (2, 1, 4, 4), rank=0)
+    slices = {d.slice_index for d in devices}
+    assert sorted(layout.ravel().tolist()) == list(range(len(devices)))
+    for group in groups(layout, 0):
+        assert {devices[r].slice_index for r in group} == slices, group
+    for axis in (2, 3):
+        for group in groups(layout, axis):
+            assert len({devices[r].slice_index for r in group}) == 1, (names[axis], group)
+    assert all(neighbours([devices[r] for r in group]) for group in groups(layout, 3))

@@ -4,12 +4,13 @@ On TPU the order comes from `torch.tpu.distributed.topology_aware_mesh`, which a
 rank's chip (coordinates, core, slice) from the TPU runtime and arranges the ranks so that the
 innermost logical axes land on the fastest physical links. Its `mesh_shape` is "ordered by
 increasing network intensity": the outermost axis talks least, the last axis most. That is exactly
-our axis order (dp_replicate, dp_shard[, ep], tp), so the sizes are passed as they are.
+our axis order ([pp,] dp_replicate, dp_shard[, ep], tp), so the sizes are passed as they are.
 
-Several slices (a multi-slice job, linked over the data-centre network, DCN) are split along
-dp_replicate alone: `dcn_mesh_shape` is always given, (slices, 1, ..., 1), so the library never
-picks another axis by itself (with dp_replicate = 1 it would split dp_shard, putting FSDP traffic on
-DCN). The slice count is the launcher's MEGASCALE_NUM_SLICES, the variable libtpu itself reads for
+Several slices (a multi-slice job, linked over the data-centre network, DCN) are split along the
+first axis alone, dp_replicate (or pp, the outermost with pipeline parallelism: one activation per
+micro-batch then crosses DCN, and no gradient reduction does): `dcn_mesh_shape` is always given,
+(slices, 1, ..., 1), so the library never picks another axis by itself (with dp_replicate = 1 it
+would split dp_shard, putting FSDP traffic on DCN). The slice count is the launcher's MEGASCALE_NUM_SLICES, the variable libtpu itself reads for
 multi-slice jobs; when it disagrees with the slices the chips report, the library refuses.
 """
 
@@ -52,7 +53,7 @@ def describe_mesh(names: Sequence[str], sizes: Sequence[int]) -> str:
 
 
 def dcn_mesh_shape(names: Sequence[str], sizes: Sequence[int], slices: int) -> tuple[int, ...]:
-    """The inter-slice split: every slice on the first axis (dp_replicate), none elsewhere."""
+    """The inter-slice split: every slice on the first axis (dp_replicate, or pp), none elsewhere."""
     if sizes[0] % slices != 0:
         raise ConfigError(
             f"mesh ({describe_mesh(names, sizes)}) cannot span {slices} TPU slices: only "
