@@ -1,7 +1,7 @@
 """Worker for the pipeline-parallel tests: `torchrun --nproc-per-node 4 pipeline_worker.py OUT CASE...`.
 
 CHECKPOINT_CHAIN, the 4-process links of the checkpoint chain 1 -> PP 2 x FSDP 2 -> PP 4 -> 1: PP 2 x
-FSDP 2 loads the step-2 checkpoint of the one-process run in OUT's folder/chain_single (the test
+FSDP 2 (Interleaved1F1B, two stages per rank) loads the step-2 checkpoint of the one-process run in OUT's folder/chain_single (the test
 made it), trains steps 3-5 and saves 5; PP 4 loads that, trains 6-8 and saves 8. Each keeps the
 state it loaded (gathered before any step) and its run, in OUT's folder/chain_<layout>.pt.
 
@@ -66,14 +66,11 @@ DETACHED_BOUNDARY = "pp4_detached_boundary"
 CHECKPOINT_CHAIN = "checkpoint_chain"
 # The 4-process links of the chain, in order: (name, layout).
 CHAIN_LINKS = [
-    ("pp2_fsdp2", ["--parallelism.pp=2", "--parallelism.dp_shard=2"]),
+    # Two stages per rank: the checkpoint is saved and loaded through the stages' StageUnion.
+    ("pp2_fsdp2", ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--parallelism.pp_schedule=Interleaved1F1B",
+                   "--parallelism.pp_microbatches=2"]),  # fmt: skip
     ("pp4", ["--parallelism.pp=4", "--parallelism.dp_shard=1"]),
 ]
-
-
-def stage_modules(model: nn.Module) -> list[nn.Module]:
-    """The stages this rank runs: the trainer's model, or the parts of its ModuleList."""
-    return list(model) if isinstance(model, nn.ModuleList) else [model]
 
 
 def cut_input_gradient(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -84,9 +81,7 @@ def cut_input_gradient(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, .
 
 def gathered_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """Every stage's full_state, merged from all ranks (each pp rank holds different names)."""
-    state: dict[str, torch.Tensor] = {}
-    for stage in stage_modules(model):
-        state.update(full_state(stage, optimizer))
+    state = full_state(model, optimizer)
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, state)
     merged: dict[str, torch.Tensor] = {}
@@ -101,12 +96,9 @@ def run_layout(name: str, overrides: list[str], dump: Path, detach_boundary: boo
     config = load_config(CONFIG, [*BASE, *overrides, f"--job.dump_folder={dump / name}"])
     trainer = Trainer(config)
     reference = single_process_init(config)
-    init_diff = max(
-        max_diff(p, reference[canonical_name(n)]) for stage in stage_modules(trainer.model)
-        for n, p in stage.named_parameters()
-    )  # fmt: skip
+    init_diff = max(max_diff(p, reference[canonical_name(n)]) for n, p in trainer.model.named_parameters())
     if detach_boundary:
-        for stage in stage_modules(trainer.model):
+        for stage in trainer.pipeline.modules:
             if stage.tok_embeddings is None:
                 stage.register_forward_pre_hook(cut_input_gradient)
     records = trainer.train()

@@ -119,12 +119,6 @@ def test_unbuilt_combinations_are_refused_in_one_line(override: str, key: str) -
     assert "\n" not in str(error.value)
 
 
-def test_checkpoints_of_several_stages_per_rank_are_refused() -> None:
-    with pytest.raises(ConfigError, match="^checkpoint.enable: checkpointing with several stages per rank"):
-        load_config("llama3_debug", ["--parallelism.pp=2", "--parallelism.pp_schedule=Interleaved1F1B",
-                                     "--checkpoint.enable=true"])  # fmt: skip
-
-
 def test_the_planner_refuses_pipeline_stages() -> None:
     """Its memory and step time would be those of the whole model on every pp rank."""
     from titan_tpu.plan.planner import layout_of

@@ -3,10 +3,9 @@
 The schedule splits each data-parallel rank's batch into `parallelism.pp_microbatches` itself, so the
 trainer's gradient accumulation (training.local_batch_size) is not used on top of it. Not built for
 pipelines: context and expert parallelism, loss parallel (the loss runs inside the schedule),
-packed-document masking (document ids would travel between stages), the held-out evaluation (it
-runs the whole model on one rank), and checkpoints of several stages per rank (an interleaved
-schedule holds two stage models per rank, which the checkpoint's one model cannot name). The family
-and the task are checked by the trainer, which knows them.
+packed-document masking (document ids would travel between stages) and the held-out evaluation (it
+runs the whole model on one rank). The family and the task are checked by the trainer, which knows
+them.
 """
 
 from __future__ import annotations
@@ -41,11 +40,6 @@ def check_pipeline_parallel(config: TrainConfig) -> None:
         ),
         "data.document_mask": (config.data.document_mask, "packed-document masking", set_pp_1),
         "validation.enable": (config.validation.enable, "the held-out evaluation", set_pp_1),
-        "checkpoint.enable": (
-            config.checkpoint.enable and parallelism.pp_schedule in MULTI_STAGE_SCHEDULES,
-            f"checkpointing with several stages per rank (pp_schedule {parallelism.pp_schedule})",
-            "use pp_schedule 1F1B or GPipe",
-        ),
     }
     for key, (requested, what, fix) in refused.items():
         if requested:

@@ -64,6 +64,24 @@ def stage_models(
     return stages
 
 
+class StageUnion(nn.Module):
+    """The stages one rank runs (an interleaved schedule's two or more) as one module whose
+    parameters carry the names one process gives them: the stages' `layers` merged into one
+    ModuleDict, their other modules (embedding, norm, head, rotary tables) taken as they are. It
+    shares every module with the stages, so the optimizer and checkpoints see the stages' own
+    parameters. The schedule runs the stages; this module has no forward of its own."""
+
+    def __init__(self, stages: list[nn.Module]) -> None:
+        super().__init__()
+        for stage in stages:
+            for name, child in stage.named_children():
+                if isinstance(child, nn.ModuleDict):
+                    merged = self._modules.setdefault(name, nn.ModuleDict())
+                    merged.update(child)  # type: ignore[union-attr]
+                elif name not in self._modules:
+                    self._modules[name] = child
+
+
 class PipelineRunner:
     """One optimizer step's forward and backward of this rank's stages over the micro-batches."""
 
@@ -119,8 +137,9 @@ def build_pipeline(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> tuple[nn.Module, PipelineRunner]:
     """This rank's stages of `meta_model` (built from the ModelSpec `spec`), each parallelised and
-    materialised in the fixed order, and the runner of their schedule. The module returned is the
-    one stage, or with several stages per rank an nn.ModuleList of them (what the optimizer steps)."""
+    materialised in the fixed order, and the runner of their schedule. The module returned (what the
+    optimizer steps and checkpoints save) is the one stage, or with several stages per rank their
+    StageUnion."""
     what = f"model {config.model.name} flavor {config.model.flavor}"
     if not spec.pipeline_stages:
         raise ConfigError(
@@ -134,4 +153,4 @@ def build_pipeline(
     ]
     runner = PipelineRunner(parts, plan, ctx, device, loss_fn)
     modules = runner.modules
-    return (modules[0] if len(modules) == 1 else nn.ModuleList(modules)), runner
+    return (modules[0] if len(modules) == 1 else StageUnion(modules)), runner
