@@ -1,9 +1,10 @@
 """Worker for the pipeline-parallel tests: `torchrun --nproc-per-node 4 pipeline_worker.py OUT CASE...`.
 
 CHECKPOINT_CHAIN, the 4-process links of the checkpoint chain 1 -> PP 2 x FSDP 2 -> PP 4 -> 1: PP 2 x
-FSDP 2 (Interleaved1F1B, two stages per rank) loads the step-2 checkpoint of the one-process run in OUT's folder/chain_single (the test
-made it), trains steps 3-5 and saves 5; PP 4 loads that, trains 6-8 and saves 8. Each keeps the
-state it loaded (gathered before any step) and its run, in OUT's folder/chain_<layout>.pt.
+FSDP 2 (Interleaved1F1B, two stages per rank) loads the step-2 checkpoint of the one-process run in
+OUT's folder/chain_single (the test made it), trains steps 3-5 and saves 5; PP 4 loads that, trains
+6-8 and saves 8. Each keeps the state it loaded (gathered before any step) and its run, in OUT's
+folder/chain_<layout>.pt.
 
 Each other case is a layout of LAYOUTS (or the negative control DETACHED_BOUNDARY): a real
 `Trainer` on the Llama 3 debug model (4 layers; the parallelism suite's 10 fp32 steps, parallel_worker.layout_run),
