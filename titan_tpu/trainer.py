@@ -219,6 +219,7 @@ class Trainer:
             lr_scheduler=self.lr_scheduler,
             dataloader=self.task.data_state(),
             device_type=self.device.type,
+            pipeline_stages=self.pipeline is not None,
         )
         self.comm.govern_group(self.checkpointer.process_group)
         if not config.checkpoint.create_seed_checkpoint:

@@ -87,6 +87,45 @@ def test_resume_continues_bitwise(tmp_path: Path, async_mode: str) -> None:
     assert resumed == losses[4:]
 
 
+def _saved_keys(folder: Path) -> list[str]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return list(FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
+
+
+def test_a_checkpoint_with_positional_param_groups_still_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints written before the optimizer state was flattened per parameter name keep the
+    param groups as a list (`optimizer.param_groups.0.lr`). Bugs caught: such a checkpoint no
+    longer loading (every earlier run's checkpoints lost to a resume), or loading into a pipeline
+    stage, whose groups hold other parameters, instead of one line."""
+    from titan_tpu.checkpoint import manager as manager_module
+    from titan_tpu.checkpoint.state import OptimizerState, has_positional_param_groups
+
+    def older(model: nn.Module, optimizer: torch.optim.Optimizer, flat: bool = True) -> OptimizerState:
+        return OptimizerState(model, optimizer, flat=False)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(manager_module, "OptimizerState", older)
+        losses = run(tmp_path / "old", 6)
+    assert has_positional_param_groups(_saved_keys(tmp_path / "old" / "checkpoint" / "step-4"))
+    run(tmp_path / "new", 2)
+    assert not has_positional_param_groups(_saved_keys(tmp_path / "new" / "checkpoint" / "step-2"))
+
+    *parts, data = build(seed=123)
+    assert manager(tmp_path / "old", parts, data, load_step=4).load() == 4
+    assert [train_step(parts, data) for _ in range(2)] == losses[4:]
+
+    model, optimizer, scheduler = build()[:3]
+    staged = CheckpointManager(
+        CheckpointConfig(enable=True, load_step=4), tmp_path / "old", model=model, optimizer=optimizer,
+        pipeline_stages=True,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"keeps the optimizer's param groups by position .* parallelism.pp = 1 once"):
+        staged.load()
+
+
 def test_retention_keeps_newest_and_never_touches_later_history(tmp_path: Path) -> None:
     run(tmp_path, 6, keep_latest_k=2)
     root = tmp_path / "checkpoint"

@@ -32,6 +32,7 @@ from titan_tpu.checkpoint.state import (
     RNGState,
     TrainState,
     check_model_fits,
+    has_positional_param_groups,
 )
 from titan_tpu.checkpoint.storage import (
     METADATA_FILE,
@@ -66,7 +67,9 @@ class CheckpointManager:
         lr_scheduler: Any | None = None,
         dataloader: Any | None = None,
         device_type: str = "cpu",
+        pipeline_stages: bool = False,
     ) -> None:
+        """`pipeline_stages`: `model` holds this rank's pipeline stages only (parallelism.pp > 1)."""
         self.cfg = cfg
         self.root = Path(dump_folder) / cfg.folder
         self.model = model
@@ -74,6 +77,7 @@ class CheckpointManager:
         self.lr_scheduler = lr_scheduler
         self.dataloader = dataloader
         self.device_type = device_type
+        self.pipeline_stages = pipeline_stages
         self.train_state = TrainState()
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
@@ -395,7 +399,14 @@ class CheckpointManager:
         skipped = []
         if self.optimizer is not None:
             if has("optimizer"):
-                states["optimizer"] = OptimizerState(self.model, self.optimizer)
+                flat = not has_positional_param_groups(keys)
+                if not flat and self.pipeline_stages:
+                    raise ConfigError(
+                        f"checkpoint {folder} keeps the optimizer's param groups by position (saved by an "
+                        "older titan_tpu), which a pipeline stage cannot match to its parameters; resume it "
+                        "with parallelism.pp = 1 once, and the next checkpoint loads under any pp"
+                    )
+                states["optimizer"] = OptimizerState(self.model, self.optimizer, flat=flat)
             else:
                 skipped.append("optimizer")
         if self.lr_scheduler is not None:

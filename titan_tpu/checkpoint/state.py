@@ -9,6 +9,8 @@ Small Python states (schedule, step, data position, RNG) are saved as single ite
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -62,24 +64,33 @@ def check_model_fits(folder: Any, model_shapes: dict[str, tuple[int, ...]], save
         )
 
 
-_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+# Checkpoints saved before the optimizer state was flattened keep the param groups as a list:
+# `optimizer.param_groups.0.lr`, `optimizer.param_groups.0.params`, ...
+_POSITIONAL_GROUPS = re.compile(r"optimizer\.param_groups\.\d+\.params(\.\d+)?$")
+
+
+def has_positional_param_groups(saved_keys: Iterable[str]) -> bool:
+    """Whether a checkpoint keeps the optimizer's param groups by position (the older layout)."""
+    return any(_POSITIONAL_GROUPS.match(key) for key in saved_keys)
 
 
 class OptimizerState(Stateful):
     """Keyed by parameter name, not by position, so it survives re-wrapping and resharding: every
     value under its own key, the param groups' settings too (`optimizer.param_groups.<name>.lr`),
     so a pipeline stage loads its parameters' entries and nothing else (a list of groups would be
-    matched by position, and a stage's groups hold other parameters than one process's)."""
+    matched by position, and a stage's groups hold other parameters than one process's).
+    `flat=False` reads the older layout, whose groups are a list (`has_positional_param_groups`)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, flat: bool = True) -> None:
         self.model = model
         self.optimizer = optimizer
+        self.options = StateDictOptions(flatten_optimizer_state_dict=flat)
 
     def state_dict(self) -> dict[str, Any]:
-        return get_optimizer_state_dict(self.model, self.optimizer, options=_FLAT)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=self.options)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model, self.optimizer, state_dict, options=_FLAT)
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict, options=self.options)
 
 
 def _leaf(value: Any) -> tuple[Any]:
