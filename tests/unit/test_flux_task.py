@@ -17,6 +17,7 @@ from titan_tpu import models
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.loader import load_config
 from titan_tpu.config.task_sections import FluxConfig
+from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.tasks.base import TaskContext
 from titan_tpu.tasks.rectified_flow.data import (
     COLORS,
@@ -180,9 +181,9 @@ def _task(tmp_path: Path, *overrides: str) -> tuple[RectifiedFlowTask, torch.nn.
     spec = models.get_model_spec("flux")
     ctx = TaskContext(
         config=config, spec=spec, device=torch.device("cpu"), compute_dtype=torch.float32,
-        parallel=None, dp_rank=0, dp_world=1, local_batch_size=4, grad_accum_steps=1, dump_folder=tmp_path,
+        parallel=ParallelContext(ParallelDims.from_config(config.parallelism, 1)), dp_rank=0, dp_world=1, local_batch_size=4, grad_accum_steps=1, dump_folder=tmp_path,
         is_writer=True,
-    )  # type: ignore[arg-type]  # fmt: skip
+    )  # fmt: skip
     task = RectifiedFlowTask(ctx)
     args = task.model_args(spec.flavor(config.model.flavor))
     torch.manual_seed(0)
