@@ -237,6 +237,32 @@ def assert_parity(run: RunResult, reference: RunResult, label: str, tol: Toleran
     assert report.ok, (label, report.failures[:10])
 
 
+def assert_checkpoint_chain(
+    segments: list[tuple[str, dict[str, torch.Tensor], RunResult]],
+    links: Iterable[int],
+    single: RunResult,
+    captured: dict[int, dict[str, torch.Tensor]],
+    label: str,
+) -> None:
+    """A checkpoint moved through layouts: segment i (a layout's name, the state it loaded at step
+    links[i], the steps it ran after) must have loaded exactly what the one before it saved (the
+    one-process run's state first) and continue like the uninterrupted one-process run `single`,
+    whose states at the saved steps are `captured`."""
+    links = list(links)
+    saved_state, saved_by = captured[links[0]], "1 process"
+    for (name, loaded, run), step in zip(segments, links):
+        steps = {int(v) for k, v in loaded.items() if k.startswith("step/")}
+        assert steps == {step}, f"{saved_by} -> {name}: AdamW step counts {steps} after loading step {step}"
+        load_report = compare_states(loaded, saved_state, EXACT)
+        assert load_report.ok, (f"{saved_by} -> {name}", load_report.failures[:10])
+        end = run.steps[-1]
+        assert run.steps == list(range(step + 1, step + 4)), run.steps
+        reference = single.at(end, captured[end]) if end in captured else single
+        what = f"{label}{saved_by} -> {name} (loaded state bitwise equal) against the uninterrupted run"
+        assert_parity(run, reference, what)
+        saved_state, saved_by = run.state, name
+
+
 def assert_matches_single_process(
     run: RunResult, single: RunResult, steps: int, label: str, tol: Tolerance = DEFAULT
 ) -> None:

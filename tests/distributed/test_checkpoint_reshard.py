@@ -36,7 +36,15 @@ sys.path.insert(0, str(WORKER.parent))
 
 from checkpoint_layouts_worker import ASYNC_STEPS, CHAINS, LINKS, STEPS, resume, trainer_for  # noqa: E402
 from launch import torchrun  # noqa: E402
-from parity import EXACT, RunResult, assert_parity, capture_states, compare_states, train_and_capture  # noqa: E402
+from parity import (  # noqa: E402
+    EXACT,
+    RunResult,
+    assert_checkpoint_chain,
+    assert_parity,
+    capture_states,
+    compare_states,
+    train_and_capture,
+)
 from test_hf_roundtrip import ARGS as LLAMA_ARGS  # noqa: E402
 from test_hf_roundtrip import assert_logits_match, random_hf_model  # noqa: E402
 
@@ -113,19 +121,7 @@ def test_reshard_chain_keeps_state_and_matches_uninterrupted(runs: dict[str, Any
     _, links = CHAINS[tag]
     segments = [(name, *segment(runs["work"], name)) for name, _ in links]
     segments.append(("1 process", *runs[f"{tag}_back"]))
-    saved_state = captured[LINKS[0]]  # the one-process run's state at its step-2 save
-    saved_by = "1 process"
-    for (name, loaded, run), step in zip(segments, LINKS):
-        steps = {int(v) for k, v in loaded.items() if k.startswith("step/")}
-        assert steps == {step}, f"{saved_by} -> {name}: AdamW step counts {steps} after loading step {step}"
-        load_report = compare_states(loaded, saved_state, EXACT)
-        assert load_report.ok, (f"{saved_by} -> {name}", load_report.failures[:10])
-        end = run.steps[-1]
-        assert run.steps == list(range(step + 1, step + 4)), run.steps
-        reference = single.at(end, captured[end]) if end in captured else single
-        label = f"{tag} {saved_by} -> {name} (loaded state bitwise equal) against the uninterrupted run"
-        assert_parity(run, reference, label)
-        saved_state, saved_by = run.state, name
+    assert_checkpoint_chain(segments, LINKS, single, captured, f"{tag} ")
 
 
 @pytest.mark.slow

@@ -43,13 +43,11 @@ from launch import torchrun  # noqa: E402
 from parallel_worker import STEPS  # noqa: E402
 from checkpoint_layouts_worker import LINKS, resume, trainer_for  # noqa: E402
 from parity import (  # noqa: E402
-    EXACT,
     RunResult,
+    assert_checkpoint_chain,
     assert_matches_single_process,
-    assert_parity,
     capture_states,
     compare,
-    compare_states,
     train_and_capture,
 )
 from tests.one_thread import one_intra_op_thread  # noqa: E402
@@ -109,15 +107,4 @@ def test_checkpoint_chain_through_pipeline_layouts(results: dict[str, Any]) -> N
         saved = torch.load(folder / f"chain_{name}.pt", weights_only=True)
         segments.append((name, saved["loaded"], RunResult(**saved["run"])))
     segments.append(("1 process", *results["chain_back"]))
-    saved_state, saved_by = captured[LINKS[0]], "1 process"
-    for (name, loaded, run), step in zip(segments, LINKS):
-        steps = {int(v) for k, v in loaded.items() if k.startswith("step/")}
-        assert steps == {step}, f"{saved_by} -> {name}: AdamW step counts {steps} after loading step {step}"
-        load_report = compare_states(loaded, saved_state, EXACT)
-        assert load_report.ok, (f"{saved_by} -> {name}", load_report.failures[:10])
-        end = run.steps[-1]
-        assert run.steps == list(range(step + 1, step + 4)), run.steps
-        reference = single.at(end, captured[end]) if end in captured else single
-        label = f"{saved_by} -> {name} (loaded state bitwise equal) against the uninterrupted run"
-        assert_parity(run, reference, label)
-        saved_state, saved_by = run.state, name
+    assert_checkpoint_chain(segments, LINKS, single, captured, "")
