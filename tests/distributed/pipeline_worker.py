@@ -102,14 +102,19 @@ def run_layout(name: str, overrides: list[str], dump: Path, detach_boundary: boo
         for stage in trainer.pipeline.modules:
             if stage.tok_embeddings is None:
                 stage.register_forward_pre_hook(cut_input_gradient)
-    records = trainer.train()
-    run = RunResult(
-        [r.step for r in records], [r.loss for r in records], [r.grad_norm for r in records],
-        gathered_state(trainer.model, trainer.optimizer),
-    )  # fmt: skip
+    run = trained(trainer)
     if dist.get_rank() == 0:
         run.save(dump / f"{name}.pt")
     return {"init_max_abs_diff": init_diff}
+
+
+def trained(trainer: Any) -> RunResult:
+    """Train to the end; the steps, losses, grad norms and the gathered final state (every stage's)."""
+    records = trainer.train()
+    return RunResult(
+        [r.step for r in records], [r.loss for r in records], [r.grad_norm for r in records],
+        gathered_state(trainer.model, trainer.optimizer),
+    )  # fmt: skip
 
 
 def checkpoint_chain(work: Path) -> None:
@@ -123,11 +128,7 @@ def checkpoint_chain(work: Path) -> None:
         trainer = trainer_for(CONFIG, dump, stop, *layout)
         assert trainer.step == step, (trainer.step, step)
         loaded = gathered_state(trainer.model, trainer.optimizer)
-        records = trainer.train()
-        run = RunResult(
-            [r.step for r in records], [r.loss for r in records], [r.grad_norm for r in records],
-            gathered_state(trainer.model, trainer.optimizer),
-        )  # fmt: skip
+        run = trained(trainer)
         if dist.get_rank() == 0:
             torch.save({"loaded": loaded, "run": run.__dict__}, work / f"chain_{name}.pt")
         source = dump
