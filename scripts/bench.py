@@ -15,8 +15,9 @@ efficiency (tokens/s per process relative to one process).
 --matrix runs every (config x layout) case, each in its own process(es), and writes one JSON line per
 case to <out>/bench.jsonl as it finishes (one file to plot and compare, in the format of metrics.jsonl;
 a matrix stopped midway keeps the cases it finished). A layout names the degrees of the parallelism
-axes joined by "x": dp (dp_replicate), fsdp (dp_shard), tp, ep (carved from fsdp), e.g. fsdp4,
-tp2xfsdp2, fsdp4xep2; "1" is one process. Its process count is dp x fsdp x tp. A case the config
+axes joined by "x": dp (dp_replicate), fsdp (dp_shard), tp, ep (carved from fsdp), cp, pp, e.g.
+fsdp4, tp2xfsdp2, fsdp4xep2, pp2xfsdp2; "1" is one process. Its process count is
+dp x fsdp x tp x cp x pp. A case the config
 cannot run (an ep that does not divide the experts, tp on a model without a tensor-parallel plan) is
 recorded as skipped with the reason; a case that crashes as failed, with its log in <out>/logs/.
 """
@@ -169,10 +170,10 @@ def scaling(config_name: str, counts: list[int], passthrough: list[str]) -> None
 
 
 # Layout axis names -> [parallelism] keys.
-AXES = {"dp": "dp_replicate", "fsdp": "dp_shard", "tp": "tp", "ep": "ep"}
+AXES = {"dp": "dp_replicate", "fsdp": "dp_shard", "tp": "tp", "ep": "ep", "cp": "cp", "pp": "pp"}
 LAYOUT_HELP = (
-    "axes with degrees joined by 'x' (dp = dp_replicate, fsdp = dp_shard, tp, ep), e.g. fsdp4, tp2xfsdp2, "
-    "fsdp4xep2; or 1 for one process"
+    "axes with degrees joined by 'x' (dp = dp_replicate, fsdp = dp_shard, tp, ep, cp, pp), e.g. fsdp4, "
+    "tp2xfsdp2, fsdp4xep2, pp2xfsdp2; or 1 for one process"
 )
 RESULTS_FILE = "bench.jsonl"
 
@@ -187,10 +188,12 @@ class Layout:
     dp_shard: int = 1
     tp: int = 1
     ep: int = 1
+    cp: int = 1
+    pp: int = 1
 
     @property
     def processes(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp  # ep is carved out of dp_shard
+        return self.dp_replicate * self.dp_shard * self.tp * self.cp * self.pp  # ep is carved out of dp_shard
 
     def degrees(self) -> dict[str, int]:
         return {key: getattr(self, key) for key in AXES.values()}
@@ -204,7 +207,7 @@ def parse_layout(text: str) -> Layout:
         return Layout("1")
     degrees: dict[str, int] = {}
     for part in text.split("x"):
-        match = re.fullmatch(r"(dp|fsdp|tp|ep)([1-9][0-9]*)", part)
+        match = re.fullmatch(r"(dp|fsdp|tp|ep|cp|pp)([1-9][0-9]*)", part)
         if match is None or AXES[match[1]] in degrees:
             raise ConfigError(f"--layouts: '{text}' is not a layout; write {LAYOUT_HELP}")
         degrees[AXES[match[1]]] = int(match[2])

@@ -31,11 +31,14 @@ _spec.loader.exec_module(bench)
 @pytest.mark.parametrize(
     ("text", "degrees", "processes"),
     [
-        ("1", {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "ep": 1}, 1),
-        ("fsdp4", {"dp_replicate": 1, "dp_shard": 4, "tp": 1, "ep": 1}, 4),
-        ("tp2xfsdp2", {"dp_replicate": 1, "dp_shard": 2, "tp": 2, "ep": 1}, 4),
-        ("fsdp4xep2", {"dp_replicate": 1, "dp_shard": 4, "tp": 1, "ep": 2}, 4),  # ep is carved from fsdp
-        ("dp2xfsdp2xtp2", {"dp_replicate": 2, "dp_shard": 2, "tp": 2, "ep": 1}, 8),
+        ("1", {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "ep": 1, "cp": 1, "pp": 1}, 1),
+        ("fsdp4", {"dp_replicate": 1, "dp_shard": 4, "tp": 1, "ep": 1, "cp": 1, "pp": 1}, 4),
+        ("tp2xfsdp2", {"dp_replicate": 1, "dp_shard": 2, "tp": 2, "ep": 1, "cp": 1, "pp": 1}, 4),
+        # ep is carved from fsdp
+        ("fsdp4xep2", {"dp_replicate": 1, "dp_shard": 4, "tp": 1, "ep": 2, "cp": 1, "pp": 1}, 4),
+        ("dp2xfsdp2xtp2", {"dp_replicate": 2, "dp_shard": 2, "tp": 2, "ep": 1, "cp": 1, "pp": 1}, 8),
+        ("pp2xfsdp2", {"dp_replicate": 1, "dp_shard": 2, "tp": 1, "ep": 1, "cp": 1, "pp": 2}, 4),
+        ("cp2xfsdp2", {"dp_replicate": 1, "dp_shard": 2, "tp": 1, "ep": 1, "cp": 2, "pp": 1}, 4),
     ],
 )
 def test_layouts_parse_into_degrees_and_process_counts(text: str, degrees: dict[str, int], processes: int) -> None:
@@ -58,6 +61,7 @@ def test_cases_the_degrees_cannot_run_are_skipped_with_the_reason() -> None:
     assert problem is not None and "ep 4 must divide dp_shard 2" in problem
     assert bench.case_problem("qwen3_moe_debug", bench.parse_layout("fsdp4xep2"), []) is None
     assert bench.case_problem("llama3_debug", bench.parse_layout("tp2xfsdp2"), []) is None
+    assert bench.case_problem("llama3_debug", bench.parse_layout("pp2xfsdp2"), []) is None
 
 
 def test_matrix_runs_a_case_and_skips_another_into_one_jsonl(tmp_path: Path) -> None:
