@@ -37,8 +37,8 @@ from titan_tpu.distributed.grad_utils import clip_grad_norm_, sum_over
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import parallelize_model
 from titan_tpu.distributed.pipeline import PipelineRunner, build_pipeline
-from titan_tpu.distributed.tensor_parallel import local_value, loss_context
 from titan_tpu.distributed.topology import build_rank_layout
+from titan_tpu.forward_backward import accumulated_forward_backward, pipeline_forward_backward
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 from titan_tpu.metrics.mfu import mfu_percent, task_flops_per_sec, with_task_mfu
 from titan_tpu.metrics.plot import write_run_loss_chart
@@ -248,36 +248,13 @@ class Trainer:
     # ------------------------------------------------------------------------------------ loop
 
     def forward_backward(self) -> tuple[torch.Tensor, int]:
-        """Loss and gradients of one optimizer step over `grad_accum_steps` micro-batches: the mean
-        micro-batch loss (a device tensor, this rank's) and the items this rank trained on."""
+        """Loss and gradients of one optimizer step (titan_tpu/forward_backward.py): the step's mean
+        loss (a device tensor, this rank's) and the items this rank trained on."""
         if self.pipeline is not None:
-            return self._pipeline_forward_backward()
-        loss_sum = torch.zeros((), device=self.device.torch_device)
-        items = 0
-        for _ in range(self.grad_accum_steps):
-            # Every forward of the model runs in the run's one precision: a task's batch may come from
-            # the model (GRPO's sampling and rollout log-probabilities), and must match its loss.
-            with self.task.ctx.autocast():
-                batch = self.task.next_batch(self.model)
-            # With loss parallel the logits are vocab-sharded: loss and backward run in its context.
-            with loss_context(self.parallel.loss_parallel_enabled):
-                with self.task.ctx.autocast():
-                    result = self.task.loss(self.model, batch)
-                # Every micro-batch weighs the same, so the mean of the means is the step's mean.
-                loss = result.loss / self.grad_accum_steps
-                loss.backward()
-            loss_sum += local_value(loss.detach())
-            items += result.items
-        return loss_sum, items
-
-    def _pipeline_forward_backward(self) -> tuple[torch.Tensor, int]:
-        """The schedule's micro-batches of one batch through this rank's stages: the batch's mean
-        loss on the last stage's ranks (0 on the others) and the items of the batch."""
-        with self.task.ctx.autocast():
-            batch = self.task.next_batch(self.model)
-            input_ids, labels, items = self.task.pipeline_inputs(batch)  # type: ignore[attr-defined]
-            assert self.pipeline is not None
-            return self.pipeline.step(input_ids, labels), items
+            return pipeline_forward_backward(self.model, self.pipeline, self.task)
+        loss_parallel = self.parallel.loss_parallel_enabled
+        device = self.device.torch_device
+        return accumulated_forward_backward(self.model, self.task, self.grad_accum_steps, loss_parallel, device)
 
     def optimizer_step(self) -> torch.Tensor:
         """Clip, step the optimizer and the schedule; returns the gradient norm before clipping (a

@@ -30,6 +30,7 @@ _ENGINE = (
     "titan_tpu.kernels",
     "titan_tpu.tasks",
     "titan_tpu.trainer",
+    "titan_tpu.forward_backward",
     "titan_tpu.seeding",
     "titan_tpu.registered_names",
 )
