@@ -40,6 +40,7 @@ QWEN3_MOE_SPEC = ModelSpec(
     block_activations=qwen3_moe_block_activations,
     expert_routing=qwen3_moe_routing,
     tunables=(ATTENTION, EXPERTS, LOSS_CHUNKS),
+    pipeline_stages=True,
 )
 register_model(QWEN3_SPEC)
 register_model(QWEN3_MOE_SPEC)

@@ -80,8 +80,13 @@ class _AuxLossGradient:
         # every rank's loss holds the same aux term, so d(sum of the ranks' losses) / d(local P) is
         # `replicas` times the local derivative; data parallelism then averages it back.
         self.replicas = 1
+        # In a pipeline stage before the last: d loss / d (prob sums) as the next stage sent it back
+        # (the same vector for every layer, see `_StageRouterTotals`).
+        self.from_next_stage: torch.Tensor | None = None
 
     def prob_sums_grad(self) -> torch.Tensor | None:
+        if self.from_next_stage is not None:
+            return self.from_next_stage
         if self.upstream is None or self.counts is None:
             return None  # aux_loss took no part in the loss
         scale = self.upstream * (self.replicas * self.num_experts) / (self.rows * self.rows)
@@ -115,6 +120,23 @@ class _AuxLossValue(torch.autograd.Function):
         return None, None, None
 
 
+class _StageRouterTotals(torch.autograd.Function):
+    """A pipeline stage's router totals for the next stage (the value, gradient-free); in backward
+    records the gradient the next stage sent for their prob-sums row, which `_InjectAuxGradient`
+    then hands to this stage's layers and, at the stage's input, to the previous stage. Anchored on
+    the stage's output hidden states like `_AuxLossValue`, so it runs before any block's backward."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, totals: torch.Tensor, tracker: _AuxLossGradient) -> torch.Tensor:
+        ctx.tracker = tracker
+        return totals.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        ctx.tracker.from_next_stage = grad[1].detach()
+        return None, None, None
+
+
 class MoEOutput(NamedTuple):
     """What the MoE model returns: the logits, the load-balancing loss (unweighted, as transformers
     reports `aux_loss`) and the weight the training loss gives it."""
@@ -145,14 +167,21 @@ class Qwen3MoeModel(Qwen3Model):
     def forward(  # type: ignore[override]
         self,
         tokens: torch.Tensor,
+        router_totals: torch.Tensor | None = None,
+        *,
         cache: KVCache | None = None,
         start_pos: int = 0,
         key_padding_mask: torch.Tensor | None = None,
         document_ids: torch.Tensor | None = None,
-    ) -> MoEOutput:
+    ) -> MoEOutput | tuple[torch.Tensor, ...]:
         """`document_ids` [B, S] keeps packed documents apart (models/common/documents.py). Generation
         and padded batches pass a `KVCache` / `key_padding_mask` as for the dense model (kv_cache.py);
-        there the router statistics are not gathered and the aux loss is 0."""
+        there the router statistics are not gathered and the aux loss is 0.
+
+        A pipeline stage (cut by `keep_pipeline_stage`) runs `_stage_forward` instead: `tokens` is the
+        previous stage's hidden states unless it is the first, `router_totals` that stage's totals."""
+        if self.tok_embeddings is None or self.norm is None:
+            return self._stage_forward(tokens, router_totals)
         if cache is not None or key_padding_mask is not None:
             return self._generation_forward(tokens, cache, start_pos, key_padding_mask)
         h = self.tok_embeddings(tokens)
@@ -177,6 +206,51 @@ class Qwen3MoeModel(Qwen3Model):
         aux_loss = _AuxLossValue.apply(h, value, tracker) if torch.is_grad_enabled() else value
         return MoEOutput(self.logits(h), aux_loss, self.args.router_aux_loss_coef)
 
+    def _stage_forward(
+        self, inputs: torch.Tensor, router_totals: torch.Tensor | None
+    ) -> tuple[torch.Tensor, ...]:
+        """One pipeline stage of the training forward. The load-balancing loss needs every layer's
+        router statistics, so each stage adds its layers' (counts, prob sums) to the totals the
+        previous stage passed on ([2, E], float32) and hands them to the next with its hidden
+        states; the last stage forms the aux loss from them exactly as `forward` does, per
+        micro-batch (as gradient accumulation does without pp). The aux gradient, one [E] vector
+        for every layer, travels back the same way: caught where the totals leave the stage (or
+        where the aux loss is formed) and injected at each block's output and the stage's input.
+        Returns (hidden states, totals), or on the last stage the MoEOutput's fields as a tuple."""
+        h = self.tok_embeddings(inputs) if self.tok_embeddings is not None else inputs
+        # Every layer routes every token of the micro-batch (the full sequence also under tp).
+        rows = self.args.n_layers * inputs.shape[0] * inputs.shape[1]
+        cos, sin = self.rope(inputs.shape[1])
+        tracker = _AuxLossGradient(self.args.num_experts)
+        grad_enabled = torch.is_grad_enabled()
+        if router_totals is None:
+            router_totals = torch.zeros(2, self.args.num_experts, device=h.device, dtype=torch.float32)
+        elif grad_enabled and router_totals.requires_grad:
+            # The earlier stages' prob sums take the same gradient as this stage's layers'.
+            h = _InjectAuxGradient.apply(h, router_totals[1], tracker)
+        stats: list[RouterStats] = []
+        for layer in self.layers.values():
+            h, layer_stats = layer(h, cos, sin)
+            stats.append(layer_stats)
+            if grad_enabled and layer_stats.prob_sums.requires_grad:
+                h = _InjectAuxGradient.apply(h, layer_stats.prob_sums, tracker)
+        with torch.no_grad():
+            totals = router_totals.detach() + torch.stack(
+                [torch.stack([s.counts for s in stats]).sum(0), torch.stack([s.prob_sums for s in stats]).sum(0)]
+            )
+        if self.norm is None:
+            return h, (_StageRouterTotals.apply(h, totals, tracker) if grad_enabled else totals)
+        with torch.no_grad():
+            if self.sum_router_stats is not None:
+                totals, tracker.replicas = self.sum_router_stats(totals)
+                rows *= tracker.replicas
+            value = load_balancing_loss([RouterStats(totals[0], totals[1], rows)], self.args.num_experts)
+            tracker.counts, tracker.rows = totals[0], rows
+        aux_loss = _AuxLossValue.apply(h, value, tracker) if grad_enabled else value
+        coef = torch.tensor(self.args.router_aux_loss_coef, device=h.device)
+        # A plain tuple: torch.distributed.pipelining takes only a list or tuple as a stage's outputs.
+        return tuple(MoEOutput(self.logits(h), aux_loss, coef))
+
     def _generation_forward(
         self, tokens: torch.Tensor, cache: KVCache | None, start_pos: int, key_padding_mask: torch.Tensor | None
     ) -> MoEOutput:
@@ -191,7 +265,13 @@ class Qwen3MoeModel(Qwen3Model):
         return MoEOutput(self.logits(h), no_aux, self.args.router_aux_loss_coef)
 
 
-def moe_loss(output: MoEOutput, labels: torch.Tensor, chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+def moe_loss(
+    output: MoEOutput | tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    labels: torch.Tensor,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> torch.Tensor:
     """Training loss of the MoE model, as transformers' Qwen3MoeForCausalLM forms it with labels:
-    mean next-token cross-entropy + router_aux_loss_coef * load-balancing loss."""
-    return cross_entropy_loss(output.logits, labels, chunk_elements) + output.aux_loss_coef * output.aux_loss
+    mean next-token cross-entropy + router_aux_loss_coef * load-balancing loss. `output` may be the
+    MoEOutput's fields as a plain tuple: what a pipeline's last stage returns (see `_stage_forward`)."""
+    logits, aux_loss, aux_loss_coef = output
+    return cross_entropy_loss(logits, labels, chunk_elements) + aux_loss_coef * aux_loss

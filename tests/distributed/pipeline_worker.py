@@ -13,13 +13,15 @@ whose freshly initialised stages are compared with one process's initialisation,
 all ranks and keyed by canonical name) is saved to OUT's folder/<case>.pt for the test to compare
 with a single process. DETACHED_BOUNDARY is PP 4 with every stage after the first cutting the
 gradient of its input activation (the forward value is unchanged), so the earlier stages get zero
-gradients. Rank 0 writes OUT (JSON).
+gradients. The cases of MOE_LAYOUTS (and their negative control MOE_TOTALS_CUT) do the same on the
+Qwen 3 MoE debug model, compared with the one process of MOE_REFERENCE. Rank 0 writes OUT (JSON).
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,21 @@ LAYOUTS: dict[str, list[str]] = {
                               "--parallelism.pp_microbatches=2", "--parallelism.dp_shard=2"],  # fmt: skip
 }
 DETACHED_BOUNDARY = "pp4_detached_boundary"
+MOE_CONFIG = "qwen3_moe_debug"
+MOE_BASE = layout_run(MOE_CONFIG, global_batch_size=4)
+# Expert parallelism inside each stage's FSDP group; the last step's checkpoint, saved by stage, is
+# loaded by one process in the test.
+MOE_LAYOUTS: dict[str, list[str]] = {
+    "pp2_ep2_fsdp2": ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--parallelism.ep=2",
+                      "--checkpoint.enable=true", "--checkpoint.interval=1000", "--checkpoint.keep_latest_k=0"],
+}  # fmt: skip
+# The one process the MoE layouts are compared with: two accumulated micro-batches of 2 samples.
+# Data-parallel rank r of 2 takes samples r, r + 2, ..., and the schedule's micro-batch i is sample
+# i of each rank's 2, so both runs form the aux loss over the same samples {2i, 2i + 1}.
+MOE_REFERENCE = ["--training.local_batch_size=2"]
+# Negative control: PP 2 x EP 2 whose second stage cuts the gradient of the router totals it receives
+# (the first stage's routers then miss the load-balancing gradient).
+MOE_TOTALS_CUT = "pp2_ep2_totals_gradient_cut"
 CHECKPOINT_CHAIN = "checkpoint_chain"
 # The 4-process links of the chain, in order: (name, layout).
 CHAIN_LINKS = [
@@ -80,6 +97,12 @@ def cut_input_gradient(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, .
     return (hidden.detach() + 0 * hidden, *args[1:])
 
 
+def cut_totals_gradient(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The same router totals forward, no gradient back to the previous stage."""
+    hidden, totals = args
+    return hidden, totals.detach() + 0 * totals
+
+
 def gathered_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """Every stage's full_state, merged from all ranks (each pp rank holds different names)."""
     state = full_state(model, optimizer)
@@ -91,17 +114,21 @@ def gathered_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[s
     return merged
 
 
-def run_layout(name: str, overrides: list[str], dump: Path, detach_boundary: bool = False) -> dict[str, float]:
+def run_layout(
+    name: str, overrides: list[str], dump: Path, cut: Callable[..., Any] | None = None, moe: bool = False
+) -> dict[str, float]:
+    """`cut`: a forward pre-hook put on every stage but the first (a negative control)."""
     from titan_tpu.trainer import Trainer
 
-    config = load_config(CONFIG, [*BASE, *overrides, f"--job.dump_folder={dump / name}"])
+    config_name, base = (MOE_CONFIG, MOE_BASE) if moe else (CONFIG, BASE)
+    config = load_config(config_name, [*base, *overrides, f"--job.dump_folder={dump / name}"])
     trainer = Trainer(config)
     reference = single_process_init(config)
     init_diff = max(max_diff(p, reference[canonical_name(n)]) for n, p in trainer.model.named_parameters())
-    if detach_boundary:
+    if cut is not None:
         for stage in trainer.pipeline.modules:
             if stage.tok_embeddings is None:
-                stage.register_forward_pre_hook(cut_input_gradient)
+                stage.register_forward_pre_hook(cut)
     run = trained(trainer)
     if dist.get_rank() == 0:
         run.save(dump / f"{name}.pt")
@@ -134,22 +161,44 @@ def checkpoint_chain(work: Path) -> None:
         source = dump
 
 
-def reference(dump: Path) -> RunResult:
-    """The single process, same config."""
+def reference(dump: Path, moe: bool = False) -> RunResult:
+    """The single process, same config (for the MoE layouts, with MOE_REFERENCE)."""
     from parity import train_and_capture
     from titan_tpu.trainer import Trainer
 
-    trainer = Trainer(load_config(CONFIG, [*BASE, f"--job.dump_folder={dump / 'single'}"]))
+    args = [*MOE_BASE, *MOE_REFERENCE] if moe else BASE
+    folder = dump / ("moe_single" if moe else "single")
+    trainer = Trainer(load_config(MOE_CONFIG if moe else CONFIG, [*args, f"--job.dump_folder={folder}"]))
     run = train_and_capture(trainer)
     trainer.close()
     return run
+
+
+def loaded_by_one_process(saved_by: Path, step: int, dump: Path) -> dict[str, torch.Tensor]:
+    """The state one process loads from `saved_by`'s step-`step` checkpoint (a MoE layout's run),
+    gathered before any step."""
+    from titan_tpu.trainer import Trainer
+
+    (dump / "checkpoint").mkdir(parents=True)
+    shutil.copytree(saved_by / "checkpoint" / f"step-{step}", dump / "checkpoint" / f"step-{step}")
+    args = [*MOE_BASE, *MOE_REFERENCE, "--checkpoint.enable=true", f"--job.dump_folder={dump}"]
+    trainer = Trainer(load_config(MOE_CONFIG, args))
+    assert trainer.step == step, (trainer.step, step)
+    state = full_state(trainer.model, trainer.optimizer)
+    trainer.close()
+    return state
 
 
 def case(name: str, dump: Path) -> tuple[str, Any]:
     if name == CHECKPOINT_CHAIN:
         return name, lambda: checkpoint_chain(dump)
     if name == DETACHED_BOUNDARY:
-        return name, lambda: run_layout(name, LAYOUTS["pp4_1f1b"], dump, detach_boundary=True)
+        return name, lambda: run_layout(name, LAYOUTS["pp4_1f1b"], dump, cut=cut_input_gradient)
+    if name == MOE_TOTALS_CUT:
+        layout = MOE_LAYOUTS["pp2_ep2_fsdp2"][:3]  # without the checkpoint
+        return name, lambda: run_layout(name, layout, dump, cut=cut_totals_gradient, moe=True)
+    if name in MOE_LAYOUTS:
+        return name, lambda: run_layout(name, MOE_LAYOUTS[name], dump, moe=True)
     return name, lambda: run_layout(name, LAYOUTS[name], dump)
 
 

@@ -4,7 +4,9 @@ One torchrun launch of pipeline_worker.py trains the Llama 3 debug model (4 laye
 (warmup 2) through the real Trainer in each layout: PP 4 with 1F1B (one layer per stage), PP 2
 Interleaved1F1B (two stages per rank) x replicate 2, PP 2 x FSDP 2 with full activation
 checkpointing (1F1B), PP 2 x TP 2 with sequence parallelism and compiled blocks (GPipe), PP 2 x
-FSDP 2 with InterleavedZeroBubble (two stages per rank), and the negative control.
+FSDP 2 with InterleavedZeroBubble (two stages per rank), and the negative control. The same launch
+trains the Qwen 3 MoE debug model under PP 2 x EP 2 (1F1B; experts over ep inside each stage's FSDP
+2), with its own negative control.
 - parity: every step's loss and gradient norm and the final parameters and AdamW moments of every
   stage, gathered from all ranks, match the single process within the layout suite's tolerances
   (parity.py). Catches a loss normalised per micro-batch rather than over the batch (or scaled
@@ -16,7 +18,14 @@ FSDP 2 with InterleavedZeroBubble (two stages per rank), and the negative contro
   layout-invariant init keys each parameter by its unchanged name);
 - the check bites: PP 4 with every stage boundary passing the activation forward but no gradient
   back (the earlier stages then never learn) fails the same comparison;
-- checkpoint moves 1 process -(step 2)-> PP 2 x FSDP 2 -(step 5)-> PP 4 -(step 8)-> 1 process (to
+- PP 2 x EP 2 matches one process that accumulates the same two micro-batches (each micro-batch's
+  load-balancing loss over the data-parallel ranks' router statistics, as without pp). Catches a
+  stage that forms the aux loss from its own layers only, router totals not passed on (or passed
+  without their gradient: the negative control cuts it at the stage boundary, and the first stage's
+  routers then miss the aux gradient), expert gradients misscaled by ep inside a stage, and a loss
+  reduced over the wrong ranks under the ep-split mesh; its last checkpoint, saved by stage, loads
+  into one process bit for bit (experts laid out over ep saved under one process's names);
+ -(step 2)-> PP 2 x FSDP 2 -(step 5)-> PP 4 -(step 8)-> 1 process (to
   11), as test_checkpoint_reshard.py's chains: at each link the loaded state (parameters, both AdamW
   moments, step counts, gathered from every stage) equals the saving run's bit for bit, and each
   segment's 3 steps and end state match the uninterrupted one-process run. Catches stage parameters
@@ -43,17 +52,19 @@ from launch import torchrun  # noqa: E402
 from parallel_worker import STEPS  # noqa: E402
 from checkpoint_layouts_worker import LINKS, resume, trainer_for  # noqa: E402
 from parity import (  # noqa: E402
+    EXACT,
     RunResult,
     assert_checkpoint_chain,
     assert_matches_single_process,
     capture_states,
     compare,
+    compare_states,
     train_and_capture,
 )
 from tests.one_thread import one_intra_op_thread  # noqa: E402
 
 pytestmark = pytest.mark.slow
-CASES = [*worker.LAYOUTS, worker.DETACHED_BOUNDARY]
+CASES = [*worker.LAYOUTS, worker.DETACHED_BOUNDARY, *worker.MOE_LAYOUTS, worker.MOE_TOTALS_CUT]
 CHAIN_STEPS = 11
 
 
@@ -75,6 +86,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         data[name]["run"] = RunResult.load(folder / f"{name}.pt")
     with one_intra_op_thread():
         data["single"] = worker.reference(folder)
+        data["moe_single"] = worker.reference(folder, moe=True)
+        data["moe_loaded"] = worker.loaded_by_one_process(folder / "pp2_ep2_fsdp2", STEPS, folder / "moe_loaded")
         saved_by = folder / f"chain_{worker.CHAIN_LINKS[-1][0]}"
         trainer, loaded = resume(worker.CONFIG, saved_by, LINKS[-1], CHAIN_STEPS, folder / "chain_back")
         data["chain_back"] = (loaded, train_and_capture(trainer))
@@ -98,6 +111,24 @@ def test_parity_check_fails_for_a_boundary_without_gradient(results: dict[str, A
     report = compare(results[worker.DETACHED_BOUNDARY]["run"], results["single"])
     print(f"\n{worker.DETACHED_BOUNDARY}: {report.summary()}; e.g. {report.failures[:2]}")
     assert not report.ok
+
+
+@pytest.mark.parametrize("layout", list(worker.MOE_LAYOUTS))
+def test_moe_parity_with_single_process(results: dict[str, Any], layout: str) -> None:
+    assert_matches_single_process(results[layout]["run"], results["moe_single"], STEPS, layout)
+
+
+def test_moe_parity_check_fails_for_router_totals_without_gradient(results: dict[str, Any]) -> None:
+    """The first stage's routers miss the aux gradient: their gradients, the gradient norm and
+    every later loss differ."""
+    report = compare(results[worker.MOE_TOTALS_CUT]["run"], results["moe_single"])
+    print(f"\n{worker.MOE_TOTALS_CUT}: {report.summary()}; e.g. {report.failures[:2]}")
+    assert not report.ok
+
+
+def test_moe_checkpoint_saved_by_stage_loads_into_one_process(results: dict[str, Any]) -> None:
+    report = compare_states(results["moe_loaded"], results["pp2_ep2_fsdp2"]["run"].state, EXACT)
+    assert report.ok, report.failures[:10]
 
 
 def test_checkpoint_chain_through_pipeline_layouts(results: dict[str, Any]) -> None:

@@ -98,6 +98,20 @@ def test_pp_is_the_outermost_mesh_axis_and_absent_at_1() -> None:
     assert "pp" not in single.mesh_axes()[0] and "pp" not in single.describe()
 
 
+def test_meshes_with_pipeline_and_expert_parallelism(fake_world: int) -> None:
+    """Rank 5 of (pp 2, dp_shard 4 = dp_shard_mod_ep 2 x ep 2, tp 2) is (0, 1, 0, 1): its experts'
+    peers differ in the ep coordinate only, its data-parallel peers are its pp stage's ranks of its tp
+    coordinate, and the loss is summed over those of both stages (the pp_dp mesh, which took a
+    dp_shard axis the ep-split mesh does not have)."""
+    dims = ParallelDims.from_config(parallelism(pp=2, ep=2, tp=2), world_size=16)
+    assert dims.mesh_axes() == (("pp", "dp_replicate", "dp_shard_mod_ep", "ep", "tp"), (2, 1, 2, 2, 2))
+    meshes = dims.build_meshes("cpu")
+    assert meshes["ep"].mesh.tolist() == [5, 7]
+    assert meshes["pp"].mesh.tolist() == [5, 13]
+    assert meshes["dp"].mesh.tolist() == [1, 3, 5, 7]
+    assert meshes["pp_dp"].mesh.tolist() == [1, 3, 5, 7, 9, 11, 13, 15]
+
+
 def test_world_size_arithmetic_counts_pp() -> None:
     with pytest.raises(ConfigError, match=r"pp 2 x dp_replicate 1 x tp 4 = 8 does not divide the 4"):
         ParallelDims.from_config(parallelism(pp=2, tp=4), world_size=4)
@@ -117,12 +131,3 @@ def test_unbuilt_combinations_are_refused_in_one_line(override: str, key: str) -
     with pytest.raises(ConfigError, match=f"^{key}: .* not supported with parallelism.pp = 2") as error:
         load_config("llama3_debug", ["--parallelism.pp=2", *override.split()])
     assert "\n" not in str(error.value)
-
-
-def test_the_planner_refuses_pipeline_stages() -> None:
-    """Its memory and step time would be those of the whole model on every pp rank."""
-    from titan_tpu.plan.planner import layout_of
-
-    config = load_config("llama3_debug", ["--parallelism.pp=2"])
-    with pytest.raises(ConfigError, match="^parallelism.pp = 2: the planner does not model pipeline stages"):
-        layout_of(config, devices=4)

@@ -83,11 +83,9 @@ class ParallelDims:
                 f"parallelism.ep: expert parallelism is not supported with parallelism.cp = {self.cp} yet; "
                 "set parallelism.cp = 1"
             )
-        if self.pp_enabled and (self.cp_enabled or self.ep_enabled):
-            other = "cp" if self.cp_enabled else "ep"
+        if self.pp_enabled and self.cp_enabled:
             raise ConfigError(
-                f"parallelism.{other}: not supported with parallelism.pp = {self.pp} yet; "
-                f"set parallelism.{other} = 1"
+                f"parallelism.cp: not supported with parallelism.pp = {self.pp} yet; set parallelism.cp = 1"
             )
         if self.dp_shard % self.ep != 0:
             raise ConfigError(
@@ -201,7 +199,8 @@ class ParallelDims:
             meshes["dp"] = world["dp_replicate", "dp_shard"]._flatten("dp")
             meshes["fsdp"] = world["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else world["dp_shard"]
         if self.pp_enabled:
-            meshes["pp_dp"] = world["pp", "dp_replicate", "dp_shard"]._flatten("pp_dp")
+            dp_axes = ("dp_shard_mod_ep", "ep") if self.ep_enabled else ("dp_shard",)
+            meshes["pp_dp"] = world["pp", "dp_replicate", *dp_axes]._flatten("pp_dp")
         return meshes
 
 

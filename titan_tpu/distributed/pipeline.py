@@ -143,7 +143,7 @@ def build_pipeline(
     what = f"model {config.model.name} flavor {config.model.flavor}"
     if not spec.pipeline_stages:
         raise ConfigError(
-            f"parallelism.pp: {what} cannot be cut into pipeline stages (llama3 and qwen3 can); "
+            f"parallelism.pp: {what} cannot be cut into pipeline stages (llama3, qwen3 and qwen3_moe can); "
             "set parallelism.pp = 1"
         )
     plan = plan_pipeline(config.parallelism, len(meta_model.layers), local_batch_size)  # type: ignore[arg-type]
