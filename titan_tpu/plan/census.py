@@ -83,7 +83,7 @@ def run_model_args(config: TrainConfig) -> Any:
 
 
 @functools.lru_cache(maxsize=4)
-def _meta_model(name: str, args: Any) -> nn.Module:
+def meta_model(name: str, args: Any) -> nn.Module:
     """Built once per shape: a plan only reads the module tree (tables of plans rebuild the same
     405B model many times otherwise)."""
     with torch.device("meta"):
@@ -92,7 +92,7 @@ def _meta_model(name: str, args: Any) -> nn.Module:
 
 def build_on_meta(config: TrainConfig) -> tuple[nn.Module, Any]:
     args = run_model_args(config)
-    return _meta_model(config.model.name, args), args
+    return meta_model(config.model.name, args), args
 
 
 def tp_split_dims(model: nn.Module, styles: Mapping[str, Any]) -> dict[str, int]:

@@ -13,6 +13,13 @@ the runtime reports for the chip, so the planner and the trainer's MFU divide by
 
 Bandwidths are the vendors' figures: TPU ICI as bidirectional GB/s per chip, DCN and InfiniBand as
 Gb/s per chip / GPU (one direction), NVLink as total (bidirectional) GB/s per GPU.
+
+The host link (chip <-> host memory, what FSDP CPU offload and activation offload move over), one
+direction per chip: for TPUs the JAX scaling book's PCIe figure, 1.5e10 bytes/s ("How to Think About
+TPUs", https://jax-ml.github.io/scaling-book/tpus/, used there for a v6e; Google publishes none per
+generation, so every TPU here is assumed the same); for GPUs the vendor's PCIe generation x16, one
+direction (A100: Gen4, 64 GB/s both ways; H100, H200, B200: Gen5, 128 GB/s both ways). Used as is,
+not derated.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ class ChipType:
     chips_per_host: int
     max_slice_chips: int  # the largest ICI slice (TPU) or NVLink domain (GPU)
     source: str  # the vendor page the figures come from
+    host_link_bytes_per_s: float = 1.5e10  # per chip, one direction (see the module doc)
 
     def peak_flops_per_chip(self) -> float:
         """Dense bf16 FLOP/s of the whole chip: `device/peak.py`'s per-device figure, the one the
@@ -87,19 +95,19 @@ CHIP_TYPES: tuple[ChipType, ...] = (
     # https://www.nvidia.com/en-us/data-center/a100/: A100 80GB SXM, 600 GB/s NVLink; DGX A100: one
     # 200 Gb/s HDR InfiniBand port per GPU, 8 GPUs per NVSwitch domain.
     ChipType("a100", "NVIDIA A100-SXM4-80GB", 80e9, 1, "NVLink", 600e9, 1.0, "InfiniBand",
-             _gbit(200), 8, 8, "https://www.nvidia.com/en-us/data-center/a100/"),
+             _gbit(200), 8, 8, "https://www.nvidia.com/en-us/data-center/a100/", 32e9),
     # https://www.nvidia.com/en-us/data-center/h100/: H100 SXM 80 GB, 900 GB/s NVLink; DGX H100: one
     # 400 Gb/s ConnectX-7 port per GPU.
     ChipType("h100", "NVIDIA H100 80GB HBM3", 80e9, 1, "NVLink", 900e9, 1.0, "InfiniBand",
-             _gbit(400), 8, 8, "https://www.nvidia.com/en-us/data-center/h100/"),
+             _gbit(400), 8, 8, "https://www.nvidia.com/en-us/data-center/h100/", 64e9),
     # https://www.nvidia.com/en-us/data-center/h200/: 141 GB HBM3e, 900 GB/s NVLink; DGX H200: one
     # 400 Gb/s port per GPU.
     ChipType("h200", "NVIDIA H200", 141e9, 1, "NVLink", 900e9, 1.0, "InfiniBand", _gbit(400), 8, 8,
-             "https://www.nvidia.com/en-us/data-center/h200/"),
+             "https://www.nvidia.com/en-us/data-center/h200/", 64e9),
     # https://www.nvidia.com/en-us/data-center/dgx-b200/: 1440 GB of HBM3e over 8 GPUs (180 GB each),
     # 1.8 TB/s NVLink per GPU, 400 Gb/s ConnectX-7 port per GPU.
     ChipType("b200", "NVIDIA B200", 180e9, 1, "NVLink", 1800e9, 1.0, "InfiniBand", _gbit(400), 8, 8,
-             "https://www.nvidia.com/en-us/data-center/dgx-b200/"),
+             "https://www.nvidia.com/en-us/data-center/dgx-b200/", 64e9),
 )  # fmt: skip
 
 _BY_NAME = {chip.name: chip for chip in CHIP_TYPES}

@@ -17,6 +17,10 @@ What the trainer stores (titan_tpu/distributed/fsdp.py, titan_tpu/optim.py):
   A single device under bf16 autocast keeps a bf16 copy of every weight for the forward (autocast
   caches its casts of parameters); in float32 nothing is copied.
 
+With FSDP CPU offload (`parallelism.fsdp_cpu_offload`) the parameters, gradients and optimizer state
+are in host memory (`host`), not in HBM; the buffers and activations stay (host_offload.py). Under
+pipeline parallelism the buffers are pipeline.py's.
+
 The device fits when the sum stays under its HBM less `HBM_RESERVE` (runtime, compiler scratch and
 allocator fragmentation).
 """
@@ -47,6 +51,7 @@ class MemoryEstimate:
     optimizer: int
     activations: int  # peak over forward + backward
     buffers: int
+    host: int = 0  # bytes in host memory: the state, under FSDP CPU offload
 
     @property
     def state(self) -> int:
@@ -80,10 +85,20 @@ def buffer_bytes(census: Census, precision: Precision, sharded: bool) -> int:
 
 
 def estimate_memory(
-    census: Census, activations: ActivationEstimate, precision: Precision, sharded: bool
+    census: Census,
+    activations: ActivationEstimate,
+    precision: Precision,
+    sharded: bool,
+    buffers: int | None = None,
+    offloaded: bool = False,
 ) -> MemoryEstimate:
+    """`buffers` replaces `buffer_bytes` (pipeline stages gather differently); `offloaded` moves the
+    state to host memory (FSDP CPU offload, which applies only when FSDP does)."""
     parameters, gradients, optimizer = state_bytes(census)
-    return MemoryEstimate(parameters, gradients, optimizer, activations.peak, buffer_bytes(census, precision, sharded))
+    gathered = buffer_bytes(census, precision, sharded) if buffers is None else buffers
+    if offloaded and sharded:
+        return MemoryEstimate(0, 0, 0, activations.peak, gathered, parameters + gradients + optimizer)
+    return MemoryEstimate(parameters, gradients, optimizer, activations.peak, gathered)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,19 @@ def render(plan: Plan) -> str:
     unit = detail.workload.unit
     items_per_s = config.training.global_batch_size * detail.workload.items_per_sample / dims.world_size / step.step_s
     cp_term = " + CP" if dims.cp_enabled else ""  # context parallelism's exposed K/V gathers
+    pipeline = layout.pipeline
+    pp_line = []
+    if pipeline is not None:
+        pp_line = [
+            f"pipeline   {pipeline.schedule}, {pipeline.n_stages} stages of {len(pipeline.stage_layers[0])} layers, "
+            f"{pipeline.microbatches} micro-batches; memory of pp rank {detail.pp_rank} (the most loaded)"
+        ]
+    host_line = []
+    if memory.host:
+        host_line = [f"  host memory   {gib(memory.host)}   (FSDP CPU offload's state; not checked against host RAM)"]
+    overlapped = "max(compute" + (" x bubble" if pipeline is not None else "") + ", FSDP, HSDP"
+    overlapped += ", host link)" if step.host_link_s else ")"
+    exposed = cp_term + (" + P2P" if pipeline is not None else "") + (" + host" if step.host_s else "")
     lines = [
         f"model      {config.model.name} {config.model.flavor}: {detail.census.total / 1e9:.2f}B parameters, "
         f"{detail.census.n_blocks} blocks",
@@ -47,6 +60,7 @@ def render(plan: Plan) -> str:
         f"layout     {dims.describe()}; micro-batch {layout.micro_batch} x {detail.workload.tokens_per_sample} tokens, "
         f"{layout.grad_accum} micro-batch(es) per step; {dtype}; activation checkpointing "
         f"{config.activation_checkpoint.mode}",
+        *pp_line,
         "",
         "memory per device",
         f"  parameters    {gib(memory.parameters)}   (float32, sharded)",
@@ -57,16 +71,22 @@ def render(plan: Plan) -> str:
         f"  buffers       {gib(memory.buffers)}   (gathered parameters and unsharded gradients in flight)",
         f"  total         {gib(memory.total)}",
         f"  {fit_line(plan)} (HBM less {HBM_RESERVE:.0%} reserve)",
+        *host_line,
         "",
         f"step time (roofline; compute at {plan.compute_efficiency:.0%} of peak, collectives at "
         f"{COLLECTIVE_EFFICIENCY:.0%} of {chip.fast_link} / {chip.slow_link} bandwidth)",
-        f"  compute       {step.compute_s:.3f} s",
+        f"  compute       {step.compute_s:.3f} s"
+        + (f" x {step.bubble:.3f} pipeline bubble = {step.compute_s * step.bubble:.3f} s" if pipeline is not None else ""),
         f"  FSDP          {step.fsdp_s:.3f} s   (overlapped with compute)",
         f"  HSDP          {step.hsdp_s:.3f} s   (overlapped with compute)",
         f"  TP            {step.tp_s:.3f} s   (exposed)",
         f"  EP            {step.ep_s:.3f} s   (exposed)",
         *([f"  CP            {step.cp_s:.3f} s   (exposed)"] if dims.cp_enabled else []),
-        f"  step          {step.step_s:.3f} s = max(compute, FSDP, HSDP) + TP + EP{cp_term}",
+        *([f"  P2P           {step.p2p_s:.3f} s   (exposed: stage boundaries)"] if pipeline is not None else []),
+        *([f"  host link     {step.host_link_s:.3f} s   (overlapped: offload copies)"] if step.host_link_s else []),
+        *([f"  host          {step.host_s:.3f} s   (exposed: host optimizer step, offloaded activations back)"]
+          if step.host_s else []),
+        f"  step          {step.step_s:.3f} s = {overlapped} + TP + EP{exposed}",
         f"  throughput    {items_per_s:,.0f} {unit}/s per device",
         f"  MFU           {100 * step.mfu:.1f}%",
     ]
@@ -99,9 +119,11 @@ def _layout_line(plan: Plan) -> str:
     if ac.offload:
         checkpointing += " + offload"
     reduce = config.parallelism.fsdp_reduce_dtype if layout.precision.compute_bytes == 2 else "float32"
+    schedule = f" {layout.pipeline.schedule}" if layout.pipeline is not None else ""
+    fsdp_offload = "; FSDP CPU offload" if config.parallelism.fsdp_cpu_offload else ""
     return (
-        f"{layout.dims.describe()}; micro-batch {layout.micro_batch} x {layout.grad_accum}; checkpointing "
-        f"{checkpointing}; reduce {reduce}"
+        f"{layout.dims.describe()}{schedule}; micro-batch {layout.micro_batch} x {layout.grad_accum}; checkpointing "
+        f"{checkpointing}; reduce {reduce}{fsdp_offload}"
     )
 
 

@@ -36,11 +36,18 @@ at the bus bandwidth measured for its kind on that link (the slowest axis measur
 derated: a measured bus bandwidth already is what the ring reaches). MFU still divides by the
 table's peak, as the trainer's does.
 
+Pipeline parallelism (pipeline.py): compute is stretched by the bubble (`pipeline_bubble.py`
+`step_time_factor`); FSDP gathers per micro-batch but reduces (and HSDP all-reduces) once per step,
+after the last micro-batch; the activations and gradients sent between stages are exposed (P2P).
+Host memory (host_offload.py): FSDP CPU offload's copies and activation offload's forward copies run
+on the host link beside compute (host link, overlapped); activation offload's copies back and the
+host optimizer step are exposed (host).
+
 Overlap: FSDP and HSDP collectives run on other links while the device computes and are prefetched,
 so they cost only what exceeds compute; tensor- and expert-parallel collectives sit on the critical
 path (the next op needs their result) and add to it:
 
-    step = max(compute, FSDP, HSDP) + TP + EP + CP
+    step = max(compute x bubble, FSDP, HSDP, host link) + TP + EP + CP + P2P + host
 """
 
 from __future__ import annotations
@@ -80,6 +87,15 @@ class StepShape:
     reshard: str  # FSDP policy: default, always, never
     cp: int = 1
     kv_dim: int = 0  # n_kv_heads x head_dim of attention (before tp), for context parallelism
+    reductions: int | None = None  # gradient reductions per step; None: one per micro-batch
+    pp: int = 1
+    bubble: float = 1.0  # pipeline_bubble.step_time_factor
+    p2p_bytes: float = 0.0  # sent between pipeline stages per step by one device
+    pp_spans_slices: bool = False  # pp is the axis that crosses slices (over DCN)
+
+    @property
+    def gradient_reductions(self) -> int:
+        return self.grad_accum if self.reductions is None else self.reductions
 
 
 @dataclass(frozen=True)
@@ -92,10 +108,15 @@ class StepEstimate:
     useful_flops_per_device: float
     peak_flops: float
     cp_s: float = 0.0
+    bubble: float = 1.0  # compute_s is without it
+    p2p_s: float = 0.0
+    host_link_s: float = 0.0  # overlapped with compute
+    host_s: float = 0.0  # exposed: copies back that nothing prefetches, the host optimizer step
 
     @property
     def step_s(self) -> float:
-        return max(self.compute_s, self.fsdp_s, self.hsdp_s) + self.tp_s + self.ep_s + self.cp_s
+        overlapped = max(self.compute_s * self.bubble, self.fsdp_s, self.hsdp_s, self.host_link_s)
+        return overlapped + self.tp_s + self.ep_s + self.cp_s + self.p2p_s + self.host_s
 
     @property
     def mfu(self) -> float:
@@ -156,13 +177,22 @@ def fsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster
         gathered = sum(p.tp_numel for p in params)
         block = name.removesuffix(".experts")
         gathers = 2 if _regathered(name, bool(blocks) and block == blocks[-1], shape.reshard) else 1
-        moved += _ring(degree) * gathered * (gathers * precision.compute_bytes + precision.reduce_bytes)
-    return shape.grad_accum * moved / _bandwidth(cluster, shape.dp_shard * shape.tp, GATHER_SCATTER)
+        per_step = shape.grad_accum * gathers * precision.compute_bytes + shape.gradient_reductions * precision.reduce_bytes
+        moved += _ring(degree) * gathered * per_step
+    return moved / _bandwidth(cluster, shape.dp_shard * shape.tp, GATHER_SCATTER)
 
 
 def hsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster: Cluster) -> float:
     moved = 2 * _ring(shape.dp_replicate) * census.local * precision.reduce_bytes
-    return shape.grad_accum * moved / _bandwidth(cluster, shape.devices, ALL_REDUCE)
+    # The data-parallel groups lie inside one pp coordinate.
+    return shape.gradient_reductions * moved / _bandwidth(cluster, shape.devices // shape.pp, ALL_REDUCE)
+
+
+def p2p_seconds(shape: StepShape, cluster: Cluster) -> float:
+    """The activations and gradients one device sends to the next and previous stage (pipeline.py)."""
+    if shape.pp == 1:
+        return 0.0
+    return shape.p2p_bytes / assumed_bus_bandwidth(cluster, not shape.pp_spans_slices)
 
 
 def tp_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> float:
@@ -208,6 +238,8 @@ def estimate_step(
     items_per_step: int,
     compute_efficiency: float = COMPUTE_EFFICIENCY,
     tp_replicated_flops_per_item: float = 0.0,
+    host_link_s: float = 0.0,
+    host_s: float = 0.0,
 ) -> StepEstimate:
     peak = cluster.peak_flops_per_device
     useful = flops_per_item * items_per_step / shape.devices
@@ -222,4 +254,8 @@ def estimate_step(
         useful_flops_per_device=useful,
         peak_flops=peak,
         cp_s=cp_seconds(shape, precision, cluster),
+        bubble=shape.bubble,
+        p2p_s=p2p_seconds(shape, cluster),
+        host_link_s=host_link_s,
+        host_s=host_s,
     )
