@@ -73,7 +73,8 @@ def test_sharding_divides_what_the_plans_split() -> None:
 
 
 def test_405b_on_v5e_8_does_not_fit_and_says_by_how_much() -> None:
-    plan = make_plan(load_config("llama3_405b", ["--parallelism.tp=1"]), parse_chips("v5e-8"))
+    no_offload = ["--parallelism.tp=1", "--parallelism.cp=1", "--parallelism.fsdp_cpu_offload=false"]
+    plan = make_plan(load_config("llama3_405b", no_offload), parse_chips("v5e-8"))
     assert not plan.fit.fits
     over = (plan.fit.need - plan.fit.usable) / GIB
     assert over > 700  # 405e9 x 16 bytes of state over 8 chips alone is 757 GiB per chip
@@ -82,11 +83,12 @@ def test_405b_on_v5e_8_does_not_fit_and_says_by_how_much() -> None:
 
 @pytest.mark.parametrize("config_name, parameters", [("llama3_8b", 8.03e9), ("qwen3_8b", 8.19e9)])
 def test_8b_as_shipped_on_v6e_8_with_fsdp_8_fits(config_name: str, parameters: float) -> None:
-    plan = make_plan(load_config(config_name, ["--parallelism.dp_shard=8"]), parse_chips("v6e-8"))
+    fsdp_8 = ["--parallelism.dp_shard=8", "--parallelism.cp=1", "--parallelism.tp=1"]
+    plan = make_plan(load_config(config_name, [*fsdp_8, "--activation_checkpoint.mode=full"]), parse_chips("v6e-8"))
     assert plan.fit.fits and plan.fit.margin > 0
     assert plan.detail.memory.state == pytest.approx(16 * parameters / 8, rel=0.01)
-    # Why the configs ship full checkpointing: selective keeps too much at 8192 tokens.
-    selective = ["--parallelism.dp_shard=8", "--activation_checkpoint.mode=selective"]
+    # Why FSDP 8 needs full checkpointing: selective keeps too much at 8192 tokens.
+    selective = [*fsdp_8, "--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_option=2"]
     assert not make_plan(load_config(config_name, selective), parse_chips("v6e-8")).fit.fits
 
 
@@ -117,10 +119,10 @@ def test_roofline_on_a_hand_checked_case() -> None:
 
 
 def test_the_command_prints_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--config", "llama3_70b", "--chips", "v6e-256", "--parallelism.dp_shard=32"]) == 0
+    assert main(["--config", "llama3_70b", "--chips", "v6e-256", "--parallelism.dp_shard=32", "--parallelism.tp=8"]) == 0
     out = capsys.readouterr().out
     assert "dp_replicate 1 x dp_shard 32 x tp 8" in out and "fits:" in out and "MFU" in out
-    assert main(["--config", "llama3_70b", "--chips", "v6e-256", "--parallelism.dp_shard=3"]) == 2
+    assert main(["--config", "llama3_70b", "--chips", "v6e-256", "--parallelism.dp_shard=3", "--parallelism.tp=8"]) == 2
     assert "dp_shard 3 x tp 8 = 24, but 256 processes" in capsys.readouterr().err
 
 
@@ -167,7 +169,40 @@ def test_the_search_ranks_layouts_that_fit_and_prints_overrides_that_reproduce_t
 
 
 def test_the_search_says_what_is_over_when_nothing_fits(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--config", "llama3_405b", "--chips", "v5e-8", "--search"]) == 0
+    # One chip: no FSDP, so FSDP CPU offload cannot take the state off it (on v5e-8 it can).
+    assert main(["--config", "llama3_405b", "--chips", "v5e-1", "--search"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("no layout fits (llama3 405B on v5e-8); the closest is ")
+    assert out.startswith("no layout fits (llama3 405B on v5e-1); the closest is ")
     assert "--parallelism.tp=" in out and "the largest is optimizer" in out
+
+
+def test_the_search_tries_pipeline_and_context_parallelism_and_their_overrides_reproduce_them() -> None:
+    """llama3_debug on v6e-4: pp 2 (both schedules) and cp 2 layouts are among those found, and
+    their printed overrides, loaded as train.py loads them (through the trainer's pp and cp checks),
+    plan to the same memory and MFU. Catches a lever the search never tries, or one left out of the
+    overrides (pp_schedule, pp_microbatches, cp)."""
+    from titan_tpu.plan.search import search
+
+    cluster = parse_chips("v6e-4")
+    fitting, _ = search(load_config("llama3_debug", []), cluster, 0.75)
+    pipelined = [c for c in fitting if c.plan.config.parallelism.pp == 2]
+    context = [c for c in fitting if c.plan.config.parallelism.cp == 2]
+    assert {c.plan.config.parallelism.pp_schedule for c in pipelined} == {"1F1B", "Interleaved1F1B"}
+    assert context
+    for candidate in (pipelined[0], context[0]):
+        replanned = make_plan(load_config("llama3_debug", list(candidate.overrides)), cluster)
+        assert replanned.fit.need == candidate.plan.fit.need
+        assert replanned.step.mfu == pytest.approx(candidate.plan.step.mfu, rel=1e-12)
+
+
+def test_the_search_offloads_fsdp_state_only_where_nothing_fits_without() -> None:
+    """llama3_8b on v5e-4 (16 GB): its float32 state alone (32 GB a chip) fits no layout, so every
+    layout found keeps it in host memory; on v6e-8 (32 GiB), where layouts fit without, none
+    offloads. Catches an offload lever the search lacks, and offload preferred though it costs time."""
+    from titan_tpu.plan.search import search
+
+    small, _ = search(load_config("llama3_8b", []), parse_chips("v5e-4"), 0.75)
+    assert small and all(c.plan.config.parallelism.fsdp_cpu_offload for c in small)
+    assert "--parallelism.fsdp_cpu_offload=true" in small[0].overrides
+    large, _ = search(load_config("llama3_8b", ["--training.global_batch_size=24"]), parse_chips("v6e-8"), 0.75)
+    assert not large[0].plan.config.parallelism.fsdp_cpu_offload
