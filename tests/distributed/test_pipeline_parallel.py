@@ -6,7 +6,7 @@ Interleaved1F1B (two stages per rank) x replicate 2, PP 2 x FSDP 2 with full act
 checkpointing (1F1B), PP 2 x TP 2 with sequence parallelism and compiled blocks (GPipe), PP 2 x
 FSDP 2 with InterleavedZeroBubble (two stages per rank), and the negative control. The same launch
 trains the Qwen 3 MoE debug model under PP 2 x EP 2 (1F1B; experts over ep inside each stage's FSDP
-2), with its own negative control.
+2; full activation checkpointing), with its own negative control.
 - parity: every step's loss and gradient norm and the final parameters and AdamW moments of every
   stage, gathered from all ranks, match the single process within the layout suite's tolerances
   (parity.py). Catches a loss normalised per micro-batch rather than over the batch (or scaled
@@ -87,7 +87,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with one_intra_op_thread():
         data["single"] = worker.reference(folder)
         data["moe_single"] = worker.reference(folder, moe=True)
-        data["moe_loaded"] = worker.loaded_by_one_process(folder / "pp2_ep2_fsdp2", STEPS, folder / "moe_loaded")
+        data["moe_loaded"] = worker.loaded_by_one_process(folder / "pp2_ep2_fsdp2_ac", STEPS, folder / "moe_loaded")
         saved_by = folder / f"chain_{worker.CHAIN_LINKS[-1][0]}"
         trainer, loaded = resume(worker.CONFIG, saved_by, LINKS[-1], CHAIN_STEPS, folder / "chain_back")
         data["chain_back"] = (loaded, train_and_capture(trainer))
@@ -127,7 +127,7 @@ def test_moe_parity_check_fails_for_router_totals_without_gradient(results: dict
 
 
 def test_moe_checkpoint_saved_by_stage_loads_into_one_process(results: dict[str, Any]) -> None:
-    report = compare_states(results["moe_loaded"], results["pp2_ep2_fsdp2"]["run"].state, EXACT)
+    report = compare_states(results["moe_loaded"], results["pp2_ep2_fsdp2_ac"]["run"].state, EXACT)
     assert report.ok, report.failures[:10]
 
 
