@@ -61,6 +61,9 @@ LAYOUTS: dict[str, list[str]] = {
     "pp2_tp2_gpipe_compiled": ["--parallelism.pp=2", "--parallelism.tp=2", "--parallelism.dp_shard=1",
                                "--parallelism.pp_schedule=GPipe", "--compile.enable=true",
                                "--compile.backend=aot_eager"],  # fmt: skip
+    # Context parallelism inside each stage: stages pass on this cp rank's part of the sequence, whose
+    # rotary tables the next stage reads at the rank's true positions.
+    "pp2_cp2": ["--parallelism.pp=2", "--parallelism.cp=2", "--parallelism.dp_shard=1"],
     # The zero-bubble schedule (input and weight gradients computed apart) with FSDP inside the stages.
     "pp2_zero_bubble_fsdp2": ["--parallelism.pp=2", "--parallelism.pp_schedule=InterleavedZeroBubble",
                               "--parallelism.pp_microbatches=2", "--parallelism.dp_shard=2"],  # fmt: skip

@@ -3,8 +3,8 @@
 One torchrun launch of pipeline_worker.py trains the Llama 3 debug model (4 layers) 10 fp32 steps
 (warmup 2) through the real Trainer in each layout: PP 4 with 1F1B (one layer per stage), PP 2
 Interleaved1F1B (two stages per rank) x replicate 2, PP 2 x FSDP 2 with full activation
-checkpointing (1F1B), PP 2 x TP 2 with sequence parallelism and compiled blocks (GPipe), PP 2 x
-FSDP 2 with InterleavedZeroBubble (two stages per rank), and the negative control. The same launch
+checkpointing (1F1B), PP 2 x TP 2 with sequence parallelism and compiled blocks (GPipe), PP 2 x CP 2
+(1F1B), PP 2 x FSDP 2 with InterleavedZeroBubble (two stages per rank), and the negative control. The same launch
 trains the Qwen 3 MoE debug model under PP 2 x EP 2 (1F1B; experts over ep inside each stage's FSDP
 2; full activation checkpointing), with its own negative control.
 - parity: every step's loss and gradient norm and the final parameters and AdamW moments of every
@@ -12,8 +12,9 @@ trains the Qwen 3 MoE debug model under PP 2 x EP 2 (1F1B; experts over ep insid
   (parity.py). Catches a loss normalised per micro-batch rather than over the batch (or scaled
   twice by the schedule), a logged loss not taken from the last stage (or counted once per stage),
   a gradient norm over one stage's gradients only, stages that hold the wrong layers or lose the
-  embedding or head, and under TP a stage handed a sequence-sharded activation its rotary tables
-  do not fit;
+  embedding or head, under TP a stage handed a sequence-sharded activation its rotary tables
+  do not fit, and under CP a schedule fed whole rows instead of the cp rank's part, or a logged
+  loss summed without the other cp ranks;
 - identical init: every stage's parameters equal one process's initialisation bit for bit (the
   layout-invariant init keys each parameter by its unchanged name);
 - the check bites: PP 4 with every stage boundary passing the activation forward but no gradient

@@ -11,7 +11,7 @@ import torch
 from titan_tpu import models
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.config.sections import ParallelismConfig
-from titan_tpu.distributed.parallel_dims import ParallelDims
+from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.pipeline import stage_models
 from titan_tpu.distributed.pipeline_plan import plan_pipeline
 
@@ -112,6 +112,19 @@ def test_meshes_with_pipeline_and_expert_parallelism(fake_world: int) -> None:
     assert meshes["pp_dp"].mesh.tolist() == [1, 3, 5, 7, 9, 11, 13, 15]
 
 
+def test_meshes_with_pipeline_and_context_parallelism(fake_world: int) -> None:
+    """Rank 5 of (pp 2, dp_shard 2, cp 2, tp 2) is (0, 1, 0, 1): the loss is summed over both
+    stages' data-parallel and cp ranks of its tp coordinate (each cp rank's mean covers its part of
+    the rows; a pp_dp mesh without cp would count one cp rank's loss and halve the logged mean)."""
+    dims = ParallelDims.from_config(parallelism(pp=2, cp=2, tp=2), world_size=16)
+    assert dims.mesh_axes() == (("pp", "dp_replicate", "dp_shard", "cp", "tp"), (2, 1, 2, 2, 2))
+    meshes = dims.build_meshes("cpu")
+    assert meshes["cp"].mesh.tolist() == [5, 7]
+    assert meshes["pp"].mesh.tolist() == [5, 13]
+    assert meshes["pp_dp"].mesh.tolist() == [1, 3, 5, 7, 9, 11, 13, 15]
+    assert ParallelContext(dims, meshes).loss_reduce_ranks == 4
+
+
 def test_world_size_arithmetic_counts_pp() -> None:
     with pytest.raises(ConfigError, match=r"pp 2 x dp_replicate 1 x tp 4 = 8 does not divide the 4"):
         ParallelDims.from_config(parallelism(pp=2, tp=4), world_size=4)
@@ -120,7 +133,6 @@ def test_world_size_arithmetic_counts_pp() -> None:
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("--parallelism.cp=2", "parallelism.cp"),
         ("--parallelism.loss_parallel=true", "parallelism.loss_parallel"),
         ("--training.local_batch_size=1", "training.local_batch_size"),
         ("--data.document_mask=true", "data.document_mask"),

@@ -2,10 +2,9 @@
 
 The schedule splits each data-parallel rank's batch into `parallelism.pp_microbatches` itself, so the
 trainer's gradient accumulation (training.local_batch_size) is not used on top of it. Not built for
-pipelines: context parallelism, loss parallel (the loss runs inside the schedule),
-packed-document masking (document ids would travel between stages) and the held-out evaluation (it
-runs the whole model on one rank). The family and the task are checked by the trainer, which knows
-them.
+pipelines: loss parallel (the loss runs inside the schedule), packed-document masking (document ids
+would travel between stages) and the held-out evaluation (it runs the whole model on one rank). The
+family and the task are checked by the trainer, which knows them.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ def check_pipeline_parallel(config: TrainConfig) -> None:
         return
     set_pp_1 = "set parallelism.pp = 1"
     refused = {
-        "parallelism.cp": (parallelism.cp > 1, "context parallelism", set_pp_1),
         "parallelism.loss_parallel": (parallelism.loss_parallel, "loss parallel", set_pp_1),
         "training.local_batch_size": (
             config.training.local_batch_size != -1,

@@ -14,8 +14,8 @@ Flattened views handed out: "dp" = (dp_replicate, dp_shard) for the data loader 
 "dp_shard" as one axis even when ep splits it. With cp > 1 also "dp_shard_cp" = (dp_shard, cp), over
 which FSDP shards (the cp ranks' gradients are summed like data-parallel ones, as in TorchTitan), and
 "dp_cp" = (dp_replicate, dp_shard, cp), over which per-rank mean losses are averaged. With pp > 1
-also "pp" and "pp_dp" = (pp, dp_replicate, dp_shard), over which the losses are summed (only the last
-stage holds one; the others add zeros). The rank order
+also "pp" and "pp_dp" = (pp, dp_replicate, dp_shard[, cp]), over which the losses are summed (only
+the last stage holds one; the others add zeros). The rank order
 inside the mesh comes from
 `topology.build_rank_layout` (ICI-aware on TPU, row-major elsewhere).
 """
@@ -82,10 +82,6 @@ class ParallelDims:
             raise ConfigError(
                 f"parallelism.ep: expert parallelism is not supported with parallelism.cp = {self.cp} yet; "
                 "set parallelism.cp = 1"
-            )
-        if self.pp_enabled and self.cp_enabled:
-            raise ConfigError(
-                f"parallelism.cp: not supported with parallelism.pp = {self.pp} yet; set parallelism.cp = 1"
             )
         if self.dp_shard % self.ep != 0:
             raise ConfigError(
@@ -200,7 +196,8 @@ class ParallelDims:
             meshes["fsdp"] = world["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else world["dp_shard"]
         if self.pp_enabled:
             dp_axes = ("dp_shard_mod_ep", "ep") if self.ep_enabled else ("dp_shard",)
-            meshes["pp_dp"] = world["pp", "dp_replicate", *dp_axes]._flatten("pp_dp")
+            cp_axes = ("cp",) if self.cp_enabled else ()
+            meshes["pp_dp"] = world["pp", "dp_replicate", *dp_axes, *cp_axes]._flatten("pp_dp")
         return meshes
 
 

@@ -191,22 +191,29 @@ class LanguageModelTask(TrainingTask):
         # Every process of a model-parallel group counts the whole rows (the trainer divides by the
         # group's size): with cp > 1 each trains its share of them.
         items = labels.numel()
-        if self.ctx.parallel.dims.cp_enabled:
-            cp_mesh = self.ctx.parallel.cp_mesh
-            cp, cp_rank = cp_mesh.size(), cp_mesh.get_local_rank()
-            input_ids, labels = split_for_rank(input_ids, cp, cp_rank), split_for_rank(labels, cp, cp_rank)
+        input_ids, labels = self._cp_share(input_ids, labels)
         if self.ctx.config.data.document_mask:
             output = model(input_ids, document_ids=documents_after_eos(input_ids, self.tokenizer.eos_id))
         else:
             output = model(input_ids)
         return TaskLoss(self.loss_fn(output, labels, self.loss_chunk_elements), items=items)
 
+    def _cp_share(self, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This cp rank's part of every row (the whole rows when cp = 1)."""
+        if not self.ctx.parallel.dims.cp_enabled:
+            return input_ids, labels
+        cp_mesh = self.ctx.parallel.cp_mesh
+        cp, cp_rank = cp_mesh.size(), cp_mesh.get_local_rank()
+        return split_for_rank(input_ids, cp, cp_rank), split_for_rank(labels, cp, cp_rank)
+
     def pipeline_inputs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(input_ids, labels, items) of a batch on the device, for the pipeline schedule, which runs
-        the model in stages and calls `pipeline_loss` on the last one."""
+        the model in stages and calls `pipeline_loss` on the last one; with cp > 1 this rank's part
+        of the rows, counted as whole rows as in `loss`."""
         device = self.ctx.device
         labels = batch["labels"].to(device, non_blocking=True)
-        return batch["input_ids"].to(device, non_blocking=True), labels, labels.numel()
+        input_ids, local_labels = self._cp_share(batch["input_ids"].to(device, non_blocking=True), labels)
+        return input_ids, local_labels, labels.numel()
 
     def pipeline_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.loss_fn(output, labels, self.loss_chunk_elements)
