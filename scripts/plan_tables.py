@@ -87,7 +87,7 @@ def _published_overrides(result: PublishedResult) -> list[str] | None:
         sequences = result.global_batch_tokens // result.seq_len
         overrides += [f"--training.global_batch_size={sequences}", "--training.local_batch_size=-1"]
     if result.parallelism.startswith("FSDP"):
-        overrides += ["--parallelism.dp_shard=-1", "--parallelism.tp=1", "--parallelism.ep=1"]
+        overrides += ["--parallelism.dp_shard=-1", "--parallelism.tp=1", "--parallelism.ep=1", "--parallelism.cp=1"]
     return overrides
 
 

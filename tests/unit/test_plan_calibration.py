@@ -22,7 +22,7 @@ from titan_tpu.plan.planner import make_plan
 from titan_tpu.plan.roofline import COLLECTIVE_EFFICIENCY
 
 CONFIG, CHIPS = "llama3_8b", "v6e-8"
-OVERRIDES = ["--parallelism.dp_shard=4", "--parallelism.tp=2"]
+OVERRIDES = ["--parallelism.dp_shard=4", "--parallelism.cp=1", "--parallelism.tp=2"]
 
 
 def write_report(path: Path, device: str, matmul: float, bus: float) -> Path:

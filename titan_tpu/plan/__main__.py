@@ -26,7 +26,8 @@ USAGE = (
     f"  --efficiency  fraction of peak FLOP/s the matmuls sustain (default {COMPUTE_EFFICIENCY})\n"
     "  --calibration a report of python -m titan_tpu.doctor run on that chip: its measured matmul FLOP/s\n"
     "                and collective bandwidths replace the vendor figures\n"
-    "  --search      try every layout (dp_replicate, tp, ep, micro-batch, checkpointing, offload, reduce dtype)\n"
+    "  --search      try every layout (pp and its schedule, cp, dp_replicate, tp, ep, micro-batch, checkpointing,\n"
+    "                activation offload, FSDP CPU offload, reduce dtype)\n"
     "                and print the best that fit as overrides; --top N of them (default 5)"
 )
 
