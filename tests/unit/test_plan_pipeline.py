@@ -128,3 +128,14 @@ def test_activation_offload_is_charged_out_overlapped_and_back_exposed() -> None
     assert plan.detail.offloaded_per_microbatch == moved
     assert plan.step.host_s == pytest.approx(moved / host_link_bytes_per_s(cluster))
     assert make_plan(load_config("llama3_debug", overrides), cluster).step.host_s == 0
+
+
+def test_pipeline_with_context_parallelism_sends_the_cp_ranks_part_of_the_rows() -> None:
+    """PP 2 x CP 2 on v6e-4, bf16: 2 micro-batches of 4 samples, each stage passing on its cp rank's
+    128 of the 256 tokens. Catches whole rows counted."""
+    cluster = parse_chips("v6e-4")
+    config = load_config("llama3_debug", ["--parallelism.pp=2", "--training.local_batch_size=-1", "--parallelism.cp=2"])
+    plan = make_plan(config, cluster)
+    ici = cluster.fast_bytes_per_s_per_device() * COLLECTIVE_EFFICIENCY
+    assert plan.detail.layout.micro_batch == 4
+    assert plan.step.p2p_s == pytest.approx(2 * 2 * 4 * 128 * 256 * 2 / ici)

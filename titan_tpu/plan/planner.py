@@ -162,6 +162,8 @@ def plan_memory(
             share = rank_share(pipeline, rank)
             local = rank_census(config, model, pipeline, rank)
             activations = pipeline_activations(block, pipeline, share, geometry, ac, head)
+            if dims.cp_enabled:
+                activations = with_mask(activations, work.tokens_per_sample, dims.cp)
             buffers = pipeline_buffer_bytes(local, layout.precision) if dims.fsdp_enabled else None
             memory = estimate_memory(local, activations, layout.precision, dims.fsdp_enabled, buffers, offloaded)
             moved = _offloaded_per_microbatch(block.checkpointed, geometry, offloaded_blocks(ac, share))
@@ -205,7 +207,8 @@ def make_plan(
         share = rank_share(pipeline, detail.pp_rank)
         recomputed = len(share.stages) * ac.recomputed_blocks(share.layers_per_stage)
         bubble = step_time_factor(pipeline.schedule, dims.pp, pipeline.microbatches, len(share.stages))
-        sent = p2p_bytes(pipeline, layout.micro_batch, work.tokens_per_sample, args.dim, layout.precision.compute_bytes)
+        tokens = work.tokens_per_sample // dims.cp  # a stage passes on its cp rank's part of the rows
+        sent = p2p_bytes(pipeline, layout.micro_batch, tokens, args.dim, layout.precision.compute_bytes)
     routing = models.get_model_spec(config.model.name).expert_routing
     moe_top_k = routing(args).top_k if routing is not None else 0
     shape = StepShape(

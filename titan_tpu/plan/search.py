@@ -82,13 +82,13 @@ def _powers_of_two_dividing(value: int) -> list[int]:
 
 def _meshes(config: TrainConfig, cluster: Cluster) -> Iterator[Mesh]:
     """Degrees whose product is the cluster's devices and whose data-parallel ranks split the global
-    batch; ep only without cp, cp only without pp (the trainer builds neither combination)."""
+    batch; ep only without cp (the trainer does not build that combination)."""
     global_batch = config.training.global_batch_size
     spec = models.get_model_spec(config.model.name)
     routing = spec.expert_routing
     is_moe = routing is not None and routing(run_model_args(config)).top_k > 0
     for pp, cp in itertools.product(PP_DEGREES, CP_DEGREES if spec.context_parallel else (1,)):
-        if (pp > 1 and (cp > 1 or pp % cluster.slices)) or cluster.devices % (pp * cp):
+        if (pp > 1 and pp % cluster.slices) or cluster.devices % (pp * cp):
             continue
         devices = cluster.devices // (pp * cp)
         slices = cluster.slices if pp == 1 else 1  # with pp, pp is the axis that spans slices
