@@ -182,5 +182,16 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     [B, H, S, L] (True = may attend): padded batches and cached decoding, where the causal kernels'
     square, unpadded mask does not fit. The kv heads are shared with their query heads by SDPA's own
     `enable_gqa`, not repeated: in cached decoding a repeat copies the whole cache in every layer at
-    every token (measured on a 2-core CPU, batch 128, 300 cached slots: 33 ms per call against 3 ms)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    every token (measured on a 2-core CPU, batch 128, 300 cached slots: 33 ms per call against 3 ms).
+
+    A decode step (S = 1, one mask row for every head) goes further: the G query heads of each kv
+    head become one query sequence of length G over that head's keys, so SDPA reads each kv head's
+    cache once rather than once per query head (the same sums; batch 128, 176 slots, 2-core Xeon:
+    0.84 against 1.11 ms per call)."""
+    batch, heads, queries, head_dim = q.shape
+    kv_heads = k.shape[1]
+    if queries == 1 and heads != kv_heads and mask.shape[1] == 1:
+        grouped = q.reshape(batch, kv_heads, heads // kv_heads, head_dim)
+        out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)
+        return out.reshape(batch, heads, 1, head_dim)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv_heads)
