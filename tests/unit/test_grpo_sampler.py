@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from titan_tpu.models.common.kv_cache import KVCache
 from titan_tpu.models.qwen3 import QWEN3_FLAVORS, Qwen3Model
 from titan_tpu.tasks.grpo import sampler
 from titan_tpu.tasks.grpo.sampler import (
@@ -174,8 +175,10 @@ def test_a_rank_in_lockstep_decodes_until_every_rank_has_stopped(monkeypatch: py
     model = tiny_model()
     params = greedy_stopping_at_the_second_token(model)
     batches: list[int] = []
-    forward = model.forward
-    monkeypatch.setattr(model, "forward", lambda tokens, **kw: (batches.append(tokens.shape[0]), forward(tokens, **kw))[1])
+    # Every cached forward (the prefill, each decode step, through the modules or the fused decoder)
+    # records its tokens' slots in the cache first.
+    advance = KVCache.advance
+    monkeypatch.setattr(KVCache, "advance", lambda cache, start, tokens, mask: (batches.append(tokens.shape[0]), advance(cache, start, tokens, mask))[1])
     alone = generate(model, PROMPTS, params, PAD, torch.device("cpu"))
     alone_forwards = len(batches)
     batches.clear()

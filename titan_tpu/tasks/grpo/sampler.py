@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from titan_tpu.models.common.decode_step import FusedDecoder
 from titan_tpu.models.common.kv_cache import KVCache
 from titan_tpu.tasks.validation import logits_of
 
@@ -138,6 +139,8 @@ def generate(
     batch, width = tokens.shape
     cache = KVCache(width + params.max_new_tokens)
     logits = logits_of(model(tokens, cache=cache, start_pos=0, key_padding_mask=real))[:, -1].float()
+    # The decode steps through fused weights where the model allows (decode_step.py), else its forward.
+    fused = FusedDecoder.of(model)
     stop_ids = torch.tensor(params.stop_ids, dtype=torch.long, device=device)
     out = torch.full((batch, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.bool, device=device)
@@ -170,7 +173,10 @@ def generate(
                 # the rows still running.
                 cache.keep_rows(running)
                 active, next_tokens = active[running], next_tokens[running]
-        logits = logits_of(model(next_tokens[:, None], cache=cache, start_pos=width + t))[:, -1].float()
+        if fused is not None:
+            logits = fused.step(next_tokens[:, None], cache, width + t).float()
+        else:
+            logits = logits_of(model(next_tokens[:, None], cache=cache, start_pos=width + t))[:, -1].float()
     # Up to the last generated token of any row: the steps after every row had stopped (until the
     # look that saw it) hold padding only.
     length = int(mask.any(dim=0).nonzero().max()) + 1

@@ -1,0 +1,164 @@
+"""One cached decode step of a dense decoder with as few operations as its math allows.
+
+A decode step feeds one token per row: every matmul has a handful of rows, so the step's time goes
+as much to the number of operations as to their arithmetic (on a 2-core CPU, `qwen3_debug` at batch
+128: about 60 operations per block through the modules' forwards). `FusedDecoder` snapshots a
+model's weights once per rollout, with the projections that read the same input concatenated (q, k
+and v; the feed-forward's gate and up) and Qwen 3's q and k norms side by side, and runs a step as
+one straight function over them: the same fp32 arithmetic as the modules', in fewer, larger calls.
+
+It serves what it can prove it computes like the modules: a `DecoderLM` whose blocks are the
+shared `TransformerBlock` (its `Attention`, a dense `FeedForward`, `RMSNorm`s), every weight a plain
+tensor (one process, or FSDP's gathered parameters during a rollout). Anything else (tensor-parallel
+DTensors, compiled or wrapped blocks, mixtures of experts, pipeline stages) gets None and decodes
+through the modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titan_tpu.models.common.attention import Attention
+from titan_tpu.models.common.attention_kernels import masked_attention
+from titan_tpu.models.common.decoder import DecoderLM
+from titan_tpu.models.common.feed_forward import FeedForward
+from titan_tpu.models.common.kv_cache import KVCache
+from titan_tpu.models.common.norms import RMSNorm
+from titan_tpu.models.common.transformer import TransformerBlock
+
+
+@dataclass(frozen=True)
+class _Norm:
+    weight: torch.Tensor
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm's forward (norms.py): statistics in float32, scale in the input's dtype."""
+        return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).type_as(x) * self.weight
+
+
+@dataclass(frozen=True)
+class _Block:
+    name: str  # the block's key in the model's ModuleDict, which names its cache layer
+    attention_norm: _Norm
+    wqkv: torch.Tensor  # [(H + 2 H_kv) D, dim]: wq, wk, wv stacked
+    qk_norm: _Norm | None  # weight [H + H_kv, D]: q_norm's on the query heads, k_norm's on the key heads
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    wo: torch.Tensor
+    ffn_norm: _Norm
+    w13: torch.Tensor  # [2 F, dim]: the gate w1, then the up projection w3
+    w2: torch.Tensor
+
+
+class FusedDecoder:
+    """`step(tokens [B, 1], cache, start_pos)` gives what `model(tokens, cache=cache,
+    start_pos=start_pos)[:, -1]` gives, logits [B, V], from weights taken when it was built."""
+
+    def __init__(self, model: DecoderLM, blocks: list[_Block]) -> None:
+        assert model.tok_embeddings is not None and model.norm is not None
+        self.embedding = model.tok_embeddings.weight
+        self.rope = model.rope
+        self.blocks = blocks
+        self.norm = _Norm(model.norm.weight, model.norm.eps)
+        self.output = self.embedding if model.output is None else model.output.weight
+
+    @staticmethod
+    def of(model: nn.Module) -> FusedDecoder | None:
+        """The fused decoder of `model`'s current weights, or None when `model` is not a whole dense
+        `DecoderLM` of plain tensors (see the module docstring)."""
+        # A family that overrides the plain decoder's forward (MoE) computes something else.
+        if not isinstance(model, DecoderLM) or type(model).forward is not DecoderLM.forward:
+            return None
+        decoder: DecoderLM = model  # type: ignore[assignment]
+        if decoder.tok_embeddings is None or decoder.norm is None or type(decoder.norm) is not RMSNorm:
+            return None
+        if any(type(p) is not nn.Parameter and type(p) is not torch.Tensor for p in decoder.parameters()):
+            return None  # DTensors (tensor parallelism, FSDP's shards outside a gathered rollout)
+        blocks = [_fused_block(name, layer) for name, layer in decoder.layers.items()]
+        if any(block is None for block in blocks):
+            return None
+        return FusedDecoder(decoder, blocks)  # type: ignore[arg-type]
+
+    def step(self, tokens: torch.Tensor, cache: KVCache, start_pos: int) -> torch.Tensor:
+        attn_mask = cache.advance(start_pos, tokens, None)  # [B, 1, 1, L]
+        x = F.embedding(tokens[:, 0], self.embedding)  # [B, dim]
+        cos, sin = self.rope(start_pos + 1)
+        cos, sin = cos[start_pos], sin[start_pos]
+        half = cos.shape[-1] // 2
+        # rotate_half(x) * sin == roll(x, half) * (-sin_1, sin_2): one roll instead of chunk, neg, cat.
+        signed_sin = torch.cat((-sin[:half], sin[half:]))
+        for block in self.blocks:
+            x = x + self._attention(block, block.attention_norm(x), cos, signed_sin, cache, start_pos, attn_mask)
+            gate_up = F.linear(block.ffn_norm(x), block.w13)
+            hidden = block.w13.shape[0] // 2
+            x = x + F.linear(F.silu(gate_up[:, :hidden]) * gate_up[:, hidden:], block.w2)
+        return F.linear(self.norm(x), self.output)
+
+    @staticmethod
+    def _attention(
+        block: _Block,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        signed_sin: torch.Tensor,
+        cache: KVCache,
+        start_pos: int,
+        attn_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        batch, heads, kv_heads, dim = x.shape[0], block.n_heads, block.n_kv_heads, block.head_dim
+        qkv = F.linear(x, block.wqkv)
+        qk = qkv[:, : (heads + kv_heads) * dim].view(batch, heads + kv_heads, dim)
+        v = qkv[:, (heads + kv_heads) * dim :].view(batch, kv_heads, 1, dim)
+        if block.qk_norm is not None:
+            qk = block.qk_norm(qk)
+        # apply_rotary_emb (rope.py) in fp32 on q and k together.
+        qk32 = qk.float()
+        qk = (qk32 * cos.float() + qk32.roll(dim // 2, dims=-1) * signed_sin.float()).type_as(qk)
+        q, k = qk[:, :heads], qk[:, heads:].view(batch, kv_heads, 1, dim)
+        keys, values = cache.layer(block.name).update(k, v, start_pos)
+        out = masked_attention(q.reshape(batch, heads, 1, dim), keys, values, attn_mask)
+        return F.linear(out.reshape(batch, heads * dim), block.wo)
+
+
+def _fused_block(name: str, layer: nn.Module) -> _Block | None:
+    if type(layer) is not TransformerBlock:
+        return None
+    attention, ffn = layer.attention, layer.feed_forward
+    if type(attention) is not Attention or type(ffn) is not FeedForward:
+        return None
+    if type(layer.attention_norm) is not RMSNorm or type(layer.ffn_norm) is not RMSNorm:
+        return None
+    qk_norm = None
+    if (attention.q_norm is None) != (attention.k_norm is None):
+        return None
+    if attention.q_norm is not None and attention.k_norm is not None:
+        if type(attention.q_norm) is not RMSNorm or type(attention.k_norm) is not RMSNorm:
+            return None
+        if attention.k_norm.eps != attention.q_norm.eps:
+            return None
+        weight = torch.cat(
+            (
+                attention.q_norm.weight.expand(attention.n_heads, -1),
+                attention.k_norm.weight.expand(attention.n_kv_heads, -1),
+            )
+        )
+        qk_norm = _Norm(weight, attention.q_norm.eps)
+    return _Block(
+        name=name,
+        attention_norm=_Norm(layer.attention_norm.weight, layer.attention_norm.eps),
+        wqkv=torch.cat((attention.wq.weight, attention.wk.weight, attention.wv.weight)),
+        qk_norm=qk_norm,
+        n_heads=attention.n_heads,
+        n_kv_heads=attention.n_kv_heads,
+        head_dim=attention.head_dim,
+        wo=attention.wo.weight,
+        ffn_norm=_Norm(layer.ffn_norm.weight, layer.ffn_norm.eps),
+        w13=torch.cat((ffn.w1.weight, ffn.w3.weight)),
+        w2=ffn.w2.weight,
+    )
+
