@@ -239,7 +239,8 @@ class Qwen3MoeModel(Qwen3Model):
                 [torch.stack([s.counts for s in stats]).sum(0), torch.stack([s.prob_sums for s in stats]).sum(0)]
             )
         if self.norm is None:
-            return h, (_StageRouterTotals.apply(h, totals, tracker) if grad_enabled else totals)
+            # A copy of the injection's view: the zero-bubble schedule detaches stage outputs in place.
+            return h.clone(), (_StageRouterTotals.apply(h, totals, tracker) if grad_enabled else totals)
         with torch.no_grad():
             if self.sum_router_stats is not None:
                 totals, tracker.replicas = self.sum_router_stats(totals)

@@ -80,6 +80,10 @@ MOE_LAYOUTS: dict[str, list[str]] = {
     "pp2_ep2_fsdp2_ac": ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--parallelism.ep=2",
                          "--activation_checkpoint.mode=full",
                          "--checkpoint.enable=true", "--checkpoint.interval=1000", "--checkpoint.keep_latest_k=0"],
+    # Two stages per rank under the zero-bubble schedule, which computes input and weight gradients
+    # apart and detaches each stage's outputs in place (a stage output that is a view fails there).
+    "pp2_ep2_zero_bubble": ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--parallelism.ep=2",
+                            "--parallelism.pp_schedule=InterleavedZeroBubble", "--parallelism.pp_microbatches=2"],
 }  # fmt: skip
 # The one process the MoE layouts are compared with: two accumulated micro-batches of 2 samples.
 # Data-parallel rank r of 2 takes samples r, r + 2, ..., and the schedule's micro-batch i is sample

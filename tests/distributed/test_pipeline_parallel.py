@@ -5,8 +5,9 @@ One torchrun launch of pipeline_worker.py trains the Llama 3 debug model (4 laye
 Interleaved1F1B (two stages per rank) x replicate 2, PP 2 x FSDP 2 with full activation
 checkpointing (1F1B), PP 2 x TP 2 with sequence parallelism and compiled blocks (GPipe), PP 2 x CP 2
 (1F1B), PP 2 x FSDP 2 with InterleavedZeroBubble (two stages per rank), and the negative control. The same launch
-trains the Qwen 3 MoE debug model under PP 2 x EP 2 (1F1B; experts over ep inside each stage's FSDP
-2; full activation checkpointing), with its own negative control.
+trains the Qwen 3 MoE debug model under PP 2 x EP 2 (experts over ep inside each stage's FSDP 2),
+with 1F1B and full activation checkpointing, and with InterleavedZeroBubble (two stages per rank),
+with its own negative control.
 - parity: every step's loss and gradient norm and the final parameters and AdamW moments of every
   stage, gathered from all ranks, match the single process within the layout suite's tolerances
   (parity.py). Catches a loss normalised per micro-batch rather than over the batch (or scaled
@@ -19,7 +20,7 @@ trains the Qwen 3 MoE debug model under PP 2 x EP 2 (1F1B; experts over ep insid
   layout-invariant init keys each parameter by its unchanged name);
 - the check bites: PP 4 with every stage boundary passing the activation forward but no gradient
   back (the earlier stages then never learn) fails the same comparison;
-- PP 2 x EP 2 matches one process that accumulates the same two micro-batches (each micro-batch's
+- PP 2 x EP 2 (both schedules) matches one process that accumulates the same two micro-batches (each micro-batch's
   load-balancing loss over the data-parallel ranks' router statistics, as without pp). Catches a
   stage that forms the aux loss from its own layers only, router totals not passed on (or passed
   without their gradient: the negative control cuts it at the stage boundary, and the first stage's
