@@ -94,7 +94,8 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
             "peak_memory_gib": round(trainer.device.peak_memory_gib(), 3),
             "step_time_s": round(elapsed / steps, 4),
             "warmup_s": round(warmup_s, 2),
-            "final_loss": round(float(loss), 4),
+            # Under pp the writer (rank 0) holds the first stage, which computes no loss.
+            "final_loss": round(float(loss), 4) if config.parallelism.pp == 1 else None,
             # What each "auto" kernel became, and among which candidates (titan_tpu/kernels/).
             "kernels": {choice.field: choice.pick for choice in trainer.kernels},
             "kernel_candidates": {choice.field: list(choice.times_ms) for choice in trainer.kernels},
