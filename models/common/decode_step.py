@@ -38,6 +38,9 @@ class _Norm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm's forward (norms.py): statistics in float32, scale in the input's dtype."""
+        if x.dtype == torch.float32 and self.weight.shape == x.shape[-1:]:
+            # The same products in one call (F.rms_norm scales last).
+            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
         return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).type_as(x) * self.weight
 
 
@@ -86,8 +89,10 @@ class FusedDecoder:
         return FusedDecoder(decoder, blocks)  # type: ignore[arg-type]
 
     def step(self, tokens: torch.Tensor, cache: KVCache, start_pos: int) -> torch.Tensor:
-        attn_mask = cache.advance(start_pos, tokens, None)  # [B, 1, 1, L]
         x = F.embedding(tokens[:, 0], self.embedding)  # [B, dim]
+        # SDPA turns a boolean mask into this additive one in every call; once per step here.
+        visible = cache.advance(start_pos, tokens, None)  # [B, 1, 1, L]
+        attn_mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(~visible, float("-inf"))
         cos, sin = self.rope(start_pos + 1)
         cos, sin = cos[start_pos], sin[start_pos]
         half = cos.shape[-1] // 2
