@@ -51,6 +51,7 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
     import torch
 
     from titan_tpu.device import host_peak_flops
+    from titan_tpu.record_window import mean_over_data_parallel
     from titan_tpu.trainer import Trainer
 
     config = load_config(config_name, [f"--training.steps={steps + warmup}", *overrides])
@@ -79,6 +80,9 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
         peak = statistics.median(peaks) if all(peaks) else None
         items_per_sec, flops_per_sec = trainer.rates(items, elapsed)
         unit = trainer.task.unit
+        # Every rank takes part (a collective): under pp the writer (rank 0) holds the first stage,
+        # which computes no loss, and gets the last stage's through the sum over stages.
+        (final_loss,) = mean_over_data_parallel([loss], trainer.parallel)
         record = {
             "config": config_name,
             "model": f"{config.model.name}/{config.model.flavor}",
@@ -94,8 +98,7 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
             "peak_memory_gib": round(trainer.device.peak_memory_gib(), 3),
             "step_time_s": round(elapsed / steps, 4),
             "warmup_s": round(warmup_s, 2),
-            # Under pp the writer (rank 0) holds the first stage, which computes no loss.
-            "final_loss": round(float(loss), 4) if config.parallelism.pp == 1 else None,
+            "final_loss": round(final_loss, 4),  # the mean over data-parallel ranks
             # What each "auto" kernel became, and among which candidates (titan_tpu/kernels/).
             "kernels": {choice.field: choice.pick for choice in trainer.kernels},
             "kernel_candidates": {choice.field: list(choice.times_ms) for choice in trainer.kernels},

@@ -33,7 +33,7 @@ from titan_tpu.device.peak import peak_covering
 from titan_tpu.kernels.for_run import choose_run_kernels, requested_attention
 from titan_tpu.distributed import process_group
 from titan_tpu.distributed.comm_timeouts import CommTimeouts
-from titan_tpu.distributed.grad_utils import clip_grad_norm_, sum_over
+from titan_tpu.distributed.grad_utils import clip_grad_norm_
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import parallelize_model
 from titan_tpu.distributed.pipeline import PipelineRunner, build_pipeline
@@ -45,6 +45,7 @@ from titan_tpu.metrics.plot import write_run_loss_chart
 from titan_tpu.metrics.profiler import StepProfiler
 from titan_tpu.metrics.progress import Progress
 from titan_tpu.optim import build_lr_scheduler, build_optimizer
+from titan_tpu.record_window import RecordWindow, is_eval_step, is_record_step, mean_over_data_parallel
 from titan_tpu.registered_names import RegisteredNames, check_registered_names
 from titan_tpu.seeding import seed_everything
 from titan_tpu.tasks.base import TaskContext, TrainingTask
@@ -55,19 +56,6 @@ logger = logging.getLogger("titan_tpu")
 
 class TrainingStopped(RuntimeError):
     """The run cannot go on (a non-finite loss); the message names the step."""
-
-
-@dataclasses.dataclass
-class _Window:
-    """What the steps since the last record left on the device, read back in one go."""
-
-    losses: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    items: int = 0
-    steps: int = 0
-    start: float = 0.0
-
-    def reset(self) -> None:
-        self.losses, self.items, self.steps, self.start = [], 0, 0, time.perf_counter()
 
 
 class Trainer:
@@ -283,8 +271,7 @@ class Trainer:
         context-parallel) ranks: one reduction and one device-to-host read. A sum over ranks is
         finite only when every rank's loss is, so the same read stops the run at the first
         non-finite step."""
-        mesh, ranks = self.parallel.loss_reduce_mesh, self.parallel.loss_reduce_ranks
-        means = (sum_over(torch.stack(losses).float(), mesh) / ranks).tolist()
+        means = mean_over_data_parallel(losses, self.parallel)
         for offset, value in enumerate(means):
             if not math.isfinite(value):
                 raise TrainingStopped(
@@ -294,22 +281,6 @@ class Trainer:
                 )
         return means
 
-    def _is_eval_step(self, step: int) -> bool:
-        eval_freq = self.config.metrics.eval_freq
-        if step == self.config.training.steps:
-            # eval_freq = 0 turns periodic evaluation off, but a run that enabled [validation] asked
-            # for a held-out loss, and gets at least the final one.
-            return eval_freq > 0 or self.config.validation.enable
-        return eval_freq > 0 and step % eval_freq == 0
-
-    def _is_record_step(self, step: int) -> bool:
-        return (
-            step == 1
-            or step % self.config.metrics.log_freq == 0
-            or step == self.config.training.steps
-            or self._is_eval_step(step)
-        )
-
     def train(self) -> list[StepRecord]:
         training = self.config.training
         if self.config.checkpoint.create_seed_checkpoint:
@@ -318,7 +289,7 @@ class Trainer:
             self.metrics.close()
             return []
         records: list[StepRecord] = []
-        window = _Window()
+        window = RecordWindow()
         self.device.synchronize()
         self.device.reset_peak_memory()
         window.reset()
@@ -329,14 +300,12 @@ class Trainer:
         try:
             while self.step < training.steps:
                 step = self.step + 1
-                record_now = self._is_record_step(step)
+                record_now = is_record_step(step, self.config)
                 saving = self.checkpointer.will_save(step, last=step == training.steps)
                 lr = self.lr_scheduler.get_last_lr()[0]
                 with self.profiler.step(step):
                     loss, items = self.forward_backward()
-                    window.losses.append(loss)
-                    window.items += items
-                    window.steps += 1
+                    window.add(loss, items)
                     if record_now or saving:
                         # Before the optimizer step: a non-finite loss of this step never reaches the
                         # weights, and one of an earlier step of the window never reaches a checkpoint.
@@ -383,13 +352,13 @@ class Trainer:
         items_per_sec = items / self.model_parallel_degree / seconds
         return items_per_sec, items_per_sec * self.flops_per_item
 
-    def _record(self, mean_loss: float, grad_norm: torch.Tensor, lr: float, window: _Window) -> StepRecord:
+    def _record(self, mean_loss: float, grad_norm: torch.Tensor, lr: float, window: RecordWindow) -> StepRecord:
         """The step's record; waits for the device, reads the grad norm, and runs the task's
         evaluation when it is due."""
         self.device.synchronize()
         elapsed = time.perf_counter() - window.start
         extras: dict[str, float] = dict(self.task.step_metrics())
-        if self._is_eval_step(self.step):
+        if is_eval_step(self.step, self.config):
             # Outside the timed window: evaluation is not training throughput.
             extras.update(self.evaluate())
         items_per_sec, flops_per_sec = self.rates(window.items, elapsed)

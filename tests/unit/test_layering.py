@@ -31,6 +31,7 @@ _ENGINE = (
     "titan_tpu.tasks",
     "titan_tpu.trainer",
     "titan_tpu.forward_backward",
+    "titan_tpu.record_window",
     "titan_tpu.seeding",
     "titan_tpu.registered_names",
 )
