@@ -8,8 +8,10 @@ The model is the config's, initialised from its seed and exported to a Hugging F
 transformers loads, so both generate from identical weights. Prompts are seeded random token
 sequences of 16 to 48 tokens (--prompt-tokens; left-padded for both); sampling at temperature 1
 with no stop token, so every completion runs the whole budget and both produce completions x
-new-tokens tokens. Ours runs twice: eager, and with every block compiled as `compile.enable = true`
-compiles a run's blocks (compiled and warmed up before any timing); with --buckets N > 1 a third
+new-tokens tokens. Ours runs twice: eager (its decode steps through the fused step of
+models/common/decode_step.py, as a GRPO run's are), and with every block compiled as
+`compile.enable = true` compiles a run's blocks (its decode steps through the compiled blocks;
+compiled and warmed up before any timing); with --buckets N > 1 a third
 time, eager over the prompts sorted by length in N batches (what `rl.rollout_buckets = N` does),
 and the GRPO run with it.
 
