@@ -38,7 +38,7 @@ class _Norm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm's forward (norms.py): statistics in float32, scale in the input's dtype."""
-        if x.dtype == torch.float32 and self.weight.shape == x.shape[-1:]:
+        if x.dtype == self.weight.dtype == torch.float32 and self.weight.shape == x.shape[-1:]:
             # The same products in one call (F.rms_norm scales last).
             return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
         return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).type_as(x) * self.weight

@@ -26,6 +26,8 @@ def _model(family: str) -> DecoderLM:
     """Every parameter random (norm scales included), so a norm weight on the wrong heads or a
     projection in the wrong place changes the logits."""
     torch.manual_seed(0)
+    if family == "qwen3_bf16":
+        return _model("qwen3").to(torch.bfloat16)
     if family == "llama3":
         model: DecoderLM = Llama3Model(dataclasses.replace(LLAMA3_FLAVORS["debug"], n_layers=2, max_seq_len=64))
     else:
@@ -58,11 +60,12 @@ def _decode(model: DecoderLM, fused: FusedDecoder | None) -> list[torch.Tensor]:
     return steps
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_tied", "llama3"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_tied", "llama3", "qwen3_bf16"])
 def test_the_fused_step_gives_the_modules_logits_bit_for_bit(family: str) -> None:
-    """Bugs caught: q, k, v or gate and up concatenated in another order than the split reads them,
-    q_norm's and k_norm's scales on the wrong heads, the rotation at the wrong position or with the
-    wrong sign, the cache written at the wrong slot, the tied head read from the wrong weight."""
+    """In fp32 and in bf16 (where the norms and the rotation upcast). Bugs caught: q, k, v or gate
+    and up concatenated in another order than the split reads them, q_norm's and k_norm's scales on
+    the wrong heads, the rotation at the wrong position or with the wrong sign, the cache written at
+    the wrong slot, the tied head read from the wrong weight."""
     model = _model(family)
     fused = FusedDecoder.of(model)
     assert fused is not None
@@ -114,7 +117,8 @@ def test_a_decode_query_shares_each_kv_heads_cache_with_its_query_heads() -> Non
     mask[2, ..., :7] = False
     got = masked_attention(q, k, v, mask)
     group = heads // kv_heads
-    expected = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), attn_mask=mask)
+    repeated = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    expected = F.scaled_dot_product_attention(q, *repeated, attn_mask=mask)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     interleaved = F.scaled_dot_product_attention(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), attn_mask=mask)
     assert (interleaved - expected).abs().max() > 1e-2
