@@ -24,6 +24,7 @@ from torch import nn
 from tests.cpu_kinds import DECISIONS
 from tests.token_sum_reward import REWARDS
 from titan_tpu.config.loader import load_config
+from titan_tpu.models.common.decode_step import FusedDecoder
 from titan_tpu.trainer import Trainer
 
 # config -> overrides that make one step take well under a second in float32.
@@ -114,12 +115,21 @@ def test_grpo_runs_every_forward_in_the_run_precision(
         autocast_seen.append(torch.is_autocast_enabled("cpu"))
 
     trainer.model.register_forward_pre_hook(record)
+    # The sampler's decode steps run through the fused step (models/common/decode_step.py), not the
+    # model's forward: they are forwards of the policy too.
+    fused_step = FusedDecoder.step
+
+    def recorded_step(self: FusedDecoder, *args: object, **kwargs: object) -> torch.Tensor:
+        autocast_seen.append(torch.is_autocast_enabled("cpu"))
+        return fused_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(FusedDecoder, "step", recorded_step)
     records = trainer.train()
     trainer.close()
     assert [r.step for r in records] == [1, 2]
     assert all(math.isfinite(r.loss) and math.isfinite(r.grad_norm) for r in records)
     assert records[0].grad_norm > 0
     assert "heldout_accuracy" in records[-1].extras
-    # One rollout of up to 4 new tokens, its log-probabilities, 2 training forwards, the evaluation.
+    # One rollout (a prefill and up to 3 decode steps), 2 training forwards, the evaluation.
     assert len(autocast_seen) >= 6
     assert set(autocast_seen) == {decision == "bf16"}
