@@ -10,8 +10,9 @@ sequences of 16 to 48 tokens (--prompt-tokens; left-padded for both); sampling a
 with no stop token, so every completion runs the whole budget and both produce completions x
 new-tokens tokens. Ours runs twice: eager (its decode steps through the fused step of
 models/common/decode_step.py, as a GRPO run's are), and with every block compiled as
-`compile.enable = true` compiles a run's blocks (its decode steps through the compiled blocks;
-compiled and warmed up before any timing); with --buckets N > 1 a third
+`compile.enable = true` compiles a run's blocks (its prefill through the compiled blocks, its
+decode steps through the fused step compiled in one graph as the blocks are; both compiled and
+warmed up before any timing); with --buckets N > 1 a third
 time, eager over the prompts sorted by length in N batches (what `rl.rollout_buckets = N` does),
 and the GRPO run with it.
 

@@ -5,25 +5,30 @@ as much to the number of operations as to their arithmetic (on a 2-core CPU, `qw
 128: about 60 operations per block through the modules' forwards). `FusedDecoder` snapshots a
 model's weights once per rollout, with the projections that read the same input concatenated (q, k
 and v; the feed-forward's gate and up) and Qwen 3's q and k norms side by side, and runs a step as
-one straight function over them: the same fp32 arithmetic as the modules', in fewer, larger calls.
+one straight function over them: the same arithmetic as the modules', in fewer, larger calls (bit
+for bit eager; compiled, fp32 attention sums in another order: `decode_attention`, to about 1e-6).
 
 It serves what it can prove it computes like the modules: a `DecoderLM` whose blocks are the
 shared `TransformerBlock` (its `Attention`, a dense `FeedForward`, `RMSNorm`s), every weight a plain
-tensor (one process, or FSDP's gathered parameters during a rollout). Anything else (tensor-parallel
-DTensors, compiled or wrapped blocks, mixtures of experts, pipeline stages) gets None and decodes
-through the modules.
+tensor (one process, or FSDP's gathered parameters during a rollout); with every block compiled
+whole (`compile.enable`), the step is compiled in one graph as they are. Anything else
+(tensor-parallel DTensors, wrapped or partly compiled blocks, mixtures of experts, pipeline stages)
+gets None and decodes through the modules.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._dynamo.eval_frame import OptimizedModule
 
 from titan_tpu.models.common.attention import Attention
-from titan_tpu.models.common.attention_kernels import masked_attention
+from titan_tpu.models.common.attention_kernels import decode_attention, masked_attention
 from titan_tpu.models.common.decoder import DecoderLM
 from titan_tpu.models.common.feed_forward import FeedForward
 from titan_tpu.models.common.kv_cache import KVCache
@@ -63,13 +68,20 @@ class FusedDecoder:
     """`step(tokens [B, 1], cache, start_pos)` gives what `model(tokens, cache=cache,
     start_pos=start_pos)[:, -1]` gives, logits [B, V], from weights taken when it was built."""
 
-    def __init__(self, model: DecoderLM, blocks: list[_Block]) -> None:
+    def __init__(
+        self, model: DecoderLM, blocks: list[_Block], compiler: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+    ) -> None:
         assert model.tok_embeddings is not None and model.norm is not None
         self.embedding = model.tok_embeddings.weight
         self.rope = model.rope
         self.blocks = blocks
         self.norm = _Norm(model.norm.weight, model.norm.eps)
         self.output = self.embedding if model.output is None else model.output.weight
+        # The whole step as one graph, compiled as the model's blocks are (their torch.compile
+        # context: same backend and options). Dynamo keys its cache on the step's code, so the
+        # decoders of later rollouts reuse the graphs (recompiled only for new shapes, dynamic after
+        # the first: the cache length grows every step).
+        self._compiled_step = None if compiler is None else compiler(self._step)
 
     @staticmethod
     def of(model: nn.Module) -> FusedDecoder | None:
@@ -83,12 +95,32 @@ class FusedDecoder:
             return None
         if any(type(p) is not nn.Parameter and type(p) is not torch.Tensor for p in decoder.parameters()):
             return None  # DTensors (tensor parallelism, FSDP's shards outside a gathered rollout)
-        blocks = [_fused_block(name, layer) for name, layer in decoder.layers.items()]
+        layers = list(decoder.layers.items())
+        # Blocks compiled whole (`compile.enable`): the fused step is compiled alike.
+        compiled = [isinstance(layer, OptimizedModule) for _, layer in layers]
+        if any(compiled) and not all(compiled):
+            return None
+        if all(compiled):
+            compiler = layers[0][1].dynamo_ctx
+            layers = [(name, layer._orig_mod) for name, layer in layers]
+        else:
+            compiler = None
+        blocks = [_fused_block(name, layer) for name, layer in layers]
         if any(block is None for block in blocks):
             return None
-        return FusedDecoder(decoder, blocks)  # type: ignore[arg-type]
+        return FusedDecoder(decoder, blocks, compiler)  # type: ignore[arg-type]
+
+    @property
+    def compiled(self) -> bool:
+        """Whether `step` runs as one compiled graph (the model's blocks were compiled)."""
+        return self._compiled_step is not None
 
     def step(self, tokens: torch.Tensor, cache: KVCache, start_pos: int) -> torch.Tensor:
+        if self._compiled_step is not None:
+            return self._compiled_step(tokens, cache, start_pos)
+        return self._step(tokens, cache, start_pos)
+
+    def _step(self, tokens: torch.Tensor, cache: KVCache, start_pos: int) -> torch.Tensor:
         x = F.embedding(tokens[:, 0], self.embedding)  # [B, dim]
         # SDPA turns a boolean mask into this additive one in every call; once per step here.
         visible = cache.advance(start_pos, tokens, None)  # [B, 1, 1, L]
@@ -99,7 +131,7 @@ class FusedDecoder:
         # rotate_half(x) * sin == roll(x, half) * (-sin_1, sin_2): one roll instead of chunk, neg, cat.
         signed_sin = torch.cat((-sin[:half], sin[half:]))
         for block in self.blocks:
-            x = x + self._attention(block, block.attention_norm(x), cos, signed_sin, cache, start_pos, attn_mask)
+            x = x + self._attention(block, block.attention_norm(x), cos, signed_sin, cache, start_pos, attn_mask, self.compiled)
             gate_up = F.linear(block.ffn_norm(x), block.w13)
             hidden = block.w13.shape[0] // 2
             x = x + F.linear(F.silu(gate_up[:, :hidden]) * gate_up[:, hidden:], block.w2)
@@ -114,6 +146,7 @@ class FusedDecoder:
         cache: KVCache,
         start_pos: int,
         attn_mask: torch.Tensor,
+        compiled: bool,
     ) -> torch.Tensor:
         batch, heads, kv_heads, dim = x.shape[0], block.n_heads, block.n_kv_heads, block.head_dim
         qkv = F.linear(x, block.wqkv)
@@ -126,7 +159,14 @@ class FusedDecoder:
         qk = (qk32 * cos.float() + qk32.roll(dim // 2, dims=-1) * signed_sin.float()).type_as(qk)
         q, k = qk[:, :heads], qk[:, heads:].view(batch, kv_heads, 1, dim)
         keys, values = cache.layer(block.name).update(k, v, start_pos)
-        out = masked_attention(q.reshape(batch, heads, 1, dim), keys, values, attn_mask)
+        if compiled and q.dtype == torch.float32:
+            # Compiled: batched matmuls and a plain softmax (attention_kernels.py) that the compiler
+            # traces into its own kernels (with SDPA there, compiling and 150 steps did not finish in
+            # 280 s on a 2-core Xeon). Eager: SDPA, level with them per step (1.00x) and bit for bit
+            # the modules' logits; in lower precision, for its fp32 accumulation.
+            out = decode_attention(q, keys, values, attn_mask)
+        else:
+            out = masked_attention(q.reshape(batch, heads, 1, dim), keys, values, attn_mask)
         return F.linear(out.reshape(batch, heads * dim), block.wo)
 
 

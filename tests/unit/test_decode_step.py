@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from titan_tpu.models.common.attention_kernels import masked_attention
+from titan_tpu.models.common.attention_kernels import decode_attention, masked_attention
 from titan_tpu.models.common.decode_step import FusedDecoder
 from titan_tpu.models.common.decoder import DecoderLM
 from titan_tpu.models.common.kv_cache import KVCache
@@ -122,3 +122,45 @@ def test_a_decode_query_shares_each_kv_heads_cache_with_its_query_heads() -> Non
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     interleaved = F.scaled_dot_product_attention(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), attn_mask=mask)
     assert (interleaved - expected).abs().max() > 1e-2
+
+
+def test_decode_attention_equals_sdpa_over_the_cache() -> None:
+    """decode_attention (batched matmuls over the cache, an additive mask) against masked_attention
+    (SDPA, its grouping checked above) on a padded batch. Bugs caught: the scale left out or applied
+    twice, query heads grouped onto the wrong kv head, the mask ignored or broadcast over the wrong
+    dimension; the negative controls (the padding visible, scores scaled twice as much) show such
+    results are told apart at this tolerance."""
+    torch.manual_seed(0)
+    batch, heads, kv_heads, slots, dim = 5, 8, 2, 23, 32
+    q = torch.randn(batch, heads, dim)
+    k, v = torch.randn(batch, kv_heads, slots, dim), torch.randn(batch, kv_heads, slots, dim)
+    visible = torch.ones(batch, 1, 1, slots, dtype=torch.bool)
+    visible[0, ..., :4] = False
+    visible[3, ..., :9] = False
+    additive = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+    expected = masked_attention(q[:, :, None], k, v, visible)[:, :, 0]
+    torch.testing.assert_close(decode_attention(q, k, v, additive), expected, rtol=1e-5, atol=1e-6)
+    unmasked = decode_attention(q, k, v, torch.zeros_like(additive))
+    assert (unmasked - expected).abs().max() > 1e-2
+    # A scale of 2/sqrt(D) (or none) on the scores.
+    assert (decode_attention(q * 2, k, v, additive) - expected).abs().max() > 1e-2
+
+
+def test_compiled_blocks_give_a_fused_step_compiled_in_one_graph() -> None:
+    """Blocks compiled whole (compile.enable) give a fused decoder whose step runs through their
+    torch.compile context (here the "eager" backend, which traces as inductor would without its
+    code generation) and matches the modules; a model with only some blocks compiled gets None.
+    Bugs caught: the compiled path falling back to the modules (a fused step that cannot be traced
+    in one graph fails here under the blocks' fullgraph=True), weights read from the wrapper instead
+    of the block it compiles, a half-compiled model fused as if plain."""
+    torch._dynamo.reset()
+    model = _model("qwen3")
+    expected = _decode(model, None)
+    for name, block in list(model.layers.items()):
+        model.layers[name] = torch.compile(block, backend="eager", fullgraph=True)
+    fused = FusedDecoder.of(model)
+    assert fused is not None and fused.compiled
+    for g, e in zip(_decode(model, fused), expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    model.layers["1"] = model.layers["1"]._orig_mod
+    assert FusedDecoder.of(model) is None
