@@ -152,7 +152,8 @@ def test_compiled_blocks_give_a_fused_step_compiled_in_one_graph() -> None:
     code generation) and matches the modules; a model with only some blocks compiled gets None.
     Bugs caught: the compiled path falling back to the modules (a fused step that cannot be traced
     in one graph fails here under the blocks' fullgraph=True), weights read from the wrapper instead
-    of the block it compiles, a half-compiled model fused as if plain."""
+    of the block it compiles, a later rollout's decoder run with an earlier one's weights, a
+    half-compiled model fused as if plain."""
     torch._dynamo.reset()
     model = _model("qwen3")
     expected = _decode(model, None)
@@ -162,5 +163,14 @@ def test_compiled_blocks_give_a_fused_step_compiled_in_one_graph() -> None:
     assert fused is not None and fused.compiled
     for g, e in zip(_decode(model, fused), expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    # The next rollout's decoder, after an optimizer step, reuses the graph with the new weights
+    # (a graph that kept the first decoder's weights as constants would give the old logits).
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    moved = _decode(model, None)
+    assert (moved[0] - expected[0]).abs().max() > 1e-2
+    for g, e in zip(_decode(model, FusedDecoder.of(model)), moved):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-4)  # logits grown with the weights
     model.layers["1"] = model.layers["1"]._orig_mod
     assert FusedDecoder.of(model) is None
