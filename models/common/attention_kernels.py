@@ -181,8 +181,9 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     """Attention of q [B, H, S, D] over k, v [B, H_kv, L, D] under a boolean mask broadcastable to
     [B, H, S, L] (True = may attend; or its additive form, 0 and -inf): padded batches and cached
     decoding, where the causal kernels' square, unpadded mask does not fit. The kv heads are shared
-    with their query heads by SDPA's own `enable_gqa`, not repeated: in cached decoding a repeat copies the whole cache in every layer at
-    every token (measured on a 2-core CPU, batch 128, 300 cached slots: 33 ms per call against 3 ms).
+    with their query heads by SDPA's own `enable_gqa`, not repeated: in cached decoding a repeat
+    copies the whole cache in every layer at every token (measured on a 2-core CPU, batch 128, 300
+    cached slots: 33 ms per call against 3 ms).
 
     A decode step (S = 1, one mask row for every head) goes further: the G query heads of each kv
     head become one query sequence of length G over that head's keys, so SDPA reads each kv head's
