@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.bench import launch  # noqa: E402
-from titan_tpu.plan.pipeline_bubble import stages_per_rank, step_time_factor  # noqa: E402
+from titan_tpu.plan.pipeline_bubble import bubble_fraction, stages_per_rank, step_time_factor  # noqa: E402
 
 PP = 2
 PROCESSES = 4
@@ -76,12 +76,14 @@ def main() -> int:
             print(json.dumps(records[layout]), flush=True)
         rate = next(key for key in records["fsdp4"] if key.endswith("_per_sec_per_process"))
         slowdowns.append(float(records["fsdp4"][rate]) / float(records["pp2xfsdp2"][rate]))  # type: ignore[arg-type]
-    predicted = step_time_factor(args.schedule, PP, args.microbatches, stages_per_rank(args.schedule))
+    per_rank = stages_per_rank(args.schedule)
+    predicted = step_time_factor(args.schedule, PP, args.microbatches, per_rank)
     slowdown = statistics.median(slowdowns)
     print(json.dumps({
         "slowdown_pp_vs_fsdp": round(slowdown, 3),
         "per_repeat": [round(s, 3) for s in slowdowns],
         "predicted_step_time_factor": round(predicted, 3),
+        "predicted_idle_share": round(bubble_fraction(args.schedule, PP, args.microbatches, per_rank), 3),
         "within_predicted_bubble": slowdown <= predicted,
         "meaning": f"FSDP {PROCESSES} rate / PP {PP} x FSDP {PROCESSES // PP} rate; at most the factor means "
         f"pipelining lost no more than the bubble ({args.schedule}, {args.microbatches} micro-batches)",

@@ -33,11 +33,16 @@ class PipelinePlan:
         return list(range(pp_rank, self.n_stages, self.pp))
 
 
+def stages_per_rank(schedule: str) -> int:
+    """The stages each pp rank runs by default: two for the schedules that run several."""
+    return 2 if schedule in MULTI_STAGE_SCHEDULES else 1
+
+
 def plan_pipeline(cfg: ParallelismConfig, n_layers: int, local_batch_size: int) -> PipelinePlan:
     """The stages and micro-batches of a run with `cfg.pp` > 1, or a ConfigError naming what does
     not divide."""
     pp, schedule = cfg.pp, cfg.pp_schedule
-    per_rank = 2 if schedule in MULTI_STAGE_SCHEDULES else 1
+    per_rank = stages_per_rank(schedule)
     if cfg.pp_layers_per_stage == -1:
         n_stages = pp * per_rank
         if n_layers % n_stages != 0:

@@ -18,16 +18,13 @@ the embedding, the last the head and the loss) lengthen every slot to the slowes
 
 from __future__ import annotations
 
-from titan_tpu.config.pipeline_parallel import MULTI_STAGE_SCHEDULES
+from titan_tpu.distributed.pipeline_plan import stages_per_rank
+
+__all__ = ["bubble_fraction", "bubble_slots", "stages_per_rank", "step_time_factor"]
 
 ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble",)
 # ZB-H1's bubble against 1F1B's with equal forward, input-gradient and weight-gradient times.
 ZERO_BUBBLE_FRACTION = 1 / 3
-
-
-def stages_per_rank(schedule: str) -> int:
-    """The stages each pp rank runs by default (titan_tpu/distributed/pipeline_plan.py)."""
-    return 2 if schedule in MULTI_STAGE_SCHEDULES else 1
 
 
 def bubble_slots(schedule: str, pp: int, microbatches: int, per_rank: int) -> float:
