@@ -18,18 +18,21 @@ and the GRPO run with it.
 
 The last is what a GRPO run logs: `grpo_qwen3_debug` on a prompt file (the samplers' prompt
 lengths, in letters, which its byte tokenizer makes one token each; completions / 8 of them x 8;
-the same budget and dtype, eager; stop tokens cleared so that every completion runs the budget here
-too) trains the optimizer steps of one rollout batch, and its record's `rollout_tokens_per_sec` is
-read: sampling, rewards and any log-probability pass, all of a rollout but the policy update (a
-fresh trainer per repeat, built outside that time). Prints one JSON line per run and the median
-tokens/s of each, with the ratios ours / transformers, eager and compiled (the GRPO issue asks for
-at least 2x on qwen3_debug, fp32, 128 x 256), GRPO's logged rate / ours eager (bucketed with
---buckets; at least 0.8) and bucketed / one batch, each the median of the repeats' own ratios.
+the same budget and dtype; stop tokens cleared so that every completion runs the budget here too)
+trains the optimizer steps of one rollout batch, and its record's `rollout_tokens_per_sec` is read:
+sampling, rewards and any log-probability pass, all of a rollout but the policy update (a fresh
+trainer per repeat, built outside that time). It runs twice per repeat: eager, and with
+`compile.enable = true` (its graphs already compiled by then, in this process, by the warm-up above
+and repeat 0). Prints one JSON line per run and the median tokens/s of each, with the ratios ours /
+transformers, eager and compiled (the GRPO issue asks for at least 2x on qwen3_debug, fp32, 128 x
+256), GRPO's logged rate / ours, eager (bucketed with --buckets) and compiled (at least 0.8 each),
+and bucketed / one batch, each the median of the repeats' own ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -83,9 +86,9 @@ def _theirs(hf_model: torch.nn.Module, prompts: list[list[int]], new_tokens: int
     return generated.numel() / elapsed
 
 
-def _grpo(prompt_lengths: list[int], new_tokens: int, dtype: str, buckets: int, folder: Path) -> float:
+def _grpo(prompt_lengths: list[int], new_tokens: int, dtype: str, buckets: int, compiled: bool, folder: Path) -> float:
     """One rollout batch of a GRPO run (len(prompt_lengths) / 8 prompts of those lengths x 8
-    completions) and its steps; the rollout rate its record logs."""
+    completions) and its steps, with `compile.enable` = `compiled`; the rollout rate its record logs."""
     import dataclasses
 
     from titan_tpu.trainer import Trainer
@@ -100,6 +103,7 @@ def _grpo(prompt_lengths: list[int], new_tokens: int, dtype: str, buckets: int, 
         "--data.source=files", f"--data.path={folder / 'prompts.jsonl'}", f"--rl.max_new_tokens={new_tokens}",
         f"--training.seq_len={max(prompt_lengths) + new_tokens + 8}", f"--rl.prompts_per_step={len(prompt_lengths) // group}",
         f"--rl.group_size={group}", f"--rl.rollout_buckets={buckets}", "--metrics.eval_freq=0", "--checkpoint.enable=false",
+        f"--compile.enable={str(compiled).lower()}",
     ]  # fmt: skip
     config = load_config("grpo_qwen3_debug", overrides)
     steps = len(prompt_lengths) // config.training.global_batch_size
@@ -155,17 +159,19 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     _ours(compiled, prompts, opts.new_tokens)
     print(json.dumps({"compiled_blocks_warmup_s": round(time.perf_counter() - start, 1)}), flush=True)
-    rates: dict[str, list[float]] = {"ours": [], "ours_compiled": [], "transformers": [], "grpo_logged": []}
+    rates: dict[str, list[float]] = {"ours": [], "ours_compiled": [], "transformers": [], "grpo_logged": [],
+                                     "grpo_logged_compiled": []}  # fmt: skip
     if opts.buckets > 1:
         rates["ours_bucketed"] = []
     runs = tempfile.TemporaryDirectory()
     for repeat in range(opts.repeats):
-        grpo_folder = Path(runs.name) / f"grpo_{repeat}"
+        lengths, folder = [len(p) for p in prompts], Path(runs.name) / f"repeat_{repeat}"
+        grpo = functools.partial(_grpo, lengths, opts.new_tokens, opts.dtype, opts.buckets)
         runners = [("ours", lambda: _ours(model, prompts, opts.new_tokens)),
                    ("ours_compiled", lambda: _ours(compiled, prompts, opts.new_tokens)),
                    ("transformers", lambda: _theirs(hf_model, prompts, opts.new_tokens)),
-                   ("grpo_logged", lambda: _grpo([len(p) for p in prompts], opts.new_tokens, opts.dtype, opts.buckets,
-                                                 grpo_folder))]  # fmt: skip
+                   ("grpo_logged", lambda: grpo(False, folder / "eager")),
+                   ("grpo_logged_compiled", lambda: grpo(True, folder / "compiled"))]  # fmt: skip
         if opts.buckets > 1:
             runners.insert(1, ("ours_bucketed", lambda: _ours(model, prompts, opts.new_tokens, opts.buckets)))
         # Every other repeat in reverse order, so a machine that speeds up or slows down during a
@@ -175,8 +181,9 @@ def main(argv: list[str]) -> int:
             rates[name].append(round(rate, 1))
             print(json.dumps({"sampler": name, "repeat": repeat, "tokens_per_sec": round(rate, 1)}), flush=True)
     runs.cleanup()
-    ours, ours_compiled, theirs, logged = (
-        statistics.median(rates[name]) for name in ("ours", "ours_compiled", "transformers", "grpo_logged")
+    ours, ours_compiled, theirs, logged, logged_compiled = (
+        statistics.median(rates[name])
+        for name in ("ours", "ours_compiled", "transformers", "grpo_logged", "grpo_logged_compiled")
     )
     # Ratios within each repeat, then their median: a shared CPU's speed drifts by 10-20% between
     # repeats, which a ratio of medians taken from different repeats would carry.
@@ -185,6 +192,7 @@ def main(argv: list[str]) -> int:
     # A GRPO run samples as ours does with its rl.rollout_buckets, here --buckets.
     sampled = "ours_bucketed" if opts.buckets > 1 else "ours"
     logged_share = statistics.median(g / o for g, o in zip(rates["grpo_logged"], rates[sampled]))
+    logged_compiled_share = statistics.median(g / o for g, o in zip(rates["grpo_logged_compiled"], rates["ours_compiled"]))
     bucketed = {}
     if opts.buckets > 1:
         bucketed = {"ours_bucketed_tokens_per_sec": statistics.median(rates["ours_bucketed"]),
@@ -194,8 +202,9 @@ def main(argv: list[str]) -> int:
         "completions": opts.completions, "new_tokens": opts.new_tokens, "prompt_tokens": opts.prompt_tokens,
         "buckets": opts.buckets, "ours_tokens_per_sec": ours,
         "transformers_tokens_per_sec": theirs, "grpo_logged_tokens_per_sec": logged,
-        "ours_compiled_tokens_per_sec": ours_compiled, "ratio": round(ratio, 2),
-        "compiled_ratio": round(compiled_ratio, 2), "logged_over_ours": round(logged_share, 2), **bucketed,
+        "ours_compiled_tokens_per_sec": ours_compiled, "grpo_logged_compiled_tokens_per_sec": logged_compiled,
+        "ratio": round(ratio, 2), "compiled_ratio": round(compiled_ratio, 2), "logged_over_ours": round(logged_share, 2),
+        "logged_compiled_over_ours_compiled": round(logged_compiled_share, 2), **bucketed,
     }))  # fmt: skip
     return 0
 

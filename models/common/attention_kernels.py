@@ -198,23 +198,27 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv_heads)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, additive_mask: torch.Tensor) -> torch.Tensor:
-    """Attention of one query per row, q [B, H, D], over the cache's k, v [B, H_kv, L, D] under an
-    additive mask [B, 1, 1, L] (0 = may attend, -inf = not): out [B, H, D], scaled by 1/sqrt(D),
-    query head h reading kv head h // (H / H_kv), as `masked_attention` computes it.
+def decode_attention(
+    q: torch.Tensor, keys_t: torch.Tensor, v: torch.Tensor, additive_mask: torch.Tensor
+) -> torch.Tensor:
+    """Attention of one query per row, q [B, H, D], over the cache's keys stored transposed, keys_t
+    [B, H_kv, D, L] (kv_cache.py's `transpose_keys`), and values v [B, H_kv, L, D] under an additive
+    mask [B, 1, 1, L] (0 = may attend, -inf = not): out [B, H, D], scaled by 1/sqrt(D), query head h
+    reading kv head h // (H / H_kv), as `masked_attention` computes it.
 
     A decode step's attention is B * H_kv products of [G, D] x [D, L] and [G, L] x [L, D] (G = H / H_kv
     query heads per kv head). SDPA's CPU kernel runs them one tile at a time with its online softmax;
-    two batched matmuls over the whole batch, with the scale, mask and softmax in two calls between
-    them, are faster alone (batch 128, 176 slots, fp32, 2-core Xeon: 0.79 against 0.85 ms per call;
-    level within a whole eager decode step) and trace into a compiled step (decode_step.py). The
-    same math (scores * scale + mask, softmax, times values) summed in another order: fp32 results
-    agree with SDPA's to about 1e-6, not bit for bit."""
+    two batched matmuls over the whole batch, each reading its cache operand as the second factor of
+    a plain product (hence the keys' layout), with the scale, mask and softmax in two calls between
+    them, are faster (fp32, 2-core Xeon, batch 128, 176 slots: 0.31 + 0.28 ms for the two products
+    where SDPA took 1.04 ms) and trace into a compiled step (decode_step.py). The same math (scores *
+    scale + mask, softmax, times values) summed in another order: fp32 results agree with SDPA's to
+    about 1e-6, not bit for bit."""
     batch, heads, head_dim = q.shape
-    kv_heads, slots = k.shape[1], k.shape[2]
+    kv_heads, slots = keys_t.shape[1], keys_t.shape[3]
     group = heads // kv_heads
-    # The views below are free: a cache slice [B, H_kv, :L, D] merges B and H_kv without a copy.
-    keys = k.reshape(batch * kv_heads, slots, head_dim).transpose(1, 2)
+    # The views below are free: a cache slice [B, H_kv, D, :L] merges B and H_kv without a copy.
+    keys = keys_t.reshape(batch * kv_heads, head_dim, slots)
     scores = torch.bmm(q.reshape(batch * kv_heads, group, head_dim), keys).view(batch, kv_heads, group, slots)
     scores = torch.add(additive_mask, scores, alpha=1.0 / math.sqrt(head_dim))
     weights = torch.softmax(scores, dim=-1).view(batch * kv_heads, group, slots)

@@ -116,22 +116,50 @@ class FusedDecoder:
         return self._compiled_step is not None
 
     def step(self, tokens: torch.Tensor, cache: KVCache, start_pos: int) -> torch.Tensor:
-        if self._compiled_step is not None:
-            return self._compiled_step(tokens, cache, start_pos)
-        return self._step(tokens, cache, start_pos)
-
-    def _step(self, tokens: torch.Tensor, cache: KVCache, start_pos: int) -> torch.Tensor:
-        x = F.embedding(tokens[:, 0], self.embedding)  # [B, dim]
-        # SDPA turns a boolean mask into this additive one in every call; once per step here.
+        # SDPA turns a boolean mask into this additive one in every call; once per step here, and
+        # outside the compiled graph: inside, the compiler fused the mask's construction into each
+        # layer's softmax and rebuilt it there (2.8x that kernel's time, 2-core Xeon).
         visible = cache.advance(start_pos, tokens, None)  # [B, 1, 1, L]
-        attn_mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(~visible, float("-inf"))
+        attn_mask = torch.zeros(visible.shape, dtype=self.embedding.dtype, device=visible.device)
+        attn_mask.masked_fill_(~visible, float("-inf"))
+        if self._matmul_attention():
+            for block in self.blocks:
+                cache.layer(block.name).transpose_keys()
+        # This position's rotary rows (views): the graph then depends on no table of max_seq_len rows,
+        # so models of another max_seq_len reuse it.
         cos, sin = self.rope(start_pos + 1)
         cos, sin = cos[start_pos], sin[start_pos]
+        if self._compiled_step is not None:
+            return self._compiled_step(tokens, attn_mask, cos, sin, cache, start_pos)
+        return self._step(tokens, attn_mask, cos, sin, cache, start_pos)
+
+    def _matmul_attention(self) -> bool:
+        """Whether this step's attention is `decode_attention` over keys kept transposed: compiled, in
+        float32 (with SDPA in the graph, compiling and 150 steps did not finish in 280 s on a 2-core
+        Xeon). Eager, SDPA over the cache as the modules keep it, for logits bit for bit theirs (the
+        matmuls were level with it there: 1.00x per rollout); in lower precision, compiled too, for
+        SDPA's float32 sums."""
+        if not self.compiled:
+            return False
+        device = self.embedding.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.embedding.dtype
+        return dtype == torch.float32
+
+    def _step(
+        self,
+        tokens: torch.Tensor,
+        attn_mask: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        start_pos: int,
+    ) -> torch.Tensor:
+        x = F.embedding(tokens[:, 0], self.embedding)  # [B, dim]
         half = cos.shape[-1] // 2
         # rotate_half(x) * sin == roll(x, half) * (-sin_1, sin_2): one roll instead of chunk, neg, cat.
         signed_sin = torch.cat((-sin[:half], sin[half:]))
         for block in self.blocks:
-            x = x + self._attention(block, block.attention_norm(x), cos, signed_sin, cache, start_pos, attn_mask, self.compiled)
+            x = x + self._attention(block, block.attention_norm(x), cos, signed_sin, cache, start_pos, attn_mask)
             gate_up = F.linear(block.ffn_norm(x), block.w13)
             hidden = block.w13.shape[0] // 2
             x = x + F.linear(F.silu(gate_up[:, :hidden]) * gate_up[:, hidden:], block.w2)
@@ -146,7 +174,6 @@ class FusedDecoder:
         cache: KVCache,
         start_pos: int,
         attn_mask: torch.Tensor,
-        compiled: bool,
     ) -> torch.Tensor:
         batch, heads, kv_heads, dim = x.shape[0], block.n_heads, block.n_kv_heads, block.head_dim
         qkv = F.linear(x, block.wqkv)
@@ -158,14 +185,12 @@ class FusedDecoder:
         qk32 = qk.float()
         qk = (qk32 * cos.float() + qk32.roll(dim // 2, dims=-1) * signed_sin.float()).type_as(qk)
         q, k = qk[:, :heads], qk[:, heads:].view(batch, kv_heads, 1, dim)
-        keys, values = cache.layer(block.name).update(k, v, start_pos)
-        if compiled and q.dtype == torch.float32:
-            # Compiled: batched matmuls and a plain softmax (attention_kernels.py) that the compiler
-            # traces into its own kernels (with SDPA there, compiling and 150 steps did not finish in
-            # 280 s on a 2-core Xeon). Eager: SDPA, level with them per step (1.00x) and bit for bit
-            # the modules' logits; in lower precision, for its fp32 accumulation.
-            out = decode_attention(q, keys, values, attn_mask)
+        layer = cache.layer(block.name)
+        if layer.keys_transposed:
+            keys_t, values = layer.update_transposed(k, v, start_pos)
+            out = decode_attention(q, keys_t, values, attn_mask)
         else:
+            keys, values = layer.update(k, v, start_pos)
             out = masked_attention(q.reshape(batch, heads, 1, dim), keys, values, attn_mask)
         return F.linear(out.reshape(batch, heads * dim), block.wo)
 

@@ -125,11 +125,12 @@ def test_a_decode_query_shares_each_kv_heads_cache_with_its_query_heads() -> Non
 
 
 def test_decode_attention_equals_sdpa_over_the_cache() -> None:
-    """decode_attention (batched matmuls over the cache, an additive mask) against masked_attention
-    (SDPA, its grouping checked above) on a padded batch. Bugs caught: the scale left out or applied
+    """decode_attention (batched matmuls over the keys stored transposed, an additive mask) against
+    masked_attention (SDPA over the keys as the modules store them, its grouping checked above) on a
+    padded batch, the keys read as a cache's slice is. Bugs caught: the scale left out or applied
     twice, query heads grouped onto the wrong kv head, the mask ignored or broadcast over the wrong
-    dimension; the negative controls (the padding visible, scores scaled twice as much) show such
-    results are told apart at this tolerance."""
+    dimension, keys read untransposed; the negative controls (the padding visible, scores scaled
+    twice as much) show such results are told apart at this tolerance."""
     torch.manual_seed(0)
     batch, heads, kv_heads, slots, dim = 5, 8, 2, 23, 32
     q = torch.randn(batch, heads, dim)
@@ -139,11 +140,15 @@ def test_decode_attention_equals_sdpa_over_the_cache() -> None:
     visible[3, ..., :9] = False
     additive = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
     expected = masked_attention(q[:, :, None], k, v, visible)[:, :, 0]
-    torch.testing.assert_close(decode_attention(q, k, v, additive), expected, rtol=1e-5, atol=1e-6)
-    unmasked = decode_attention(q, k, v, torch.zeros_like(additive))
+    # As a transposed cache holds them: the first `slots` of a longer buffer [B, H_kv, D, max_len].
+    buffer = torch.zeros(batch, kv_heads, dim, slots + 7)
+    buffer[..., :slots] = k.transpose(2, 3)
+    keys_t = buffer[..., :slots]
+    torch.testing.assert_close(decode_attention(q, keys_t, v, additive), expected, rtol=1e-5, atol=1e-6)
+    unmasked = decode_attention(q, keys_t, v, torch.zeros_like(additive))
     assert (unmasked - expected).abs().max() > 1e-2
     # A scale of 2/sqrt(D) (or none) on the scores.
-    assert (decode_attention(q * 2, k, v, additive) - expected).abs().max() > 1e-2
+    assert (decode_attention(q * 2, keys_t, v, additive) - expected).abs().max() > 1e-2
 
 
 def test_compiled_blocks_give_a_fused_step_compiled_in_one_graph() -> None:

@@ -116,6 +116,51 @@ def test_padded_causal_mask_sees_real_keys_up_to_itself_and_always_itself() -> N
     assert torch.equal(mask, expected)
 
 
+def test_transposed_keys_hold_what_the_plain_layout_holds() -> None:
+    """A layer whose keys are moved to [B, H_kv, D, max_len] after its prefill keeps every key and
+    value the plain layout would hold, through decode writes (`update_transposed` and the modules'
+    `update`) and a dropped row, and a layer transposed before its first write allocates that way.
+    Bugs caught: the keys copied untransposed or their slots along the wrong dimension, a decode
+    write into the wrong slot, `keep_rows` leaving the transposed buffer alone; the negative control
+    (a key written one slot early) shows a wrong slot is seen."""
+    from titan_tpu.models.common.kv_cache import LayerKVCache
+
+    torch.manual_seed(0)
+    batch, kv_heads, dim, max_len = 3, 2, 4, 9
+    prefill_k, prefill_v = torch.randn(batch, kv_heads, 5, dim), torch.randn(batch, kv_heads, 5, dim)
+    steps = [(torch.randn(batch, kv_heads, 1, dim), torch.randn(batch, kv_heads, 1, dim)) for _ in range(3)]
+    plain, moved = LayerKVCache(max_len), LayerKVCache(max_len)
+    plain.update(prefill_k, prefill_v, 0)
+    moved.update(prefill_k, prefill_v, 0)
+    moved.transpose_keys()
+    moved.transpose_keys()  # idempotent
+    assert moved.k is not None and moved.k.shape == (batch, kv_heads, dim, max_len)
+    for slot, (k, v) in enumerate(steps, start=5):
+        keys, values = plain.update(k, v, slot)
+        if slot == 6:
+            keys_t, got_values = moved.update_transposed(k, v, slot)
+            got_keys = keys_t.transpose(2, 3)
+        else:
+            got_keys, got_values = moved.update(k, v, slot)
+        assert torch.equal(got_keys, keys) and torch.equal(got_values, values)
+    rows = torch.tensor([2, 0])
+    plain.keep_rows(rows)
+    moved.keep_rows(rows)
+    assert plain.k is not None and moved.k is not None
+    assert torch.equal(moved.k.transpose(2, 3), plain.k)
+    fresh = LayerKVCache(max_len)
+    fresh.transpose_keys()
+    keys_t, _ = fresh.update_transposed(prefill_k, prefill_v, 0)
+    assert torch.equal(keys_t.transpose(2, 3), prefill_k)
+    early = LayerKVCache(max_len)
+    early.transpose_keys()
+    early.update_transposed(prefill_k, prefill_v, 0)
+    keys_t, _ = early.update_transposed(steps[0][0], steps[0][1], 4)
+    assert not torch.equal(keys_t.transpose(2, 3)[:, :, :5], prefill_k)
+    with pytest.raises(ValueError, match="transpose_keys"):
+        LayerKVCache(max_len).update_transposed(prefill_k, prefill_v, 0)
+
+
 def test_cache_refuses_gaps_overflow_and_a_changed_batch() -> None:
     model = _model("llama3")
     cache = KVCache(max_len=8)
