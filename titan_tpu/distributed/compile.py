@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+import re
+import tempfile
+
 import torch
 from torch import nn
 
@@ -62,6 +67,8 @@ def compile_parts(module: nn.Module, backend: str) -> nn.Module:
     names = _compile_children(module)
     if names is None:
         if not any(_compile_children(m) is not None for m in module.modules()):
+            if backend == "inductor":
+                separate_inductor_cache_per_cpu_capability()
             return torch.compile(module, backend=backend, fullgraph=True)
         names = tuple(name for name, _ in module.named_children())
     for name in names:
@@ -73,3 +80,24 @@ def _compile_children(module: nn.Module) -> tuple[str, ...] | None:
     # A class attribute, looked up on the class: wrappers (activation checkpointing) forward unknown
     # instance attributes to the module they wrap, which would answer for it.
     return getattr(type(module), "compile_children", None)
+
+
+def separate_inductor_cache_per_cpu_capability() -> None:
+    """Unless TORCHINDUCTOR_CACHE_DIR is set, point inductor's on-disk caches at a folder of their
+    own per CPU capability (`torch.backends.cpu.get_cpu_capability()`, which ATEN_CPU_CAPABILITY
+    lowers). torch 2.13's FX graph cache leaves that capability out of its key, while inductor
+    generates its CPU kernels for it: code generated for AVX2 (8 floats a vector) was reused by a
+    later AVX-512 process on the same machine, whose 16-float stores then ran past their buffers
+    (measured: a compiled masked SDPA at batch 128 off by 2.5, then `malloc(): unaligned tcache chunk
+    detected`; the same process with the FX graph cache off, or its own folder, matched eager). The
+    README holds PyTorch to AVX2 with that variable, as an AVX2-only CPU runs. torch's own default
+    folder counts as unset: torch writes it into the variable the first time it looks."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    torch_default = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", torch_default) not in ("", torch_default):
+        return
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{torch_default}_{capability}"
