@@ -9,7 +9,7 @@ from titan_tpu.config.errors import ConfigError
 from titan_tpu.device.dtype import dtype_name, native_bf16, resolve_compute_dtype
 from titan_tpu.device.peak import device_generation, measure_matmul_flops, table_peak_flops
 from titan_tpu.device.select import Device, accelerator_type, torch_tpu_version
-from titan_tpu.distributed.compile import AUTO_BACKENDS, available_backends, resolve_backend
+from titan_tpu.distributed.compile import AUTO_BACKENDS, available_backends, compile_parts, resolve_backend
 from titan_tpu.doctor.rows import Row, error_verdict, speed_verdict
 from titan_tpu.doctor.sizes import Sizes
 from titan_tpu.kernels.measure import tolerance
@@ -114,7 +114,7 @@ def _compile_run(device: Device, backend: str) -> Row:
     try:
         with torch.no_grad():
             want = mlp(x)
-            got = torch.compile(mlp, backend=backend, fullgraph=True)(x)
+            got = compile_parts(mlp, backend)(x)  # whole (fullgraph), in the run's inductor cache
     except Exception as error:  # a backend that fails to compile is broken, whatever it raises
         return Row("compile", backend, None, None, "", "wrong", f"compiling a small MLP failed: {error}"[:200])
     error = relative_error(got, want)
