@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from titan_tpu.models.common.decoder import DecoderLM
-from titan_tpu.models.common.kv_cache import KVCache, padded_causal_mask
+from titan_tpu.models.common.kv_cache import KVCache, LayerKVCache, padded_causal_mask
 from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Model
 from titan_tpu.models.qwen3 import QWEN3_FLAVORS, Qwen3Model
 
@@ -123,8 +123,6 @@ def test_transposed_keys_hold_what_the_plain_layout_holds() -> None:
     Bugs caught: the keys copied untransposed or their slots along the wrong dimension, a decode
     write into the wrong slot, `keep_rows` leaving the transposed buffer alone; the negative control
     (a key written one slot early) shows a wrong slot is seen."""
-    from titan_tpu.models.common.kv_cache import LayerKVCache
-
     torch.manual_seed(0)
     batch, kv_heads, dim, max_len = 3, 2, 4, 9
     prefill_k, prefill_v = torch.randn(batch, kv_heads, 5, dim), torch.randn(batch, kv_heads, 5, dim)
