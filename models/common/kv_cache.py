@@ -38,8 +38,10 @@ class LayerKVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v [B, H_kv, S, D] at slots start_pos:start_pos+S; return every key and value up to
         there, [B, H_kv, start_pos + S, D] (the keys a view of the transposed buffer, when it is)."""
-        keys, values = self.update_transposed(k, v, start_pos) if self.keys_transposed else self._write(k, v, start_pos)
-        return (keys.transpose(2, 3) if self.keys_transposed else keys), values
+        if self.keys_transposed:
+            keys_t, values = self.update_transposed(k, v, start_pos)
+            return keys_t.transpose(2, 3), values
+        return self._write(k, v, start_pos)
 
     def update_transposed(
         self, k: torch.Tensor, v: torch.Tensor, start_pos: int
