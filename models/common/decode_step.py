@@ -33,6 +33,7 @@ from titan_tpu.models.common.decoder import DecoderLM
 from titan_tpu.models.common.feed_forward import FeedForward
 from titan_tpu.models.common.kv_cache import KVCache
 from titan_tpu.models.common.norms import RMSNorm
+from titan_tpu.models.common.precision import autocast_dtype
 from titan_tpu.models.common.transformer import TransformerBlock
 
 
@@ -141,9 +142,7 @@ class FusedDecoder:
         SDPA's float32 sums."""
         if not self.compiled:
             return False
-        device = self.embedding.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.embedding.dtype
-        return dtype == torch.float32
+        return (autocast_dtype(self.embedding) or self.embedding.dtype) == torch.float32
 
     def _step(
         self,
