@@ -179,3 +179,30 @@ def test_compiled_blocks_give_a_fused_step_compiled_in_one_graph() -> None:
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-4)  # logits grown with the weights
     model.layers["1"] = model.layers["1"]._orig_mod
     assert FusedDecoder.of(model) is None
+
+
+def test_only_the_compiled_float32_step_transposes_the_cached_keys() -> None:
+    """The compiled step in float32 attends with `decode_attention` over keys it moves to [D, L];
+    eager, and compiled under bf16 autocast, it keeps the modules' layout for SDPA. Bugs caught: the
+    compiled float32 step left on the slow layout (its products then read the keys transposed), an
+    eager step that would lose its bit-for-bit logits, a bf16 step handed to the float32 matmuls;
+    the autocast case checks the decision reads autocast's dtype, not the weights'."""
+    torch._dynamo.reset()
+    model = _model("qwen3")
+    tokens = torch.tensor([[5, 17, 99], [7, 8, 9]])
+
+    def transposed_after_a_step(fused: FusedDecoder) -> bool:
+        cache = KVCache(6)
+        model(tokens, cache=cache, start_pos=0)
+        fused.step(tokens[:, -1:], cache, 3)
+        return all(layer.keys_transposed for layer in cache.layers.values())
+
+    with torch.no_grad():
+        eager = FusedDecoder.of(model)
+        assert eager is not None and not transposed_after_a_step(eager)
+        for name, block in list(model.layers.items()):
+            model.layers[name] = torch.compile(block, backend="eager", fullgraph=True)
+        compiled = FusedDecoder.of(model)
+        assert compiled is not None and compiled.compiled and transposed_after_a_step(compiled)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not transposed_after_a_step(compiled)
