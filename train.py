@@ -24,7 +24,7 @@ def parse_cli(argv: list[str]) -> tuple[str | None, bool, list[str]]:
         arg = argv[i]
         if arg == "--config":
             if i + 1 >= len(argv):
-                raise ConfigError("--config: missing value (a name in train_configs/ or a path)")
+                raise ConfigError("--config: missing value (a name in titan_tpu/train_configs/ or a path)")
             config_name = argv[i + 1]
             i += 1
         elif arg.startswith("--config="):

@@ -8,14 +8,14 @@
 #      not carry the other packages (use pip's own configuration to redirect every install).
 #   2. this repository, editable, with the `test` and `tpu` extras; `tpu` brings torch-tpu and
 #      libtpu (about 0.5 GB) on Python 3.11+, and imports on machines without chips too.
-# It reinstalls when pyproject.toml, setup.py, this script, TITAN_TORCH or TITAN_PIP_ARGS change.
+# It reinstalls when pyproject.toml, this script, TITAN_TORCH or TITAN_PIP_ARGS change.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 TITAN_TORCH="${TITAN_TORCH:-torch==2.13.0}"
 TITAN_PIP_ARGS="${TITAN_PIP_ARGS:-}"
 FINGERPRINT="$(
-    { cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/_venv.sh"; echo "$TITAN_TORCH|$TITAN_PIP_ARGS"; } \
+    { cat "$ROOT/pyproject.toml" "$ROOT/scripts/_venv.sh"; echo "$TITAN_TORCH|$TITAN_PIP_ARGS"; } \
         | sha1sum | cut -c1-12
 )"
 STAMP="$VENV/.installed-$FINGERPRINT"

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from scripts.bench import TimedTrainer  # noqa: E402
 
-# LlamaForCausalLM at llama3_debug's shape (models/llama3/args.py). head_dim is a field of its own
+# LlamaForCausalLM at llama3_debug's shape (titan_tpu/models/llama3/args.py). head_dim is a field of its own
 # in LlamaConfig (128 from the 8B defaults), not derived again from a new width: it is set too.
 LLAMA_DEBUG_SHAPE = ("{ hidden_size = 256, num_hidden_layers = 4, num_attention_heads = 8, num_key_value_heads = 4, "
                      "head_dim = 32, intermediate_size = 768, vocab_size = 512 }")  # fmt: skip

@@ -9,7 +9,7 @@ transformers loads, so both generate from identical weights. Prompts are seeded 
 sequences of 16 to 48 tokens (--prompt-tokens; left-padded for both); sampling at temperature 1
 with no stop token, so every completion runs the whole budget and both produce completions x
 new-tokens tokens. Ours runs twice: eager (its decode steps through the fused step of
-models/common/decode_step.py, as a GRPO run's are), and with every block compiled as
+titan_tpu/models/common/decode_step.py, as a GRPO run's are), and with every block compiled as
 `compile.enable = true` compiles a run's blocks (its prefill through the compiled blocks, its
 decode steps through the fused step compiled in one graph as the blocks are; both compiled and
 warmed up before any timing); with --buckets N > 1 a third

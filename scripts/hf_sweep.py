@@ -5,7 +5,7 @@ applies to it, and the table in docs/hf_models.md.
     python scripts/hf_sweep.py [--only MistralForCausalLM,...] [--out docs/hf_models.md] [--timeout 120]
 
 Per architecture, on this CPU in float32:
-1. build: its config class at the debug sizes (models/hf/args.py), built on `meta`;
+1. build: its config class at the debug sizes (titan_tpu/models/hf/args.py), built on `meta`;
 2. parity: materialised and initialised as a run does, loss and every gradient on 2 x 24 tokens
    against transformers' own model with the same weights, both in eval mode so that dropout draws
    nothing (loss 1e-5 relative, each gradient 1e-4 of its largest element);
@@ -15,7 +15,7 @@ Per architecture, on this CPU in float32:
    torchrun launch per 12 architectures, gloo) the model parallelised by the run's own path (FSDP
    per decoder layer and the root) gives transformers' loss and gradients (as 2.);
 6. tp2: the same on 2 processes with tensor parallelism 2 by the model's own transformers TP plan
-   (models/hf/parallelize.py); it applies to the architectures whose plan splits their decoder
+   (titan_tpu/models/hf/parallelize.py); it applies to the architectures whose plan splits their decoder
    layers ("n/a" otherwise).
 
 Scope is decided from the class and its config before anything runs, and printed with the reason:

@@ -47,7 +47,7 @@ IRONWOOD_TABLE = _RECIPES + "0797d9cebfdde7ef9c54666369be5864ca081613/training/i
 
 @dataclass(frozen=True)
 class PublishedResult:
-    model: str  # the config name in train_configs/, e.g. "llama3_70b"
+    model: str  # the config name in titan_tpu/train_configs/, e.g. "llama3_70b"
     chips: str  # "<generation>-<chip count>", e.g. "v5p-512" for the slice Google names v5p-1024
     published_name: str  # the slice as the source names it
     seq_len: int

@@ -115,7 +115,7 @@ def test_grpo_runs_every_forward_in_the_run_precision(
         autocast_seen.append(torch.is_autocast_enabled("cpu"))
 
     trainer.model.register_forward_pre_hook(record)
-    # The sampler's decode steps run through the fused step (models/common/decode_step.py), not the
+    # The sampler's decode steps run through the fused step (titan_tpu/models/common/decode_step.py), not the
     # model's forward: they are forwards of the policy too.
     fused_step = FusedDecoder.step
 

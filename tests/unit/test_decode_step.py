@@ -1,4 +1,4 @@
-"""The fused decode step (models/common/decode_step.py) computes, bit for bit, what the modules'
+"""The fused decode step (titan_tpu/models/common/decode_step.py) computes, bit for bit, what the modules'
 cached forward computes, and declines the models it cannot prove that for; the single-query
 attention that shares each kv head's cache among its query heads equals per-head attention."""
 

@@ -1,4 +1,4 @@
-"""Our attention kernels inside transformers' models (models/hf/attention.py): registered with
+"""Our attention kernels inside transformers' models (titan_tpu/models/hf/attention.py): registered with
 transformers' attention registry, run where a call is plain causal attention, and transformers'
 SDPA with the mask it built everywhere else (the mask function registered with ours: without it
 transformers drops the causal mask silently)."""

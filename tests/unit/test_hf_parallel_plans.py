@@ -1,5 +1,5 @@
 """The hf family's tensor- and expert-parallel plans, read from transformers
-(models/hf/parallelize.py), on `meta`: what they split and the one-line refusals. The layouts themselves train against one process in
+(titan_tpu/models/hf/parallelize.py), on `meta`: what they split and the one-line refusals. The layouts themselves train against one process in
 tests/distributed/test_hf_fsdp.py."""
 
 from __future__ import annotations

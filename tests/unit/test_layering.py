@@ -65,14 +65,19 @@ RULES = (
     ),
     Rule(
         "model code",
-        ("models/**/*.py",),
+        ("titan_tpu/models/**/*.py",),
         ("torch.distributed", *_OUTSIDE_MODELS),
         "model files are single-device; parallelism is applied from outside by parallelize.py",
-        exempt=("models/__init__.py", "models/registry.py", "models/*/__init__.py", "models/*/parallelize.py"),
+        exempt=(
+            "titan_tpu/models/__init__.py",
+            "titan_tpu/models/registry.py",
+            "titan_tpu/models/*/__init__.py",
+            "titan_tpu/models/*/parallelize.py",
+        ),
     ),
     Rule(
         "titan_tpu.models",
-        ("models/**/*.py",),
+        ("titan_tpu/models/**/*.py",),
         _engine_except("titan_tpu.distributed"),
         "the engine finds models through the registry, never the other way round; a family's "
         "parallelize.py may use titan_tpu.distributed's building blocks",
@@ -179,7 +184,7 @@ RULES = (
     ),
     Rule(
         "leaves",
-        ("titan_tpu/**/*.py", "models/**/*.py"),
+        ("titan_tpu/**/*.py", "titan_tpu/models/**/*.py"),
         ("titan_tpu.plan", "titan_tpu.launch", "titan_tpu.doctor"),
         "the planner, the launcher and the doctor are entry points around the engine; nothing in it "
         "depends on them (the planner reads a doctor report as a file, not through its code)",
@@ -187,13 +192,13 @@ RULES = (
     ),
     Rule(
         "package",
-        ("titan_tpu/**/*.py", "models/**/*.py"),
+        ("titan_tpu/**/*.py", "titan_tpu/models/**/*.py"),
         ("train", "scripts", "tests"),
         "the installed package works without the repository's entry point, scripts and tests",
     ),
     Rule(
         "one import name",
-        ("titan_tpu/**/*.py", "models/**/*.py", "train.py", "scripts/**/*.py", "tests/**/*.py"),
+        ("titan_tpu/**/*.py", "titan_tpu/models/**/*.py", "train.py", "scripts/**/*.py", "tests/**/*.py"),
         ("models", "train_configs"),
         "the models and the shipped configs are installed as titan_tpu.models and "
         "titan_tpu.train_configs; a top-level `models` works only from the repository root, and is "
@@ -202,14 +207,8 @@ RULES = (
 )
 
 
-# Folders at the repository root that are installed under another name (setup.py).
-INSTALLED_AS = {"models": "titan_tpu.models", "train_configs": "titan_tpu.train_configs"}
-
-
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts[0] in INSTALLED_AS:
-        parts[:1] = INSTALLED_AS[parts[0]].split(".")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -294,7 +293,7 @@ def test_every_part_of_the_package_is_in_a_layer() -> None:
     planner or the launcher), or the rules that forbid "the engine" would not see it."""
     parts = {p.stem for p in (REPO / "titan_tpu").iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
     named = {name.split(".")[1] for name in _OUTSIDE_MODELS}
-    assert parts - {"__init__"} == named
+    assert parts - {"__init__", "models", "train_configs"} == named
 
 
 def test_importing_the_config_loads_no_torch() -> None:
@@ -317,10 +316,10 @@ def test_checker_flags_a_synthetic_bad_tree(tmp_path: Path) -> None:
     The configuration may not import a layer above it even inside a function or from a task's
     torch-free module (the exception the config rule used to make)."""
     bad = {
-        "models/toy/model.py": "import torch\nfrom torch.distributed.tensor import DTensor\n",
-        "models/toy/args.py": "def f():\n    from titan_tpu import trainer\n",
-        "models/toy/parallelize.py": "from titan_tpu.distributed import fsdp\nfrom titan_tpu.data import loader\n",
-        "models/toy/flops.py": "from titan_tpu.models.common.flops import f\nfrom models.common import g\n",
+        "titan_tpu/models/toy/model.py": "import torch\nfrom torch.distributed.tensor import DTensor\n",
+        "titan_tpu/models/toy/args.py": "def f():\n    from titan_tpu import trainer\n",
+        "titan_tpu/models/toy/parallelize.py": "from titan_tpu.distributed import fsdp\nfrom titan_tpu.data import loader\n",
+        "titan_tpu/models/toy/flops.py": "from titan_tpu.models.common.flops import f\nfrom models.common import g\n",
         "scripts/tool.py": "import torch\nimport models\n",
         "titan_tpu/config/extra.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",
         "titan_tpu/config/late.py": (
@@ -341,10 +340,10 @@ def test_checker_flags_a_synthetic_bad_tree(tmp_path: Path) -> None:
         (tmp_path / relative).write_text(text)
     reported = {line.split(": ", 1)[0] for rule in RULES for line in violations(rule, tmp_path)}
     assert reported == {
-        "models/toy/model.py:2",
-        "models/toy/args.py:2",
-        "models/toy/parallelize.py:2",
-        "models/toy/flops.py:2",
+        "titan_tpu/models/toy/model.py:2",
+        "titan_tpu/models/toy/args.py:2",
+        "titan_tpu/models/toy/parallelize.py:2",
+        "titan_tpu/models/toy/flops.py:2",
         "scripts/tool.py:2",
         "titan_tpu/config/extra.py:3",
         "titan_tpu/config/late.py:2",

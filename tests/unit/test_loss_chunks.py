@@ -1,4 +1,4 @@
-"""The cross-entropy's chunk as a measured kernel (models/common/loss_tunable.py).
+"""The cross-entropy's chunk as a measured kernel (titan_tpu/models/common/loss_tunable.py).
 
 Bugs caught: candidates that chunk the timed tokens alike (timed twice for nothing) or exceed the
 memory budget; a chunk size whose loss or gradient is wrong slipping through the float32 check; a

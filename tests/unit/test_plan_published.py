@@ -27,7 +27,7 @@ def problems(record: PublishedResult) -> list[str]:
     """What is wrong with one record, in words; empty when it is well-formed."""
     found = []
     if not (ROOT / "train_configs" / f"{record.model}.toml").is_file():
-        found.append(f"model {record.model!r} has no train_configs/{record.model}.toml")
+        found.append(f"model {record.model!r} has no titan_tpu/train_configs/{record.model}.toml")
     chips = CHIPS.fullmatch(record.chips)
     if chips is None:
         found.append(f"chips {record.chips!r} is not <v4|v5e|v5p|v6e|v7x>-<count>")

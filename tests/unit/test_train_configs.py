@@ -1,4 +1,4 @@
-"""Every shipped TOML in train_configs/ loads, validates, and builds on `meta` into the model its
+"""Every shipped TOML in titan_tpu/train_configs/ loads, validates, and builds on `meta` into the model its
 name promises: the parameter count is checked against the published figure, within the rounding of
 that figure. A TOML with a wrong flavor, a broken key or no entry here fails."""
 
@@ -19,7 +19,7 @@ from titan_tpu.registered_names import check_registered_names
 # half a unit in the last digit, the rounding of the figure itself. Sources: Meta's Llama 3.1 / 3.2
 # and Qwen's Qwen3 model cards (the same figures as tests/unit/test_llama3_model.py and
 # test_qwen3_model.py). Our own flavors (debug, 100M) have no published figure; theirs is the exact
-# count of the shape defined in models/*/args.py, so any change to that shape is noticed here.
+# count of the shape defined in titan_tpu/models/*/args.py, so any change to that shape is noticed here.
 EXPECTED_PARAMS: dict[str, str] = {
     "llama3_debug.toml": "3410176",  # own flavor
     "llama3_100m.toml": "100682496",  # own flavor
@@ -47,7 +47,7 @@ EXPECTED_PARAMS: dict[str, str] = {
     "flux_debug.toml": "1796748",  # own flavor
     "flux_schnell.toml": "12B",  # Black Forest Labs: "12 billion parameter rectified flow transformer"
     "flux_dev.toml": "12B",
-    "hf_mistral_debug.toml": "139584",  # own flavor (models/hf/args.py's debug sizes)
+    "hf_mistral_debug.toml": "139584",  # own flavor (titan_tpu/models/hf/args.py's debug sizes)
     "hf_mistral_7b.toml": "7.24B",  # Mistral AI's Mistral 7B v0.1 model card: "7.24B params"
 }
 SHIPPED = sorted(p.name for p in CONFIG_DIR.glob("*.toml"))

@@ -11,7 +11,6 @@ changed afterwards (what a run resolves from it goes into titan_tpu/config/resol
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import sys
 import typing
 from pathlib import Path
@@ -52,10 +51,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
-# The shipped configs: the repository's train_configs/, installed as the data package
-# titan_tpu.train_configs (setup.py). Asking the import system where it lies, instead of walking up
-# from this file, finds it in an editable install and in site-packages alike, without running it.
-CONFIG_DIR = Path(importlib.util.find_spec("titan_tpu.train_configs").origin).parent
+# The shipped configs, titan_tpu/train_configs/ (installed with the package as its data).
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "train_configs"
 
 
 @dataclasses.dataclass
@@ -112,7 +109,7 @@ def _is_bool(tp: Any) -> bool:
 
 
 def resolve_config_path(name: str) -> Path:
-    """`--config NAME` is a path, or a file in train_configs/ with or without `.toml`."""
+    """`--config NAME` is a path, or a file in titan_tpu/train_configs/ with or without `.toml`."""
     candidates = [Path(name), Path(name + ".toml"), CONFIG_DIR / name, CONFIG_DIR / f"{name}.toml"]
     for candidate in candidates:
         if candidate.is_file():

@@ -27,7 +27,7 @@ def help_text() -> str:
     lines = [
         "usage: train.py [--config NAME_OR_PATH] [--print-config] [--section.key=VALUE ...]",
         "",
-        "NAME is a file in train_configs/ (with or without .toml) or a path to a TOML file.",
+        "NAME is a file in titan_tpu/train_configs/ (with or without .toml) or a path to a TOML file.",
         "Every key below can be set in the TOML's [section] or overridden as --section.key=VALUE;",
         "a table entry as --section.key.entry=VALUE (e.g. --model.overrides.n_layers=2).",
         "Lists are written [1, 2] or 1,2; an optional value is unset with none.",

@@ -29,7 +29,7 @@ from titan_tpu.data.chat_masks import MaskedTokens
 
 logger = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100  # as the loss (models/common/loss.py) ignores it
+IGNORE_INDEX = -100  # as the loss (titan_tpu/models/common/loss.py) ignores it
 Overflow = Literal["truncate", "drop"]
 
 

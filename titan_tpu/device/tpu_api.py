@@ -21,7 +21,7 @@ TORCH_TPU_CALLS: dict[str, tuple[str, ...]] = {
     # Device name (generation) and per-device HBM; `Device.name` / `memory_capacity_gib`.
     "torch.tpu.get_device_name": ("device",),
     "torch.tpu.get_device_properties": ("device",),
-    # The Pallas splash attention kernel; models/common/attention_kernels.py `SplashAttention`.
+    # The Pallas splash attention kernel; titan_tpu/models/common/attention_kernels.py `SplashAttention`.
     "torch.tpu.ops.splash_sdpa": (
         "scale",
         "is_causal",
@@ -33,7 +33,7 @@ TORCH_TPU_CALLS: dict[str, tuple[str, ...]] = {
         "block_kv_dkv_compute",
     ),
     # The MoE experts' grouped matmul over ragged runs, differentiable in lhs and rhs (so its weight
-    # gradient op is not called); models/qwen3/moe.py `_ragged_dot`.
+    # gradient op is not called); titan_tpu/models/qwen3/moe.py `_ragged_dot`.
     "torch.tpu.ops.ragged_dot": ("lhs", "rhs", "group_sizes"),
     # Expert parallelism's token exchange, differentiable in operand;
     # titan_tpu/distributed/ragged_exchange.py.

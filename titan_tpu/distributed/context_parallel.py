@@ -39,7 +39,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from titan_tpu.distributed.expert_parallel import GatherRows
 
-# What an attention module's `kernel` is (models/common/attention_kernels.py's AttentionKernel, which
+# What an attention module's `kernel` is (titan_tpu/models/common/attention_kernels.py's AttentionKernel, which
 # this layer may not import): kernel(q, k, v[, document_ids]) -> out, with a `name`.
 Kernel = Callable[..., torch.Tensor]
 

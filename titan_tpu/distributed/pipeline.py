@@ -2,7 +2,7 @@
 micro-batch schedule of torch.distributed.pipelining that trains them.
 
 A stage is the whole decoder with the other stages' modules removed (layers deleted from the
-ModuleDict, embedding or norm and head set to None; models/common/decoder.py runs what is left), so
+ModuleDict, embedding or norm and head set to None; titan_tpu/models/common/decoder.py runs what is left), so
 every parameter keeps its name: checkpoints, saved by name, load under any pp degree, and the
 layout-invariant init (sharded_init.py) gives each parameter the values one process gives it. Each
 stage then goes through the same fixed order as a whole model (TP -> AC -> compile -> FSDP ->

@@ -1,5 +1,5 @@
 """Model-independent pieces of tensor parallelism; the per-model plans live beside the models
-(`models/<family>/parallelize.py`) and use these."""
+(`titan_tpu/models/<family>/parallelize.py`) and use these."""
 
 from __future__ import annotations
 

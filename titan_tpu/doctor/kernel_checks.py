@@ -1,8 +1,8 @@
 """Every attention kernel and every MoE experts implementation: correct against its float32
 reference, and its speed against the fastest of its kind.
 
-The candidates are the ones the kernel chooser times (`models/common/attention_tunable.py`,
-`models/qwen3/experts_tunable.py`), so a kernel added there is checked here without a change; what a
+The candidates are the ones the kernel chooser times (`titan_tpu/models/common/attention_tunable.py`,
+`titan_tpu/models/qwen3/experts_tunable.py`), so a kernel added there is checked here without a change; what a
 device does not offer is listed as unavailable. Speed: a kernel more than 1 / SLOW_FRACTION times
 slower than the fastest at the same shape is `slow` (auto never picks it; a forced choice would
 cost that much). Correctness uses the chooser's tolerances (`titan_tpu/kernels/measure.py`).
@@ -117,7 +117,7 @@ def moe_rows(device: Device, sizes: Sizes, dtype: torch.dtype, timer: Timer = ti
     rows = _correctness_rows("moe", errors, tolerance(dtype), how)
     for name in expert_impls():
         if name not in offered:
-            why = f"not offered on {device.type} in {dtype_name(dtype)} (models/qwen3/experts_tunable.py)"
+            why = f"not offered on {device.type} in {dtype_name(dtype)} (titan_tpu/models/qwen3/experts_tunable.py)"
             rows.append(Row("moe", name, None, None, "", "unavailable", why))
     correct = {name: value for name, value in offered.items() if errors[name] <= tolerance(dtype)}
     if correct:

@@ -56,7 +56,7 @@ class ModelSpec:
     default_task names the training task (titan_tpu/tasks/registry.py) that `training.task = "auto"`
     picks for this family.
 
-    What the planner reads (models/planning.py), so it plans a family it does not know: tp_plan, the
+    What the planner reads (titan_tpu/models/planning.py), so it plans a family it does not know: tp_plan, the
     TP plan `parallelize` applies, as data (None: no tensor parallelism); block_activations(args,
     geometry), the bytes per token one block keeps for backward; expert_routing(args), for a
     mixture of experts, its top-k and the FLOPs every tp rank repeats (None: dense);
@@ -77,7 +77,7 @@ class ModelSpec:
     # The experts modules (weights [E, ...]) of a model built on meta that ep splits, checked as the
     # family's parallelize checks them for `ep` ranks (None: the native MoE layers' `experts`).
     expert_modules: Callable[[nn.Module, int], list[nn.Module]] | None = None
-    # The model-args fields whose "auto" is measured at start-up (models/common/tunable.py).
+    # The model-args fields whose "auto" is measured at start-up (titan_tpu/models/common/tunable.py).
     tunables: tuple[Tunable, ...] = ()
     # A family whose arguments come from more of the [model] section than flavor and overrides (the
     # hf family reads model.hf_config / hf_architecture): [model] -> its arguments.
@@ -87,12 +87,12 @@ class ModelSpec:
     context_parallel: bool = False
     # Whether the model can be cut into pipeline stages (parallelism.pp > 1): it has
     # `keep_pipeline_stage(layers, first, last)` and its forward runs what a stage keeps
-    # (models/common/decoder.py; titan_tpu/distributed/pipeline.py).
+    # (titan_tpu/models/common/decoder.py; titan_tpu/distributed/pipeline.py).
     pipeline_stages: bool = False
     # The value an override set in the arguments, as the family checked it: (args, key) -> value.
     override_value: Callable[[Any, str], Any] = getattr
     # Whether the model takes our KV cache (`model(tokens, cache=..., start_pos=..., key_padding_mask=...)`,
-    # models/common/kv_cache.py), which GRPO's sampler and SFT's generated answers decode with, and
+    # titan_tpu/models/common/kv_cache.py), which GRPO's sampler and SFT's generated answers decode with, and
     # packed documents kept apart (`model(tokens, document_ids=...)`, data.document_mask).
     decodes_with_cache: bool = True
     separates_documents: bool = True

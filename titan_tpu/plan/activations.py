@@ -5,8 +5,8 @@ Counted per token from what the model code saves (bytes; a = bytes of the comput
 t_sp = t with sequence parallelism else 1, t_loss = t with loss parallelism else 1):
 
 - Blocks: the family's own count (`ModelSpec.block_activations`), written beside its model code with
-  what it counts: the decoders' norms, attention and SwiGLU in models/common/decoder_activations.py,
-  Qwen 3 MoE's experts in models/qwen3/activations.py, FLUX's blocks in models/flux/activations.py.
+  what it counts: the decoders' norms, attention and SwiGLU in titan_tpu/models/common/decoder_activations.py,
+  Qwen 3 MoE's experts in titan_tpu/models/qwen3/activations.py, FLUX's blocks in titan_tpu/models/flux/activations.py.
 - Head: the final norm (`norm_activations`), then the loss. The chunked cross-entropy keeps the
   logits and one float32 log-sum-exp per token (a V + 4); under loss parallelism the vocab-sharded
   logits go through F.cross_entropy, which keeps float32 log-probabilities of its shard

@@ -59,7 +59,7 @@ class TaskContext:
     dump_folder: Path
     is_writer: bool
     # The causal attention kernel the trainer chose for this device, dtype and sequence length
-    # (models/common/attention_kernels.py); tasks of decoder models put it into the model arguments.
+    # (titan_tpu/models/common/attention_kernels.py); tasks of decoder models put it into the model arguments.
     attention: AttentionKernel = SdpaAttention()
 
     def autocast(self) -> contextlib.AbstractContextManager:

@@ -62,7 +62,7 @@ def require_held_out_rows(ctx: TaskContext, description: str, found: int, row: s
 
 def logits_of(output: Any) -> torch.Tensor:
     """The logits of a decoder's output: the tensor itself, or the `logits` of a mixture-of-experts
-    model's output (models/qwen3/model.py `MoEOutput`, which also carries the router's aux loss)."""
+    model's output (titan_tpu/models/qwen3/model.py `MoEOutput`, which also carries the router's aux loss)."""
     return output if isinstance(output, torch.Tensor) else output.logits
 
 

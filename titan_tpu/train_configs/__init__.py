@@ -1,2 +1,2 @@
-"""The shipped run configs, installed as `titan_tpu.train_configs` so that the config loader finds
-them through `importlib.resources` wherever the package is installed (see setup.py)."""
+"""The shipped run configs: a package so that they install with titan_tpu (pyproject.toml's
+package-data) and the config loader finds them wherever the package is installed."""

@@ -27,7 +27,7 @@ from titan_tpu.models.common.documents import document_causal_mask
 
 class AttentionKernel(Protocol):
     """Causal attention over [B, H, S, D] queries and [B, H_kv, S, D] keys and values; with
-    `document_ids` [B, S], within each packed document only (models/common/documents.py)."""
+    `document_ids` [B, S], within each packed document only (titan_tpu/models/common/documents.py)."""
 
     name: str
 
@@ -145,7 +145,7 @@ class SplashAttention:
 @dataclass(frozen=True)
 class AutoAttention:
     """The kernel a run has not chosen yet: `model.attention_block = -1` puts it into the model
-    arguments, and the trainer replaces it with the measured pick (models/common/attention_tunable.py)
+    arguments, and the trainer replaces it with the measured pick (titan_tpu/models/common/attention_tunable.py)
     before the model is built. Called, it fails: a model must never run with it."""
 
     name: str = field(default="auto", init=False)

@@ -63,7 +63,7 @@ def _workload(args: Any, shape: KernelShape) -> KernelRun:
 
     def run(kernel: Any, dtype: torch.dtype) -> list[torch.Tensor]:
         def in_model_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            # As models/common/attention.py hands them over: [B, S, H, D] projections seen as
+            # As titan_tpu/models/common/attention.py hands them over: [B, S, H, D] projections seen as
             # [B, H, S, D], not contiguous; what a kernel does about that is part of its cost.
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             out = kernel(q, k, v) if documents is None else kernel(q, k, v, documents)

@@ -11,7 +11,7 @@ inputs and its output (O(S)), and the backward recomputes one block's probabilit
 Grouped-query attention needs no repeated k/v: the query heads of a group are stacked as extra rows
 against their one k/v head, so one matmul serves the whole group and dk/dv sum over it by construction.
 
-Packed documents (`document_ids`, models/common/documents.py) add a mask between documents, built per
+Packed documents (`document_ids`, titan_tpu/models/common/documents.py) add a mask between documents, built per
 block (O(S * block) like the scores), and a block skips the keys before the earliest document any of
 its rows is in: with short documents most of the lower triangle is never computed either.
 """

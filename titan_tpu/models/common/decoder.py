@@ -8,8 +8,8 @@ A pipeline stage is this model with the modules of other stages removed (set to 
 from the ModuleDict), the rest keeping their names: without tok_embeddings the input is the previous
 stage's hidden states, without norm (and head) the output is the hidden states for the next stage.
 
-Module names follow TorchTitan, so tensor-parallel plans (`models/common/parallelize.py`) and the
-Hugging Face adapters (`models/common/hf_adapter.py`) address every family alike: tok_embeddings,
+Module names follow TorchTitan, so tensor-parallel plans (`titan_tpu/models/common/parallelize.py`) and the
+Hugging Face adapters (`titan_tpu/models/common/hf_adapter.py`) address every family alike: tok_embeddings,
 layers["i"].{attention_norm, attention.{wq, wk, wv, wo[, q_norm, k_norm]}, ffn_norm, feed_forward},
 norm, output.
 """

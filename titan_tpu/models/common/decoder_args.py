@@ -34,9 +34,9 @@ class DecoderArgs:
     max_seq_len: int = 131072
     tie_embeddings: bool = False
     head_dim: int | None = None
-    # The causal attention kernel (models/common/attention_kernels.py); the run picks it for its device.
+    # The causal attention kernel (titan_tpu/models/common/attention_kernels.py); the run picks it for its device.
     attention: AttentionKernel = SdpaAttention()
-    # Float32 elements per chunk of the cross-entropy (models/common/chunked_cross_entropy.py), at most
+    # Float32 elements per chunk of the cross-entropy (titan_tpu/models/common/chunked_cross_entropy.py), at most
     # its memory budget; -1 is "auto": the trainer measures it (loss_tunable.py), and a model used
     # outside a run takes the budget.
     loss_chunk_elements: int = -1

@@ -162,7 +162,7 @@ class DecoderTPPlan:
 
 
 def whole_sequence_between_stages(model: DecoderLM, tp_mesh: DeviceMesh) -> None:
-    """A pipeline stage (models/common/decoder.py) hands the next one the whole sequence: the rotary
+    """A pipeline stage (titan_tpu/models/common/decoder.py) hands the next one the whole sequence: the rotary
     tables of a stage are sized from its input's length. So a stage without the embedding takes the
     replicated hidden states and shards them along the sequence for its first block, and a stage
     without the head gathers its last block's sequence-sharded output. A whole model has neither."""

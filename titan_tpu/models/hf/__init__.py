@@ -14,7 +14,7 @@ from titan_tpu.models.hf.planning import hf_block_activations, hf_expert_routing
 from titan_tpu.models.hf.state_dict_adapter import HF_FAMILY_ADAPTER
 from titan_tpu.models.registry import ModelSpec, register_model
 
-# The attention kernel is measured only for classes that take ours (models/hf/attention.py); the
+# The attention kernel is measured only for classes that take ours (titan_tpu/models/hf/attention.py); the
 # others keep "auto", which builds them with transformers' own attention.
 HF_ATTENTION = dataclasses.replace(
     ATTENTION, is_auto=lambda args: args.attention.name == "auto" and takes_registered_attention(args)

@@ -85,7 +85,7 @@ class HFArgs:
     trust_remote_code: bool = False
     max_seq_len: int = 2048
     attention: Any = None
-    loss_chunk_elements: int = -1  # -1: measured (models/common/loss_tunable.py)
+    loss_chunk_elements: int = -1  # -1: measured (titan_tpu/models/common/loss_tunable.py)
 
     def __hash__(self) -> int:
         # A transformers config compares by value but cannot be hashed; its JSON stands for it (the
@@ -112,7 +112,7 @@ class HFArgs:
     def tie_embeddings(self) -> bool:
         return bool(getattr(self.config, "tie_word_embeddings", False))
 
-    # The attention shape the kernel measurement times (models/common/attention_tunable.py).
+    # The attention shape the kernel measurement times (titan_tpu/models/common/attention_tunable.py).
     @property
     def n_heads(self) -> int:
         return int(self.text_config.num_attention_heads)
@@ -128,7 +128,7 @@ class HFArgs:
 
 def takes_registered_attention(args: HFArgs) -> bool:
     """Whether the class calls its attention through transformers' registry and has SDPA (the
-    fallback), so our kernels can run in it (models/hf/attention.py). Remote code is never asked."""
+    fallback), so our kernels can run in it (titan_tpu/models/hf/attention.py). Remote code is never asked."""
     if args.trust_remote_code and args.folder:
         return False
     cls = model_class(args.architecture, "model")

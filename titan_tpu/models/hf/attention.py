@@ -2,7 +2,7 @@
 
 A transformers class that takes its attention function from the registry (`_supports_attention_backend`)
 and has SDPA (`_supports_sdpa`) can run the kernel `model.attention_block` names (or the run
-measured: the ATTENTION tunable, models/common/attention_tunable.py): it is registered under its own
+measured: the ATTENTION tunable, titan_tpu/models/common/attention_tunable.py): it is registered under its own
 name with `AttentionInterface`, and the model is built with that name as `attn_implementation`.
 
 The causal mask. transformers builds each layer's mask with the function registered under the same

@@ -32,7 +32,7 @@ class HFParamCount:
 @functools.lru_cache(maxsize=8)
 def meta_hf_model(args: HFArgs) -> nn.Module:
     """transformers' model of `args` built on `meta`, once per arguments: the counts here and the
-    planner's (models/hf/planning.py) read it for every layout a search tries."""
+    planner's (titan_tpu/models/hf/planning.py) read it for every layout a search tries."""
     with torch.device("meta"):
         return build_hf_model(args)
 

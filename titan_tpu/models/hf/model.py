@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 def build_hf_model(args: HFArgs) -> nn.Module:
     """transformers' model for `args`, in float32, attention through our kernel where the run chose
-    one and the class takes it (models/hf/attention.py), SDPA where the class has it, else eager."""
+    one and the class takes it (titan_tpu/models/hf/attention.py), SDPA where the class has it, else eager."""
     attention = attention_implementation(args)
     if args.trust_remote_code and args.folder:
         from transformers import AutoModelForCausalLM

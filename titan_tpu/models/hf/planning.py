@@ -3,9 +3,9 @@ per token its decoder layers keep for backward, and its experts' routing, from t
 modules built on `meta`, each layer as it is: its attention widths and per-head norms, then a gated
 or plain MLP of its width, or transformers' experts with any shared MLP beside them.
 
-The counting convention is the native families' (models/common/decoder_activations.py; the
-experts' as Qwen 3 MoE's, models/qwen3/activations.py), so an hf model and its native twin plan
-alike. Under tensor parallelism the experts are replicated (models/hf/parallelize.py), so their
+The counting convention is the native families' (titan_tpu/models/common/decoder_activations.py; the
+experts' as Qwen 3 MoE's, titan_tpu/models/qwen3/activations.py), so an hf model and its native twin plan
+alike. Under tensor parallelism the experts are replicated (titan_tpu/models/hf/parallelize.py), so their
 activations and FLOPs are every tp rank's.
 """
 

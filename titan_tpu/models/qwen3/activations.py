@@ -1,6 +1,6 @@
 """Bytes per token a Qwen 3 MoE block keeps for backward (the planner's activation estimate;
 convention in titan_tpu/plan/activations.py, the shared attention part in
-models/common/decoder_activations.py). The dense Qwen 3 block is the shared dense decoder's."""
+titan_tpu/models/common/decoder_activations.py). The dense Qwen 3 block is the shared dense decoder's."""
 
 from __future__ import annotations
 

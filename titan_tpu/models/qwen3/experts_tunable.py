@@ -1,5 +1,5 @@
 """How the experts' matmuls run (`GroupedExperts`' impl) as a measured choice (see
-models/common/tunable.py): padded batched matmuls, the ragged grouped matmul where it runs (and
+titan_tpu/models/common/tunable.py): padded batched matmuls, the ragged grouped matmul where it runs (and
 TorchTPU's ragged_dot on TPU), or the per-expert loop. Which wins depends on the device, the dtype,
 the expert widths and how evenly tokens spread over the experts.
 """

@@ -174,7 +174,7 @@ class Qwen3MoeModel(Qwen3Model):
         key_padding_mask: torch.Tensor | None = None,
         document_ids: torch.Tensor | None = None,
     ) -> MoEOutput | tuple[torch.Tensor, ...]:
-        """`document_ids` [B, S] keeps packed documents apart (models/common/documents.py). Generation
+        """`document_ids` [B, S] keeps packed documents apart (titan_tpu/models/common/documents.py). Generation
         and padded batches pass a `KVCache` / `key_padding_mask` as for the dense model (kv_cache.py);
         there the router statistics are not gathered and the aux loss is 0.
 

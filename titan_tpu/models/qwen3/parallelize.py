@@ -1,6 +1,6 @@
 """How Qwen 3 is spread over the mesh (called on the `meta` model before AC, compile and FSDP).
 
-Dense: the dense decoder's tensor (+ sequence) parallel plan (`models/common/parallelize.py`),
+Dense: the dense decoder's tensor (+ sequence) parallel plan (`titan_tpu/models/common/parallelize.py`),
 per-head q/k norms included.
 MoE: the same plan for attention, norms, embeddings and head, without the feed-forward entries; the
 MoE feed-forward is expert-parallel over `ep` and replicated over `tp` (layout rule and gradient

@@ -230,7 +230,7 @@ class GRPOTask(TrainingTask):
         loss, aux_loss = terms.loss, torch.zeros((), device=terms.loss.device)
         if not isinstance(output, torch.Tensor):
             # A mixture of experts: its routers' load-balancing loss, weighted as pretraining weighs it
-            # (models/qwen3/model.py `moe_loss`; TRL's GRPOTrainer adds it the same way).
+            # (titan_tpu/models/qwen3/model.py `moe_loss`; TRL's GRPOTrainer adds it the same way).
             self._is_moe = True
             aux_loss = output.aux_loss.detach()
             loss = loss + output.aux_loss_coef * output.aux_loss
