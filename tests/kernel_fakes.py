@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from titan_tpu.models.common.tunable import KernelShape, Tunable
+from titan_tpu.protocols.tunable import KernelShape, Tunable
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from titan_tpu.models.common.tunable import KernelShape
+from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.checkpoint import CheckpointManager
 from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights
 from titan_tpu.config import ResolvedConfig, TrainConfig, write_resolved_config

@@ -24,7 +24,7 @@ from titan_tpu.models.common import loss as loss_module
 from titan_tpu.models.common import loss_tunable
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS, chunked_cross_entropy
 from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
-from titan_tpu.models.common.tunable import KernelShape
+from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.models.llama3 import LLAMA3_FLAVORS
 from titan_tpu.trainer import Trainer
 

@@ -134,7 +134,7 @@ def test_activation_offload_leaves_one_checkpointed_input_on_the_device(mode: st
     flight). Catches inputs of unwrapped blocks counted as moved, none moved, and the one in flight
     left out. (Not measured: on a CPU host the host memory is the device's.)"""
     from titan_tpu.config.sections import ActivationCheckpointConfig
-    from titan_tpu.models.planning import BlockActivations
+    from titan_tpu.protocols.planning import BlockActivations
     from titan_tpu.plan.activations import Geometry, estimate_activations
 
     block = BlockActivations(full=100.0, selective_op=40.0, checkpointed=10.0, backward=30.0)

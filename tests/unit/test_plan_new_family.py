@@ -30,7 +30,7 @@ from titan_tpu.models.common.decoder_args import DecoderArgs
 from titan_tpu.models.common.flops import decoder_flops_per_token
 from titan_tpu.models.common.parallelize import DecoderTPPlan, attention_block_plan
 from titan_tpu.models.common.transformer import TransformerBlock
-from titan_tpu.models.planning import ActivationGeometry, BlockActivations
+from titan_tpu.protocols.planning import ActivationGeometry, BlockActivations
 from titan_tpu.models.registry import ModelSpec
 from titan_tpu.config import load_config
 from titan_tpu.distributed.parallel_dims import ParallelDims

@@ -13,7 +13,7 @@ from titan_tpu.distributed.compile import AUTO_BACKENDS, available_backends, com
 from titan_tpu.doctor.rows import Row, error_verdict, speed_verdict
 from titan_tpu.doctor.sizes import Sizes
 from titan_tpu.kernels.measure import tolerance
-from titan_tpu.models.common.tunable import relative_error
+from titan_tpu.protocols.tunable import relative_error
 
 
 def generation_of(device: Device) -> str:

@@ -24,7 +24,7 @@ from titan_tpu.doctor.sizes import Sizes
 from titan_tpu.kernels.measure import in_run_precision, time_candidates, tolerance
 from titan_tpu.models.common.attention_kernels import splash_block
 from titan_tpu.models.common.attention_tunable import ATTENTION
-from titan_tpu.models.common.tunable import KernelShape, Tunable, relative_error
+from titan_tpu.protocols.tunable import KernelShape, Tunable, relative_error
 from titan_tpu.models.qwen3.args import ExpertImpl
 from titan_tpu.models.qwen3.experts_tunable import EXPERTS
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from titan_tpu.kernels.cache import KernelCache
 from titan_tpu.kernels.measure import measure
-from titan_tpu.models.common.tunable import KernelShape, Tunable
+from titan_tpu.protocols.tunable import KernelShape, Tunable
 
 logger = logging.getLogger(__name__)
 

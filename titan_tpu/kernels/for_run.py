@@ -12,7 +12,7 @@ from titan_tpu.device import Device
 from titan_tpu.kernels.cache import KernelCache, cache_folder
 from titan_tpu.kernels.choose import KernelChoice, choose_kernels
 from titan_tpu.models.common.attention_kernels import AttentionKernel, attention_kernel
-from titan_tpu.models.common.tunable import KernelShape, Tunable
+from titan_tpu.protocols.tunable import KernelShape, Tunable
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from titan_tpu.models.common.tunable import KernelShape, Tunable, relative_error
+from titan_tpu.protocols.tunable import KernelShape, Tunable, relative_error
 
 # Timed rounds (one run of every candidate each) after one warm-up, which also builds any kernel
 # caches and is timed only to spot a hopeless candidate: at least MIN_ROUNDS, then more until the

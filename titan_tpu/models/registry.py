@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from titan_tpu.models.common.loss import cross_entropy_loss
-from titan_tpu.models.planning import ActivationGeometry, BlockActivations, ExpertRouting, TensorParallelPlan
-from titan_tpu.models.common.tunable import Tunable
+from titan_tpu.protocols.planning import ActivationGeometry, BlockActivations, ExpertRouting, TensorParallelPlan
+from titan_tpu.protocols.tunable import Tunable
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.values import check, did_you_mean, is_supported, to_toml_value
 
@@ -56,7 +56,7 @@ class ModelSpec:
     default_task names the training task (titan_tpu/tasks/registry.py) that `training.task = "auto"`
     picks for this family.
 
-    What the planner reads (titan_tpu/models/planning.py), so it plans a family it does not know: tp_plan, the
+    What the planner reads (titan_tpu/protocols/planning.py), so it plans a family it does not know: tp_plan, the
     TP plan `parallelize` applies, as data (None: no tensor parallelism); block_activations(args,
     geometry), the bytes per token one block keeps for backward; expert_routing(args), for a
     mixture of experts, its top-k and the FLOPs every tp rank repeats (None: dense);
@@ -77,7 +77,7 @@ class ModelSpec:
     # The experts modules (weights [E, ...]) of a model built on meta that ep splits, checked as the
     # family's parallelize checks them for `ep` ranks (None: the native MoE layers' `experts`).
     expert_modules: Callable[[nn.Module, int], list[nn.Module]] | None = None
-    # The model-args fields whose "auto" is measured at start-up (titan_tpu/models/common/tunable.py).
+    # The model-args fields whose "auto" is measured at start-up (titan_tpu/protocols/tunable.py).
     tunables: tuple[Tunable, ...] = ()
     # A family whose arguments come from more of the [model] section than flavor and overrides (the
     # hf family reads model.hf_config / hf_architecture): [model] -> its arguments.

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from titan_tpu.models.common.chunked_cross_entropy import chunk_tokens
 from titan_tpu.models.common.decoder_activations import norm_activations
-from titan_tpu.models.planning import FLOAT32, BlockActivations
+from titan_tpu.protocols.planning import FLOAT32, BlockActivations
 from titan_tpu.config.sections import ActivationCheckpointConfig
 
 

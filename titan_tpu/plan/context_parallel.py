@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from titan_tpu.models.planning import BlockActivations
+from titan_tpu.protocols.planning import BlockActivations
 from titan_tpu.plan.activations import ActivationEstimate, Geometry
 
 

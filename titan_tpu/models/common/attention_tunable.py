@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from titan_tpu.models.common.attention_kernels import attention_kernel, splash_block
-from titan_tpu.models.common.tunable import KernelRun, KernelShape, Tunable, forward_backward
+from titan_tpu.protocols.tunable import KernelRun, KernelShape, Tunable, forward_backward
 
 # Query-block sizes of the blocked kernel worth timing on a CPU: multiples of its matmul tiles, up
 # to where a block's float32 scores (block x seq_len) leave the caches.

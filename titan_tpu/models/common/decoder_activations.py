@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from titan_tpu.models.common.decoder_args import DecoderArgs
-from titan_tpu.models.planning import FLOAT32, ActivationGeometry, BlockActivations
+from titan_tpu.protocols.planning import FLOAT32, ActivationGeometry, BlockActivations
 
 
 class AttentionShape(Protocol):

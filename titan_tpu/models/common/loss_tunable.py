@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS, chunk_tokens, chunked_cross_entropy
-from titan_tpu.models.common.tunable import KernelRun, KernelShape, Tunable, forward_backward
+from titan_tpu.protocols.tunable import KernelRun, KernelShape, Tunable, forward_backward
 
 # Chunk budgets (float32 elements) worth timing, the default first: a tie keeps the fewest chunks.
 BUDGETS = tuple(CHUNK_ELEMENTS >> shift for shift in range(0, 12, 2))  # 2^26 down to 2^16

@@ -4,7 +4,7 @@ titan_tpu/plan/activations.py). Not measured; an estimate of the same kind as th
 from __future__ import annotations
 
 from titan_tpu.models.flux.args import FluxArgs
-from titan_tpu.models.planning import FLOAT32, ActivationGeometry, BlockActivations
+from titan_tpu.protocols.planning import FLOAT32, ActivationGeometry, BlockActivations
 
 
 def flux_block_activations(args: FluxArgs, g: ActivationGeometry) -> BlockActivations:

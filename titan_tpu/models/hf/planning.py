@@ -25,7 +25,7 @@ from titan_tpu.models.common.flops import TRAINING_PASSES
 from titan_tpu.models.hf.args import HFArgs
 from titan_tpu.models.hf.flops import layer_configs, meta_hf_model
 from titan_tpu.models.hf.model import decoder_layers_path, is_experts_module
-from titan_tpu.models.planning import FLOAT32, ActivationGeometry, BlockActivations, ExpertRouting
+from titan_tpu.protocols.planning import FLOAT32, ActivationGeometry, BlockActivations, ExpertRouting
 
 # Per-head norms of queries and keys (Qwen 3, OLMo 2, Gemma 3), by their module names.
 QK_NORM_NAMES = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")

@@ -1,5 +1,5 @@
 """How the experts' matmuls run (`GroupedExperts`' impl) as a measured choice (see
-titan_tpu/models/common/tunable.py): padded batched matmuls, the ragged grouped matmul where it runs (and
+titan_tpu/protocols/tunable.py): padded batched matmuls, the ragged grouped matmul where it runs (and
 TorchTPU's ragged_dot on TPU), or the per-expert loop. Which wins depends on the device, the dtype,
 the expert widths and how evenly tokens spread over the experts.
 """
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.func import functional_call
 
-from titan_tpu.models.common.tunable import KernelRun, KernelShape, Tunable, forward_backward
+from titan_tpu.protocols.tunable import KernelRun, KernelShape, Tunable, forward_backward
 from titan_tpu.models.qwen3.moe import GroupedExperts
 
 # The correctness check's token count per rank: every expert gets a run of a few tokens.
