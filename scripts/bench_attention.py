@@ -56,7 +56,8 @@ class StepFn:
         kernel = attention_kernel(args.kernel)
         self.tokens = args.batch * args.seq
         if args.model:
-            from titan_tpu.models.llama3 import Llama3Args, Llama3Model
+            from titan_tpu.models.llama3.args import Llama3Args
+            from titan_tpu.models.llama3.model import Llama3Model
 
             model_args = Llama3Args(
                 dim=args.heads * args.head_dim, n_layers=args.layers, n_heads=args.heads,

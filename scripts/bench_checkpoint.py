@@ -31,7 +31,8 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 import torch  # noqa: E402
 
 from titan_tpu.models.common.loss import cross_entropy_loss  # noqa: E402
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Model  # noqa: E402
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+from titan_tpu.models.llama3.model import Llama3Model  # noqa: E402
 from titan_tpu.checkpoint import CheckpointManager  # noqa: E402
 from titan_tpu.config.sections import CheckpointConfig, LRSchedulerConfig, OptimizerConfig  # noqa: E402
 from titan_tpu.optim import build_lr_scheduler, build_optimizer  # noqa: E402

@@ -106,10 +106,10 @@ def _warm(run: KernelRun, steps: int) -> KernelRun:
 
 
 def kernel_table(config: str, steps: int, warmup: int, overrides: list[str], open_run: Open) -> int:
-    from titan_tpu import models
+    from titan_tpu.models.registry import get_model_spec
     from titan_tpu.config import load_config
 
-    spec = models.get_model_spec(load_config(config, overrides).model.name)
+    spec = get_model_spec(load_config(config, overrides).model.name)
     override_of = {t.field: t.config_override for t in spec.tunables}
     rows: list[str] = []
     # A dtype the command forces is the one measured; else every dtype the machine computes natively.

@@ -132,7 +132,7 @@ def main(argv: list[str]) -> int:
     opts, overrides = parser.parse_known_args(argv)
     import transformers
 
-    from titan_tpu.models import get_model_spec
+    from titan_tpu.models.registry import get_model_spec
     from titan_tpu.checkpoint.hf_export import export_model_to_hf
 
     config = load_config(opts.config, overrides)

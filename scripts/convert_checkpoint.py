@@ -45,7 +45,7 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 
 import torch  # noqa: E402
 
-from titan_tpu import models  # noqa: E402
+from titan_tpu.models.registry import get_model_spec  # noqa: E402
 from titan_tpu.checkpoint import CheckpointManager, layout  # noqa: E402
 from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights  # noqa: E402
 from titan_tpu.checkpoint.hf_export import export_checkpoint_to_hf  # noqa: E402
@@ -61,7 +61,7 @@ def _spec_and_args(model: str, flavor: str, section: Any | None):  # type: ignor
     """The family and its arguments: from the config's [model] section (its overrides applied; the hf
     family reads its architecture there), or from --model and --flavor alone."""
     try:
-        spec = models.get_model_spec(model)
+        spec = get_model_spec(model)
         if section is not None and (section.name, section.flavor) == (model, flavor):
             args = spec.args_for(section)
         elif spec.args_from_section is not None:

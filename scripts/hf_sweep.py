@@ -141,9 +141,11 @@ def batch(vocab: int) -> torch.Tensor:
 def check_one(architecture: str) -> dict[str, Any]:
     """Steps 1-4 in this process; each value "ok", or why not."""
     from titan_tpu.checkpoint.hf_export import export_model_to_hf
-    from titan_tpu.models import get_model_spec
+    from titan_tpu.models.registry import get_model_spec
     from scripts import hf_parity as parity
-    from titan_tpu.models.hf import HFCausalLM, hf_args, hf_param_count
+    from titan_tpu.models.hf.args import hf_args
+    from titan_tpu.models.hf.flops import hf_param_count
+    from titan_tpu.models.hf.model import HFCausalLM
 
     row: dict[str, Any] = {"architecture": architecture}
     row["scope"] = architecture_scope(architecture)
@@ -213,7 +215,9 @@ def layout_worker(layout: str, listing: Path, out: Path) -> None:
     from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
     from titan_tpu.distributed.parallelize import parallelize_model
     from scripts import hf_parity as parity
-    from titan_tpu.models.hf import HF_SPEC, HFCausalLM, hf_args
+    from titan_tpu.models.hf.args import hf_args
+    from titan_tpu.models.hf.model import HFCausalLM
+    from titan_tpu.models.hf.spec import HF_SPEC
     from titan_tpu.models.hf.parallelize import tp_plan_for
 
     process_group.init_process_group("gloo", process_group.process_info())

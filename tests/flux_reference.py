@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from diffusers import FluxTransformer2DModel
 
-from titan_tpu.models.flux import FluxArgs, FluxModel
+from titan_tpu.models.flux.args import FluxArgs
+from titan_tpu.models.flux.model import FluxModel
 from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
 
 

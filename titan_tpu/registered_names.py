@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from titan_tpu import models
-from titan_tpu.models.registry import ModelSpec
+from titan_tpu.models.registry import get_model_spec
+from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.tasks.registry import require_task, task_names
 
@@ -33,7 +33,7 @@ class RegisteredNames:
 def check_registered_names(config: TrainConfig) -> RegisteredNames:
     model = config.model
     try:
-        spec = models.get_model_spec(model.name)
+        spec = get_model_spec(model.name)
     except ConfigError as e:
         raise ConfigError(f"model.name: {e}") from None
     try:

@@ -36,7 +36,7 @@ for path in (ROOT, ROOT / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from titan_tpu import models  # noqa: E402
+from titan_tpu.models.registry import get_model_spec  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.context_parallel import (  # noqa: E402
     ContextParallelAttention,
@@ -126,7 +126,7 @@ def activations_case() -> dict[str, int]:
     planner's peak without the gathered keys and values, and a single process's."""
     cp, rank = dist.get_world_size(), dist.get_rank()
     config = load_config(CONFIG, [*ACTIVATION_RUN, f"--parallelism.cp={cp}", "--parallelism.dp_shard=1"])
-    spec = models.get_model_spec(config.model.name)
+    spec = get_model_spec(config.model.name)
     torch.manual_seed(0)
     model = spec.model_cls(run_model_args(config))
     apply_decoder_cp(model, DeviceMesh("cpu", torch.arange(cp), mesh_dim_names=("cp",)))

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from titan_tpu import models  # noqa: E402
+from titan_tpu.models.registry import get_model_spec  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
 from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
@@ -106,7 +106,7 @@ def run_arguments(case: str, dump: Path) -> list[str]:
 
 def single_process_init(config: Any) -> dict[str, torch.Tensor]:
     """The weights one process initialises for this config, by canonical name."""
-    spec = models.get_model_spec("hf")
+    spec = get_model_spec("hf")
     args = dataclasses.replace(spec.args_for(config.model), max_seq_len=config.training.seq_len)
     with torch.device("meta"):
         model = spec.model_cls(args)

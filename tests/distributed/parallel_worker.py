@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from titan_tpu import models  # noqa: E402
+from titan_tpu.models.registry import get_model_spec  # noqa: E402
 from titan_tpu.models.common.attention import Attention  # noqa: E402
 from titan_tpu.models.common.loss import cross_entropy_loss  # noqa: E402
 from titan_tpu.models.llama3.model import Llama3Model, build_llama3_block  # noqa: E402
@@ -194,7 +194,7 @@ def sharded_layers() -> dict[str, float]:
     results["attention_backward"] = max(grads_diff(sharded_attention, attention), max_diff(xa.grad, xb.grad))
 
     # A whole Llama block with sequence parallelism: input and output sharded along the sequence.
-    args = models.get_model_spec("llama3").flavor("debug")
+    args = get_model_spec("llama3").flavor("debug")
     torch.manual_seed(3)
     block = build_llama3_block(args, 0)
     block.init_weights()
@@ -248,7 +248,7 @@ def single_process_init(config: Any) -> dict[str, torch.Tensor]:
 def _single_process_init(model_name: str, flavor: str, seq_len: int, seed: int) -> dict[str, torch.Tensor]:
     config = load_config("llama3_debug", [f"--model.name={model_name}", f"--model.flavor={flavor}",
                                           f"--training.seq_len={seq_len}", f"--training.seed={seed}"])  # fmt: skip
-    spec = models.get_model_spec(model_name)
+    spec = get_model_spec(model_name)
     args = dataclasses.replace(spec.flavor(flavor), max_seq_len=seq_len)
     with torch.device("meta"):
         model = spec.model_cls(args)

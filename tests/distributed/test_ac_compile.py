@@ -17,7 +17,7 @@ from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import parallelize_model
 from titan_tpu.distributed.sharded_init import canonical_name
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.qwen3.moe import GroupedExperts
 
 SEQ = 32
@@ -25,7 +25,7 @@ SEQ = 32
 
 def build(*overrides: str, config_name: str = "llama3_debug") -> nn.Module:
     config = load_config(config_name, [f"--training.seq_len={SEQ}", "--training.dtype=float32", *overrides])
-    spec = models.get_model_spec(config.model.name)
+    spec = get_model_spec(config.model.name)
     args = spec.flavor(config.model.flavor)
     with torch.device("meta"):
         model = spec.model_cls(args)
@@ -42,7 +42,7 @@ def loss_and_grads(
         model.zero_grad()
         tokens = torch.randint(0, 256, (2, SEQ + 1), generator=torch.Generator().manual_seed(step))
         output = model(tokens[:, :-1])
-        loss = models.get_model_spec(name).loss_fn(output, tokens[:, 1:])
+        loss = get_model_spec(name).loss_fn(output, tokens[:, 1:])
         loss.backward()
     return float(loss.detach()), {canonical_name(n): p.grad for n, p in model.named_parameters()}
 

@@ -25,7 +25,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from titan_tpu.models.qwen3 import QWEN3_MOE_FLAVORS, QWEN3_STATE_DICT_ADAPTER
+from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
+from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
 from titan_tpu.checkpoint.hf_import import hf_tensor_index
 from tests.one_thread import one_intra_op_thread
 

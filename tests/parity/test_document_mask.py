@@ -24,7 +24,7 @@ from transformers import LlamaForCausalLM
 from tests.parity.test_llama3_parity import _args, _hf_config, _randomize, hf_to_titan
 from titan_tpu.models.common.attention_kernels import attention_kernel
 from titan_tpu.models.common.documents import document_causal_mask, document_positions
-from titan_tpu.models.llama3 import Llama3Model
+from titan_tpu.models.llama3.model import Llama3Model
 from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
 
 # Document lengths per row; each row holds 48 tokens.

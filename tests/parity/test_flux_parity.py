@@ -12,7 +12,9 @@ import pytest
 import torch
 from diffusers import FluxTransformer2DModel
 
-from titan_tpu.models.flux import FLUX_FLAVORS, FluxArgs, FluxModel, flux_param_count
+from titan_tpu.models.flux.args import FLUX_FLAVORS, FluxArgs
+from titan_tpu.models.flux.flops import flux_param_count
+from titan_tpu.models.flux.model import FluxModel
 from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
 from tests.flux_reference import diffusers_model, inputs, random_diffusers_model, randomize, run_diffusers, run_ours
 

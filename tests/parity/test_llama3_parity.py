@@ -5,7 +5,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from titan_tpu.models.common.rope import RopeScaling, rope_inv_freq
-from titan_tpu.models.llama3 import Llama3Args, Llama3Model
+from titan_tpu.models.llama3.args import Llama3Args
+from titan_tpu.models.llama3.model import Llama3Model
 from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
 
 # original_max_position is small so that the Llama 3.1 frequency scaling changes most frequencies, and

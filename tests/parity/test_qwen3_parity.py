@@ -14,7 +14,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3Moe
 
 from titan_tpu.models.common.loss import IGNORE_INDEX
 from titan_tpu.checkpoint.hf_import import load_hf_weights
-from titan_tpu.models.qwen3 import QWEN3_STATE_DICT_ADAPTER, Qwen3Args, Qwen3Model, Qwen3MoeArgs, Qwen3MoeModel, moe_loss
+from titan_tpu.models.qwen3.args import Qwen3Args, Qwen3MoeArgs
+from titan_tpu.models.qwen3.model import Qwen3Model, Qwen3MoeModel, moe_loss
+from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
 
 SEQ_LENS = (7, 64, 200)
 

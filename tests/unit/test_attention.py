@@ -28,7 +28,7 @@ from titan_tpu.config import ConfigError
 from titan_tpu.kernels.for_run import requested_attention
 from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.protocols.tunable import KernelShape
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
 
 
 def reference_attention(

@@ -11,9 +11,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Model
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+from titan_tpu.models.llama3.model import Llama3Model
 from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER as ADAPTER
-from titan_tpu.models.qwen3 import QWEN3_MOE_FLAVORS, QWEN3_STATE_DICT_ADAPTER, Qwen3MoeModel
+from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
+from titan_tpu.models.qwen3.model import Qwen3MoeModel
+from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
 from titan_tpu.checkpoint import layout
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.checkpoint.storage import read_metadata_file

@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from titan_tpu import models
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Model
+from titan_tpu.models.registry import get_model_spec
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+from titan_tpu.models.llama3.model import Llama3Model
 from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER as ADAPTER
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.checkpoint.hf_export import HFFolderWriter, export_model_to_hf
@@ -33,7 +34,7 @@ def cpu_model(args=ARGS) -> Llama3Model:  # type: ignore[no-untyped-def]
 
 
 def test_registered_on_the_spec() -> None:
-    assert models.get_model_spec("llama3").state_dict_adapter is ADAPTER
+    assert get_model_spec("llama3").state_dict_adapter is ADAPTER
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -14,7 +14,8 @@ import torch
 from diffusers import FluxTransformer2DModel
 from safetensors.torch import load_file
 
-from titan_tpu.models.flux import FLUX_FLAVORS, FluxArgs, FluxModel
+from titan_tpu.models.flux.args import FLUX_FLAVORS, FluxArgs
+from titan_tpu.models.flux.model import FluxModel
 from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.checkpoint.hf_export import export_model_to_hf

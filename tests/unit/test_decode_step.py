@@ -15,8 +15,10 @@ from titan_tpu.models.common.decode_step import FusedDecoder
 from titan_tpu.models.common.decoder import DecoderLM
 from titan_tpu.models.common.kv_cache import KVCache
 from titan_tpu.models.common.transformer import TransformerBlock
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Model
-from titan_tpu.models.qwen3 import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Model, Qwen3MoeModel
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+from titan_tpu.models.llama3.model import Llama3Model
+from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS
+from titan_tpu.models.qwen3.model import Qwen3Model, Qwen3MoeModel
 
 PROMPTS = [[5, 17, 99, 3, 42], [7, 8, 9], [1, 2, 3, 4, 5, 6, 7]]
 STEPS = 4

@@ -8,8 +8,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from titan_tpu.models import get_model_spec
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Args, llama3_flops_per_token, llama3_param_count
+from titan_tpu.models.registry import get_model_spec
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS, Llama3Args
+from titan_tpu.models.llama3.flops import llama3_flops_per_token, llama3_param_count
 
 
 # The analytic count leaves out what is not a matmul (norms, softmax, rotary); those

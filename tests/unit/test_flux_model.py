@@ -9,8 +9,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from titan_tpu import models
-from titan_tpu.models.flux import FLUX_FLAVORS, FluxModel, flux_param_count, flux_training_flops_per_sample
+from titan_tpu.models.registry import get_model_spec
+from titan_tpu.models.flux.args import FLUX_FLAVORS
+from titan_tpu.models.flux.flops import flux_param_count, flux_training_flops_per_sample
+from titan_tpu.models.flux.model import FluxModel
 from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
 from tests.flux_reference import inputs, run_ours
 from titan_tpu.distributed.parallelize import blocks
@@ -34,7 +36,7 @@ def sample(model: FluxModel, batch: int, height: int, width: int, text: int, gra
 
 
 def test_registered_with_valid_flavors() -> None:
-    spec = models.get_model_spec("flux")
+    spec = get_model_spec("flux")
     assert set(spec.flavors) == {"debug", "flux-schnell", "flux-dev"}
     assert spec.model_cls is FluxModel
     with pytest.raises(ValueError, match="did you mean 'flux-dev'"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.loader import load_config
 from titan_tpu.config.task_sections import FluxConfig
@@ -178,7 +178,7 @@ def test_grid_is_a_png(tmp_path: Path) -> None:
 
 def _task(tmp_path: Path, *overrides: str) -> tuple[RectifiedFlowTask, torch.nn.Module]:
     config = load_config("flux_debug", [f"--job.dump_folder={tmp_path}", *overrides])
-    spec = models.get_model_spec("flux")
+    spec = get_model_spec("flux")
     ctx = TaskContext(
         config=config, spec=spec, device=torch.device("cpu"), compute_dtype=torch.float32,
         parallel=ParallelContext(ParallelDims.from_config(config.parallelism, 1)), dp_rank=0, dp_world=1, local_batch_size=4, grad_accum_steps=1, dump_folder=tmp_path,

@@ -15,7 +15,7 @@ import torch
 
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
-from titan_tpu.models import get_model_spec
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.tasks.grpo.task import GRPOTask
 
 

@@ -139,7 +139,7 @@ def test_a_shipped_grpo_config_runs_on_a_checkpoint_folder(
     rewards and records that do not fit each other."""
     import torch
 
-    from titan_tpu.models import get_model_spec
+    from titan_tpu.models.registry import get_model_spec
     from titan_tpu.checkpoint.hf_export import export_model_to_hf
     from titan_tpu.data.chat_tokenizer import tokenizer_export_files
 

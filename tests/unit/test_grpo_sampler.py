@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from titan_tpu.models.common.kv_cache import KVCache
-from titan_tpu.models.qwen3 import QWEN3_FLAVORS, Qwen3Model
+from titan_tpu.models.qwen3.args import QWEN3_FLAVORS
+from titan_tpu.models.qwen3.model import Qwen3Model
 from titan_tpu.tasks.grpo import sampler
 from titan_tpu.tasks.grpo.sampler import (
     SamplingParams,
@@ -112,7 +113,8 @@ def test_inverse_cdf_follows_the_top_p_nucleus() -> None:
 def test_the_moe_model_decodes_the_same_tokens_cached_and_uncached() -> None:
     """Qwen 3 MoE through the KV cache (GRPO on qwen3_moe_*): the cached greedy tokens equal those of
     the plain training forward re-run on the whole sequence at every step."""
-    from titan_tpu.models.qwen3 import QWEN3_MOE_FLAVORS, Qwen3MoeModel
+    from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
+    from titan_tpu.models.qwen3.model import Qwen3MoeModel
 
     torch.manual_seed(0)
     args = dataclasses.replace(QWEN3_MOE_FLAVORS["debug_moe"], n_layers=2, vocab_size=128, max_seq_len=64)

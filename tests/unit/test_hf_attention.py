@@ -13,9 +13,9 @@ import torch
 
 from scripts import hf_parity as parity
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.models import get_model_spec
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.common.attention_kernels import BlockedAttention, attention_kernel
-from titan_tpu.models.hf import HFCausalLM
+from titan_tpu.models.hf.model import HFCausalLM
 from titan_tpu.models.hf import attention as hf_attention
 
 SEQ = 24
@@ -71,7 +71,7 @@ def test_attention_block_refused_for_a_class_without_the_registry() -> None:
 
 
 def test_auto_is_measured_only_where_the_class_takes_our_kernels() -> None:
-    from titan_tpu.models.hf import HF_ATTENTION
+    from titan_tpu.models.hf.spec import HF_ATTENTION
 
     def args(architecture: str) -> object:
         section = load_config("llama3_debug", ["--model.name=hf", f"--model.hf_architecture={architecture}",

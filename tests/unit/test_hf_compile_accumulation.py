@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import load_config
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import block_containers, parallelize_model
@@ -29,7 +29,7 @@ CONFIG = "hf_mistral_debug"
 
 def build(*overrides: str) -> nn.Module:
     config = load_config(CONFIG, [f"--training.seq_len={SEQ}", "--training.dtype=float32", *overrides])
-    spec = models.get_model_spec("hf")
+    spec = get_model_spec("hf")
     torch.manual_seed(0)
     with torch.device("meta"):
         model = spec.model_cls(spec.args_for(config.model))
@@ -38,7 +38,7 @@ def build(*overrides: str) -> nn.Module:
 
 def loss_and_grads(model: nn.Module) -> tuple[float, dict[str, torch.Tensor]]:
     tokens = torch.randint(0, 512, (2, SEQ + 1), generator=torch.Generator().manual_seed(0))
-    loss = models.get_model_spec("hf").loss_fn(model(tokens[:, :-1]), tokens[:, 1:], -1)
+    loss = get_model_spec("hf").loss_fn(model(tokens[:, :-1]), tokens[:, 1:], -1)
     loss.backward()
     return float(loss.detach()), {name.replace("._orig_mod", "").replace("._checkpoint_wrapped_module", ""): p.grad
                                   for name, p in model.named_parameters()}  # fmt: skip

@@ -13,8 +13,9 @@ import torch
 
 from scripts import hf_parity as parity
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.models import get_model_spec
-from titan_tpu.models.hf import HFCausalLM, hf_flops_per_token, hf_param_count
+from titan_tpu.models.registry import get_model_spec
+from titan_tpu.models.hf.flops import hf_flops_per_token, hf_param_count
+from titan_tpu.models.hf.model import HFCausalLM
 
 ARCHITECTURES = [
     "MistralForCausalLM",

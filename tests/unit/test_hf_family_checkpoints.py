@@ -18,8 +18,8 @@ from tests.unit.test_hf_family import SEQ, built_like_a_run
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import ConfigError
-from titan_tpu.models import get_model_spec
-from titan_tpu.models.hf import HFCausalLM
+from titan_tpu.models.registry import get_model_spec
+from titan_tpu.models.hf.model import HFCausalLM
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTER = get_model_spec("hf").state_dict_adapter

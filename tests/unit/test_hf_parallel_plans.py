@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.models.hf.parallelize import check_plan, expert_modules, tp_plan_for
 
@@ -17,7 +17,7 @@ from titan_tpu.models.hf.parallelize import check_plan, expert_modules, tp_plan_
 def meta_model(architecture: str, *overrides: str) -> torch.nn.Module:
     config = load_config("llama3_debug", ["--model.name=hf", f"--model.hf_architecture={architecture}",
                                           "--model.flavor=debug", *overrides])  # fmt: skip
-    spec = models.get_model_spec("hf")
+    spec = get_model_spec("hf")
     args = dataclasses.replace(spec.args_for(config.model), max_seq_len=32)
     with torch.device("meta"):
         return spec.model_cls(args)

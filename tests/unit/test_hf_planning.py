@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.models.hf.parallelize import HFTensorParallelPlan
 from titan_tpu.plan.chips import parse_chips
@@ -39,7 +39,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made = {}
     for name in {case for case, _ in CASES}:
         config = load_config(name, SEQ)
-        spec = models.get_model_spec(config.model.name)
+        spec = get_model_spec(config.model.name)
         folder = tmp_path_factory.mktemp(name)
         (folder / "config.json").write_text(json.dumps(spec.state_dict_adapter.to_hf_config(spec.args_for(config.model))))
         made[name] = folder
@@ -64,8 +64,8 @@ def test_hf_twin_plans_like_native(name: str, layout: str, folders: dict[str, Pa
 
 def test_hf_routed_flops_equal_native(folders: dict[str, Path]) -> None:
     native, hf = plans("qwen3_moe_debug", "fsdp4", folders["qwen3_moe_debug"])
-    native_routing = models.get_model_spec("qwen3_moe").expert_routing(native.census.args)
-    hf_routing = models.get_model_spec("hf").expert_routing(hf.census.args)
+    native_routing = get_model_spec("qwen3_moe").planning.expert_routing(native.census.args)
+    hf_routing = get_model_spec("hf").planning.expert_routing(hf.census.args)
     assert hf_routing == native_routing
 
 

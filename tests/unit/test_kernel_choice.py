@@ -25,8 +25,8 @@ from titan_tpu.kernels.measure import BUDGET_S, MAX_ROUNDS, MIN_ROUNDS
 from titan_tpu.models.common.attention_kernels import AutoAttention, SdpaAttention, attention_kernel
 from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.protocols.tunable import KernelShape
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS
-from titan_tpu.models.qwen3 import QWEN3_MOE_FLAVORS
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.experts_tunable import EXPERTS
 
 

@@ -11,8 +11,10 @@ import torch
 
 from titan_tpu.models.common.decoder import DecoderLM
 from titan_tpu.models.common.kv_cache import KVCache, LayerKVCache, padded_causal_mask
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Model
-from titan_tpu.models.qwen3 import QWEN3_FLAVORS, Qwen3Model
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+from titan_tpu.models.llama3.model import Llama3Model
+from titan_tpu.models.qwen3.args import QWEN3_FLAVORS
+from titan_tpu.models.qwen3.model import Qwen3Model
 
 PROMPTS = [[5, 17, 99, 3, 42], [7, 8, 9], [1, 2, 3, 4, 5, 6, 7]]
 NEW_TOKENS = 5

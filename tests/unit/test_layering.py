@@ -38,7 +38,14 @@ _ENGINE = (
 
 
 # Everything of titan_tpu but the models (test_every_part_of_the_package_is_in_a_layer keeps it whole).
-_OUTSIDE_MODELS = ("titan_tpu.config", *_ENGINE, "titan_tpu.plan", "titan_tpu.launch", "titan_tpu.doctor")
+_OUTSIDE_MODELS = (
+    "titan_tpu.config",
+    "titan_tpu.protocols",
+    *_ENGINE,
+    "titan_tpu.plan",
+    "titan_tpu.launch",
+    "titan_tpu.doctor",
+)
 
 
 def _engine_except(*layers: str) -> tuple[str, ...]:
@@ -64,10 +71,18 @@ RULES = (
         "and every layer reads it; the entry points check registry names after loading",
     ),
     Rule(
+        "protocols",
+        ("titan_tpu/protocols/**/*.py",),
+        ("titan_tpu.models", *_ENGINE, "titan_tpu.plan", "titan_tpu.launch", "titan_tpu.doctor"),
+        "the shared interfaces sit at the bottom, above the configuration only: the engine and the "
+        "families both depend on them, so they may depend on neither",
+    ),
+    Rule(
         "model code",
         ("titan_tpu/models/**/*.py",),
-        ("torch.distributed", *_OUTSIDE_MODELS),
-        "model files are single-device; parallelism is applied from outside by parallelize.py",
+        ("torch.distributed", *(name for name in _OUTSIDE_MODELS if name != "titan_tpu.protocols")),
+        "model files are single-device; parallelism is applied from outside by parallelize.py; they "
+        "implement the shared interfaces (titan_tpu.protocols) and know nothing else of the engine",
         exempt=(
             "titan_tpu/models/__init__.py",
             "titan_tpu/models/registry.py",

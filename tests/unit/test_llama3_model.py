@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_tpu.models import get_model_spec
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.common.attention import Attention
 from titan_tpu.models.common.loss import IGNORE_INDEX, cross_entropy_loss
 from titan_tpu.models.common.rope import RotaryEmbedding
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Args, Llama3Model, llama3_param_count
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS, Llama3Args
+from titan_tpu.models.llama3.flops import llama3_param_count
+from titan_tpu.models.llama3.model import Llama3Model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,7 +68,8 @@ def test_405b_meta_build_is_cheap() -> None:
         """
         import json, time
         import torch
-        from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Model
+        from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+        from titan_tpu.models.llama3.model import Llama3Model
         from titan_tpu.device.memory import peak_rss_gib, reset_peak_rss
         reset_peak_rss()  # the high-water mark becomes this process's resident size (where /proc allows)
         before = peak_rss_gib()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.cpu_kinds import DECISIONS
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import load_config
 from titan_tpu.kernels.measure import check
 from titan_tpu.models.common import loss as loss_module
@@ -25,7 +25,7 @@ from titan_tpu.models.common import loss_tunable
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS, chunked_cross_entropy
 from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
 from titan_tpu.protocols.tunable import KernelShape
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
 from titan_tpu.trainer import Trainer
 
 ARGS = LLAMA3_FLAVORS["debug"]  # vocab 512
@@ -80,7 +80,7 @@ def test_every_chunk_agrees_with_float32_and_a_wrong_one_is_refused(
 
 def test_every_family_with_the_chunked_loss_lists_the_tunable() -> None:
     for name in ("llama3", "qwen3", "qwen3_moe"):
-        assert LOSS_CHUNKS in models.get_model_spec(name).tunables, name
+        assert LOSS_CHUNKS in get_model_spec(name).tunables, name
 
 
 def test_a_forced_chunk_reaches_the_training_loss(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

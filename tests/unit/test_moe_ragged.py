@@ -26,7 +26,7 @@ from titan_tpu.distributed.ragged_exchange import RaggedExchange
 from titan_tpu.kernels.for_run import choose_run_kernels
 from titan_tpu.kernels.measure import check
 from titan_tpu.protocols.tunable import KernelShape
-from titan_tpu.models.qwen3 import QWEN3_MOE_FLAVORS
+from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.experts_tunable import EXPERTS
 from titan_tpu.models.qwen3.model import Qwen3MoeModel
 from titan_tpu.models.qwen3.moe import GroupedExperts, MoEFeedForward

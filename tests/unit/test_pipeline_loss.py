@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.pipeline import IGNORE_INDEX, PipelineRunner
 from titan_tpu.distributed.pipeline_plan import PipelinePlan
@@ -22,7 +22,7 @@ from titan_tpu.models.common.loss import cross_entropy_loss
 def test_micro_batches_weigh_by_their_counted_labels(tmp_path: Path) -> None:
     """Catches a loss averaged per micro-batch (each weighing 1 / n): here micro-batch 0 counts half
     the labels of micro-batch 1, so the mean of the two means is not the batch's mean (the control)."""
-    spec = models.get_model_spec("llama3")
+    spec = get_model_spec("llama3")
     args = dataclasses.replace(spec.flavor("debug"), dim=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
     torch.manual_seed(0)
     model = spec.model_cls(args)

@@ -15,7 +15,8 @@ import dataclasses
 import pytest
 import torch
 
-from titan_tpu.models.qwen3 import QWEN3_MOE_FLAVORS, Qwen3MoeModel, moe_loss
+from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
+from titan_tpu.models.qwen3.model import Qwen3MoeModel, moe_loss
 from titan_tpu.models.qwen3.model import MoEOutput
 
 # A large coefficient so the aux term's gradient is not lost under the cross-entropy's.

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.config.sections import ParallelismConfig
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
@@ -68,7 +68,7 @@ def test_what_does_not_divide_is_refused(values: dict[str, object], n_layers: in
 def test_stages_keep_their_names_and_only_their_modules() -> None:
     """Names unchanged (checkpoints by name reshard across pp degrees); the embedding only on the
     first stage, the norm and head only on the last."""
-    spec = models.get_model_spec("llama3")
+    spec = get_model_spec("llama3")
     with torch.device("meta"):
         whole = spec.model_cls(spec.flavor("debug"))
     plan = plan_pipeline(parallelism(pp=2), n_layers=4, local_batch_size=2)
@@ -82,7 +82,7 @@ def test_stages_keep_their_names_and_only_their_modules() -> None:
 
 
 def test_tied_embeddings_are_refused() -> None:
-    spec = models.get_model_spec("llama3")
+    spec = get_model_spec("llama3")
     with torch.device("meta"):
         tied = spec.model_cls(dataclasses.replace(spec.flavor("debug"), tie_embeddings=True))
     plan = plan_pipeline(parallelism(pp=2), n_layers=4, local_batch_size=2)

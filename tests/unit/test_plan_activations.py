@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from titan_tpu import models  # noqa: E402
+from titan_tpu.models.registry import get_model_spec  # noqa: E402
 from plan_measure import LiveTensorPeak, measure_state, within  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.optim import build_optimizer  # noqa: E402
@@ -43,7 +43,7 @@ def _train_step(config_name: str, extra: list[str]) -> tuple[torch.nn.Module, to
     """Build the model as one process does (float32, no sharding), take one AdamW step and leave the
     gradients of a second forward + backward in place."""
     config = load_config(config_name, extra)
-    spec = models.get_model_spec(config.model.name)
+    spec = get_model_spec(config.model.name)
     torch.manual_seed(0)
     model = spec.model_cls(run_model_args(config))
     apply_activation_checkpointing(block_containers(model), config.activation_checkpoint)
@@ -77,7 +77,7 @@ def _checkpointing(mode: str, option: str) -> list[str]:
 def measured_activation_peak(mode: str, option: str = "2") -> int:
     extra = [*ACTIVATION_RUN, *_checkpointing(mode, option)]
     model, optimizer, tokens = _train_step("llama3_debug", extra)
-    spec = models.get_model_spec("llama3")
+    spec = get_model_spec("llama3")
     existing = [*model.parameters(), *(p.grad for p in model.parameters()), *model.buffers()]
     existing += [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
     with LiveTensorPeak(existing) as tally:  # type: ignore[arg-type]

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from titan_tpu.models.flux import flux_param_count
-from titan_tpu.models.llama3 import llama3_param_count
-from titan_tpu.models.qwen3 import qwen3_param_count
+from titan_tpu.models.flux.flops import flux_param_count
+from titan_tpu.models.llama3.flops import llama3_param_count
+from titan_tpu.models.qwen3.flops import qwen3_param_count
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.device.peak import table_peak_flops
 from titan_tpu.distributed.parallel_dims import ParallelDims

@@ -31,7 +31,7 @@ from titan_tpu.models.common.flops import decoder_flops_per_token
 from titan_tpu.models.common.parallelize import DecoderTPPlan, attention_block_plan
 from titan_tpu.models.common.transformer import TransformerBlock
 from titan_tpu.protocols.planning import ActivationGeometry, BlockActivations
-from titan_tpu.models.registry import ModelSpec
+from titan_tpu.protocols.model_spec import ModelSpec, PlannerHooks
 from titan_tpu.config import load_config
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.plan.census import census
@@ -94,8 +94,7 @@ SPEC = ModelSpec(
     model_cls=ToyModel,
     flavors={"tiny": ARGS},
     flops_per_token=toy_flops_per_token,
-    tp_plan=TOY_TP,
-    block_activations=toy_block_activations,
+    planning=PlannerHooks(tp_plan=TOY_TP, block_activations=toy_block_activations),
 )
 
 
@@ -111,7 +110,7 @@ def hand_count_per_device(args: ToyArgs, tp: int) -> int:
 @pytest.fixture
 def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
     """The family registered for this test only, as its own package's __init__ would register it."""
-    monkeypatch.setitem(titan_tpu.models.registry._REGISTRY, SPEC.name, SPEC)
+    monkeypatch.setitem(titan_tpu.models.registry._REGISTERED, SPEC.name, SPEC)
 
 
 def toy_config(*extra: str):  # noqa: ANN201 (a TrainConfig)

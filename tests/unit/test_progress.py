@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS, Llama3Model
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+from titan_tpu.models.llama3.model import Llama3Model
 from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER as ADAPTER
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.checkpoint.hf_export import export_model_to_hf

@@ -13,9 +13,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from titan_tpu.models import get_model_spec
-from titan_tpu.models.qwen3 import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
-from titan_tpu.models.qwen3 import qwen3_flops_per_token, qwen3_param_count
+from titan_tpu.models.registry import get_model_spec
+from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
+from titan_tpu.models.qwen3.flops import qwen3_flops_per_token, qwen3_param_count
 
 
 # As in test_flops.py: what the counter sees beyond our matmul count (norms, softmax, the router's

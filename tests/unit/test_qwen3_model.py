@@ -11,20 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_tpu.models import get_model_spec
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.common.loss import cross_entropy_loss
-from titan_tpu.models.qwen3 import (
-    QWEN3_FLAVORS,
-    QWEN3_MOE_FLAVORS,
-    MoEOutput,
-    Qwen3Args,
-    Qwen3Model,
-    Qwen3MoeArgs,
-    Qwen3MoeModel,
-    QWEN3_STATE_DICT_ADAPTER,
-    moe_loss,
-    qwen3_param_count,
-)
+from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
+from titan_tpu.models.qwen3.flops import qwen3_param_count
+from titan_tpu.models.qwen3.model import MoEOutput, Qwen3Model, Qwen3MoeModel, moe_loss
+from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
 from titan_tpu.models.qwen3.moe import GroupedExperts, MoEFeedForward, load_balancing_loss
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +79,8 @@ def test_235b_meta_build_is_cheap() -> None:
     script = textwrap.dedent(
         """
         import json, time, torch
-        from titan_tpu.models.qwen3 import QWEN3_MOE_FLAVORS, Qwen3MoeModel
+        from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
+        from titan_tpu.models.qwen3.model import Qwen3MoeModel
         from titan_tpu.device.memory import peak_rss_gib
         start = time.perf_counter()
         with torch.device("meta"):

@@ -5,16 +5,17 @@ import dataclasses
 import pytest
 import torch
 
-from titan_tpu import models
-from titan_tpu.models.llama3 import Llama3Model
-from titan_tpu.models.registry import ModelSpec, get_model_spec, model_names, register_model
+from titan_tpu.models.registry import get_model_spec
+from titan_tpu.models.llama3.model import Llama3Model
+from titan_tpu.models.registry import get_model_spec, model_names, register_model
+from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.config import ConfigError
 from titan_tpu.tasks.registry import task_names
 
 
 def test_importing_models_registers_llama3() -> None:
     assert "llama3" in model_names()
-    spec = models.get_model_spec("llama3")
+    spec = get_model_spec("llama3")
     assert spec.name == "llama3"
     assert callable(spec.parallelize)
     with torch.device("meta"):

@@ -13,9 +13,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from titan_tpu.models import get_model_spec
-from titan_tpu.models.llama3 import LLAMA3_FLAVORS
-from titan_tpu.models.qwen3 import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args
+from titan_tpu.models.registry import get_model_spec
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args
 from titan_tpu.tasks.grpo.rollout import token_logps
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
 from titan_tpu.tasks.grpo.sampler import SamplingParams, generate

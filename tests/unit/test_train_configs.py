@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.config.loader import CONFIG_DIR
 from titan_tpu.registered_names import check_registered_names
@@ -65,7 +65,7 @@ def built_param_count(path: Path) -> int:
     """Load and validate the TOML, check its names, then build its model on `meta` as the trainer would."""
     config = load_config(str(path), [])
     check_registered_names(config)
-    spec = models.get_model_spec(config.model.name)
+    spec = get_model_spec(config.model.name)
     args = spec.args_for(config.model)
     with torch.device("meta"):
         model = spec.model_cls(args)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, ResolvedConfig, TrainConfig, load_config, write_resolved_config
 from titan_tpu.config.batch import split_global_batch
 from titan_tpu.trainer import Trainer, TrainingStopped
@@ -142,7 +142,7 @@ def test_device_values_are_read_only_on_logging_and_checkpoint_steps(
 def test_tokenizer_larger_than_vocab_is_a_config_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec = models.get_model_spec("llama3")
+    spec = get_model_spec("llama3")
     monkeypatch.setitem(spec.flavors, "debug", dataclasses.replace(spec.flavor("debug"), vocab_size=100))
     with pytest.raises(ConfigError, match=r"data.tokenizer has \d+ tokens but model llama3 debug"):
         Trainer(small_config(tmp_path))

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.data.loader import PackedDataset
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
@@ -44,14 +44,14 @@ def write_held_out(path: Path, records: int = 40) -> Path:
 def context(config_name: str = "llama3_debug") -> TaskContext:
     config = load_config(config_name, [])
     return TaskContext(
-        config=config, spec=models.get_model_spec(config.model.name), device=torch.device("cpu"),
+        config=config, spec=get_model_spec(config.model.name), device=torch.device("cpu"),
         compute_dtype=torch.float32, parallel=ParallelContext(ParallelDims(1, 1, 1, 1, 1)), dp_rank=0,
         dp_world=1, local_batch_size=2, grad_accum_steps=1, dump_folder=Path("."), is_writer=True,
     )  # fmt: skip
 
 
 def tiny_model(name: str, flavor: str, **changes: object) -> nn.Module:
-    spec = models.get_model_spec(name)
+    spec = get_model_spec(name)
     args = dataclasses.replace(spec.flavor(flavor), n_layers=1, max_seq_len=SEQ, **changes)
     torch.manual_seed(0)
     model = spec.model_cls(args)
@@ -116,7 +116,7 @@ def test_loss_is_summed_cross_entropy_over_counted_labels(chunk_elements: int) -
 
 def test_a_mixture_of_experts_loss_is_the_cross_entropy_without_the_router_loss() -> None:
     """The MoE model returns (logits, aux loss, coefficient); validation reads the logits only."""
-    spec = models.get_model_spec("qwen3_moe")
+    spec = get_model_spec("qwen3_moe")
     model = tiny_model("qwen3_moe", "debug_moe", router_aux_loss_coef=1.0, expert_impl="loop")
     batches = micro_batches(512)
     result = held_out_loss(model, batches, context("qwen3_moe_debug"))

@@ -35,7 +35,6 @@ from titan_tpu.checkpoint.hf_format import (
     HFFiles,
     HFParts,
     StartProgress,
-    StateDictAdapter,
     tied_repeats,
 )
 from titan_tpu.checkpoint.storage import (
@@ -47,6 +46,7 @@ from titan_tpu.checkpoint.storage import (
 )
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.device.dtype import dtype_from_name
+from titan_tpu.protocols.state_dict_adapter import StateDictAdapter
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 

@@ -13,33 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
+
+from titan_tpu.protocols.state_dict_adapter import StateDictAdapter
 
 CONFIG_FILE = "config.json"
 # What a diffusers pipeline's root holds instead of config.json; its models are in subfolders.
 PIPELINE_FILE = "model_index.json"
 WEIGHTS_SUFFIX = ".safetensors"
-
-
-class StateDictAdapter(Protocol):
-    """What a model family provides (ModelSpec.state_dict_adapter) to go to and from transformers
-    (or diffusers): the names and configs, and the folder's file stem and config dtype keys."""
-
-    weights_stem: str  # "model" (transformers), "diffusion_pytorch_model" (diffusers)
-    config_dtype_keys: tuple[str, ...]  # the dtype keys an exported config.json carries
-
-    def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
-        """The Hugging Face tensors our tensor `name` (global `shape`) is made of: `([hf_name], None)`
-        when it maps whole, `(names, dim)` when it is `torch.stack(those tensors, dim)`, with
-        `len(names) == shape[dim]`."""
-        ...
-
-    def to_hf_config(self, args: Any) -> dict[str, Any]: ...
-
-    def check_hf_config(self, config: dict[str, Any], args: Any) -> list[str]: ...
 
 
 @dataclass(frozen=True)

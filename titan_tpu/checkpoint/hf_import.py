@@ -40,11 +40,11 @@ from titan_tpu.checkpoint.hf_format import (
     HFFiles,
     HFParts,
     StartProgress,
-    StateDictAdapter,
     tied_repeats,
 )
 from titan_tpu.checkpoint.storage import SafeLoadPlanner, describe_error, quiet_single_process
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.protocols.state_dict_adapter import StateDictAdapter
 
 
 class _ReportingReader(HuggingFaceStorageReader):

@@ -141,7 +141,7 @@ def build_pipeline(
     optimizer steps and checkpoints save) is the one stage, or with several stages per rank their
     StageUnion."""
     what = f"model {config.model.name} flavor {config.model.flavor}"
-    if not spec.pipeline_stages:
+    if not spec.capabilities.pipeline_stages:
         raise ConfigError(
             f"parallelism.pp: {what} cannot be cut into pipeline stages (llama3, qwen3 and qwen3_moe can); "
             "set parallelism.pp = 1"

@@ -1,194 +1,51 @@
-"""Name -> ModelSpec registry: how the trainer finds a model family, its sizes and its helpers."""
+"""Name -> ModelSpec: how the trainer finds a model family, its sizes and its helpers.
 
-import dataclasses
-import typing
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+The shipped families are listed by import path and imported when a run asks for one, so a run loads
+its own family only (the hf family alone loads transformers) and this table is read without torch.
+A family written elsewhere (a test, a user's package) adds itself with `register_model`.
+"""
 
-import torch
-from torch import nn
+from __future__ import annotations
 
-from titan_tpu.models.common.loss import cross_entropy_loss
-from titan_tpu.protocols.planning import ActivationGeometry, BlockActivations, ExpertRouting, TensorParallelPlan
-from titan_tpu.protocols.tunable import Tunable
+import importlib
+from typing import TYPE_CHECKING
+
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.config.values import check, did_you_mean, is_supported, to_toml_value
+from titan_tpu.config.values import did_you_mean
 
-# Model arguments that every run sets from its own config, so an override would be overwritten.
-RUN_SET_ARGS = {
-    "max_seq_len": "training.seq_len",
-    "attention": "model.attention_block",
-    "expert_impl": "model.moe_impl",
+if TYPE_CHECKING:
+    from titan_tpu.protocols.model_spec import ModelSpec
+
+# name -> "module:attribute" of the family's ModelSpec: the one line a new family adds.
+FAMILIES: dict[str, str] = {
+    "flux": "titan_tpu.models.flux.spec:FLUX_SPEC",
+    "hf": "titan_tpu.models.hf.spec:HF_SPEC",
+    "llama3": "titan_tpu.models.llama3.spec:LLAMA3_SPEC",
+    "qwen3": "titan_tpu.models.qwen3.spec:QWEN3_SPEC",
+    "qwen3_moe": "titan_tpu.models.qwen3.spec:QWEN3_MOE_SPEC",
 }
 
-
-class StateDictAdapter(Protocol):
-    """A family's map to and from Hugging Face transformers (or diffusers) folders: what
-    titan_tpu/checkpoint/hf_import.py and hf_export.py read and write through (the `StateDictAdapter`
-    of hf_format.py there is this protocol's checkpoint-side twin; the checkpoint layer may not
-    import titan_tpu.models)."""
-
-    weights_stem: str  # "model" (transformers), "diffusion_pytorch_model" (diffusers)
-    config_dtype_keys: tuple[str, ...]  # the dtype keys an exported config.json carries
-
-    def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
-        """The Hugging Face tensors our tensor `name` is made of: `([hf_name], None)` when it maps
-        whole, `(names, dim)` when it is `torch.stack(those tensors, dim)`."""
-        ...
-
-    def to_hf_config(self, args: Any) -> dict[str, Any]: ...
-
-    def check_hf_config(self, config: dict[str, Any], args: Any) -> list[str]: ...
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything the trainer needs to know about one model family.
-
-    model_cls(args) builds the model; call it under `torch.device("meta")`, then parallelise, then
-    `to_empty(device=...)` and `init_weights()`.
-    flops_per_token(args, seq_len) returns TRAINING (forward + backward) FLOPs per token.
-    loss_fn(model_output, labels[B, S], chunk_elements) returns the scalar mean loss, ignoring labels
-    == -100; chunk_elements is the cross-entropy's chunk (the args' `loss_chunk_elements`, measured).
-    parallelize(model, ctx) applies the family's tensor / expert parallelism (its parallelize.py);
-    state_dict_adapter maps its weights and config to Hugging Face's.
-    default_task names the training task (titan_tpu/tasks/registry.py) that `training.task = "auto"`
-    picks for this family.
-
-    What the planner reads (titan_tpu/protocols/planning.py), so it plans a family it does not know: tp_plan, the
-    TP plan `parallelize` applies, as data (None: no tensor parallelism); block_activations(args,
-    geometry), the bytes per token one block keeps for backward; expert_routing(args), for a
-    mixture of experts, its top-k and the FLOPs every tp rank repeats (None: dense);
-    expert_modules(model, ep), the experts ep splits.
-    """
-
-    name: str
-    model_cls: type[nn.Module]
-    flavors: Mapping[str, Any]
-    flops_per_token: Callable[[Any, int], float]
-    loss_fn: Callable[[Any, torch.Tensor, int], torch.Tensor] = cross_entropy_loss
-    parallelize: Callable[..., nn.Module] | None = None
-    state_dict_adapter: StateDictAdapter | None = None
-    default_task: str = "language_model"
-    tp_plan: TensorParallelPlan | None = None
-    block_activations: Callable[[Any, ActivationGeometry], BlockActivations] | None = None
-    expert_routing: Callable[[Any], ExpertRouting] | None = None
-    # The experts modules (weights [E, ...]) of a model built on meta that ep splits, checked as the
-    # family's parallelize checks them for `ep` ranks (None: the native MoE layers' `experts`).
-    expert_modules: Callable[[nn.Module, int], list[nn.Module]] | None = None
-    # The model-args fields whose "auto" is measured at start-up (titan_tpu/protocols/tunable.py).
-    tunables: tuple[Tunable, ...] = ()
-    # A family whose arguments come from more of the [model] section than flavor and overrides (the
-    # hf family reads model.hf_config / hf_architecture): [model] -> its arguments.
-    args_from_section: Callable[[Any], Any] | None = None
-    # Whether `parallelize` makes the model context-parallel when parallelism.cp > 1 (splits its
-    # attention over the cp ranks' tokens: titan_tpu/distributed/context_parallel.py).
-    context_parallel: bool = False
-    # Whether the model can be cut into pipeline stages (parallelism.pp > 1): it has
-    # `keep_pipeline_stage(layers, first, last)` and its forward runs what a stage keeps
-    # (titan_tpu/models/common/decoder.py; titan_tpu/distributed/pipeline.py).
-    pipeline_stages: bool = False
-    # The value an override set in the arguments, as the family checked it: (args, key) -> value.
-    override_value: Callable[[Any, str], Any] = getattr
-    # Whether the model takes our KV cache (`model(tokens, cache=..., start_pos=..., key_padding_mask=...)`,
-    # titan_tpu/models/common/kv_cache.py), which GRPO's sampler and SFT's generated answers decode with, and
-    # packed documents kept apart (`model(tokens, document_ids=...)`, data.document_mask).
-    decodes_with_cache: bool = True
-    separates_documents: bool = True
-
-    def args_for(self, model: Any) -> Any:
-        """The arguments a config's [model] section asks for: its flavor with its overrides, or what
-        the family's `args_from_section` builds from the section."""
-        if self.args_from_section is not None:
-            try:
-                args = self.args_from_section(model)
-            except ValueError as e:  # the family's one-line account of a bad [model] section
-                raise ConfigError(str(e)) from None
-        else:
-            args = self.build_args(model.flavor, model.overrides)
-        return self._with_moe_impl(args, model.moe_impl)
-
-    def _with_moe_impl(self, args: Any, moe_impl: str) -> Any:
-        """`args` with the expert kernel `model.moe_impl` names; a family without `expert_impl`
-        (no experts, or experts it does not choose a kernel for) accepts only "auto"."""
-        fields = {f.name for f in dataclasses.fields(args)} if dataclasses.is_dataclass(args) else set()
-        if "expert_impl" not in fields:
-            if moe_impl != "auto":
-                raise ConfigError(
-                    f"model.moe_impl = {moe_impl!r}: model {self.name} has no expert kernels to choose; leave it 'auto'"
-                )
-            return args
-        impl = check(moe_impl, typing.get_type_hints(type(args))["expert_impl"], "model.moe_impl")
-        return dataclasses.replace(args, expert_impl=impl)
-
-    def flavor(self, name: str) -> Any:
-        if name not in self.flavors:
-            valid = list(self.flavors)
-            raise ConfigError(
-                f"unknown flavor '{name}' for model '{self.name}'; {did_you_mean(name, valid)}"
-                f"valid: {', '.join(valid)}"
-            )
-        return self.flavors[name]
-
-    def build_args(self, flavor: str, overrides: Mapping[str, Any] | None = None) -> Any:
-        """The flavor's arguments with `overrides` (model.overrides) applied.
-
-        Each name must be a field of the flavor's dataclass and each value of that field's type;
-        the dataclass's own checks (heads dividing dim, ...) then run on the result. Every failure is
-        a ConfigError naming model.overrides.
-        """
-        args = self.flavor(flavor)
-        if not overrides:
-            return args
-        types = typing.get_type_hints(type(args))
-        settable = [
-            f.name
-            for f in dataclasses.fields(args)
-            if is_supported(types[f.name]) and f.name not in RUN_SET_ARGS
-        ]
-        checked: dict[str, Any] = {}
-        for key, value in overrides.items():
-            where = f"model.overrides.{key}"
-            if key in RUN_SET_ARGS:
-                raise ConfigError(f"{where}: set from {RUN_SET_ARGS[key]} on every run; set that instead")
-            if key not in settable:
-                what = (
-                    "is a nested structure that cannot be overridden"
-                    if key in types
-                    else f"is not a field of {type(args).__name__}"
-                )
-                hint = "" if key in types else did_you_mean(key, settable)
-                raise ConfigError(f"{where} {what}; {hint}valid fields: {', '.join(settable)}")
-            checked[key] = check(value, types[key], where)
-            # Every integer model argument is a size or a count, none of which may be zero.
-            if isinstance(checked[key], int) and not isinstance(checked[key], bool) and checked[key] < 1:
-                raise ConfigError(f"{where}: must be >= 1, got {checked[key]}")
-        try:
-            return dataclasses.replace(args, **checked)
-        except ValueError as e:
-            applied = to_toml_value(checked)
-            raise ConfigError(f"model.overrides {applied} on {self.name} {flavor}: {e}") from None
-
-
-# The registry is the one piece of module state: families add themselves when `titan_tpu.models` is imported.
-_REGISTRY: dict[str, ModelSpec] = {}
+# Families registered at run time, and the shipped ones once imported.
+_REGISTERED: dict[str, ModelSpec] = {}
 
 
 def register_model(spec: ModelSpec) -> None:
     """Add a family. Registering a name twice is an error unless it is an equal spec (a re-import)."""
-    existing = _REGISTRY.get(spec.name)
+    existing = _REGISTERED.get(spec.name)
     if existing is not None and existing != spec:
         raise ValueError(f"model '{spec.name}' is already registered")
-    _REGISTRY[spec.name] = spec
+    _REGISTERED[spec.name] = spec
 
 
 def model_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted({*FAMILIES, *_REGISTERED})
 
 
 def get_model_spec(name: str) -> ModelSpec:
-    if name not in _REGISTRY:
-        valid = model_names()
-        raise ConfigError(f"unknown model '{name}'; {did_you_mean(name, valid)}valid: {', '.join(valid)}")
-    return _REGISTRY[name]
+    if name not in _REGISTERED:
+        if name not in FAMILIES:
+            valid = model_names()
+            raise ConfigError(f"unknown model '{name}'; {did_you_mean(name, valid)}valid: {', '.join(valid)}")
+        module, _, attribute = FAMILIES[name].partition(":")
+        register_model(getattr(importlib.import_module(module), attribute))
+    return _REGISTERED[name]

@@ -4,7 +4,7 @@ backward adds on top of it.
 Counted per token from what the model code saves (bytes; a = bytes of the compute dtype, t = tp,
 t_sp = t with sequence parallelism else 1, t_loss = t with loss parallelism else 1):
 
-- Blocks: the family's own count (`ModelSpec.block_activations`), written beside its model code with
+- Blocks: the family's own count (`ModelSpec.planning.block_activations`), written beside its model code with
   what it counts: the decoders' norms, attention and SwiGLU in titan_tpu/models/common/decoder_activations.py,
   Qwen 3 MoE's experts in titan_tpu/models/qwen3/activations.py, FLUX's blocks in titan_tpu/models/flux/activations.py.
 - Head: the final norm (`norm_activations`), then the loss. The chunked cross-entropy keeps the

@@ -3,7 +3,7 @@
 The model is built on `meta` through the registry, exactly as the trainer builds it (no memory is
 touched), and each parameter is classified by where it sits in the module tree:
 
-- tensor parallel (tp > 1): the weights the family's TP plan (`ModelSpec.tp_plan`, the styles its
+- tensor parallel (tp > 1): the weights the family's TP plan (`ModelSpec.planning.tp_plan`, the styles its
   `parallelize` applies) shards column-wise or row-wise are split over tp along the dimension that
   style shards (`tp_split_dims`); everything else (norms, and whatever the plan leaves alone, such
   as Qwen 3 MoE's router and experts) is replicated over tp;
@@ -32,7 +32,7 @@ from torch import nn
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.distributed.expert_parallel import moe_layers, validate_expert_parallel
 from titan_tpu.distributed.parallel_dims import ParallelDims
@@ -75,7 +75,7 @@ class Census:
 def run_model_args(config: TrainConfig) -> Any:
     """The flavor's arguments with the config's overrides and, for decoders, the run's sequence length
     (the language-model task sizes the rotary tables from training.seq_len)."""
-    spec = models.get_model_spec(config.model.name)
+    spec = get_model_spec(config.model.name)
     args = spec.args_for(config.model)
     if any(f.name == "max_seq_len" for f in dataclasses.fields(args)):
         args = dataclasses.replace(args, max_seq_len=config.training.seq_len)
@@ -87,7 +87,7 @@ def meta_model(name: str, args: Any) -> nn.Module:
     """Built once per shape: a plan only reads the module tree (tables of plans rebuild the same
     405B model many times otherwise)."""
     with torch.device("meta"):
-        return models.get_model_spec(name).model_cls(args)
+        return get_model_spec(name).model_cls(args)
 
 
 def build_on_meta(config: TrainConfig) -> tuple[nn.Module, Any]:
@@ -137,7 +137,7 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
     model, args = build_on_meta(config)
     tp_split: dict[str, int] = {}
     if dims.tp_enabled:
-        plan = models.get_model_spec(config.model.name).tp_plan
+        plan = get_model_spec(config.model.name).planning.tp_plan
         if plan is None:
             raise ConfigError(f"model '{config.model.name}' has no tensor-parallel plan; set parallelism.tp = 1")
         parallelism = config.parallelism
@@ -147,8 +147,8 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
     block_names = [name for name, module in model.named_modules() if id(module) in block_ids]
     expert_params: set[int] = set()
     if dims.ep_enabled:
-        spec = models.get_model_spec(config.model.name)
-        experts = spec.expert_modules(model, dims.ep) if spec.expert_modules else [m.experts for m in moe_layers(model)]
+        spec = get_model_spec(config.model.name)
+        experts = spec.planning.expert_modules(model, dims.ep) if spec.planning.expert_modules else [m.experts for m in moe_layers(model)]
         if not experts:
             raise ConfigError(f"parallelism.ep = {dims.ep}: model '{config.model.name}' has no experts; set parallelism.ep = 1")
         validate_expert_parallel(dims, experts[0].num_experts)

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.config.batch import split_global_batch
 from titan_tpu.config.context_parallel import check_context_parallel
@@ -123,9 +123,9 @@ def plan_memory(
     layout = layout_of(config, devices)
     dims = layout.dims
     model = census_of(config, dims)
-    spec = models.get_model_spec(config.model.name)
+    spec = get_model_spec(config.model.name)
     if dims.pp_enabled:
-        if not spec.pipeline_stages:
+        if not spec.capabilities.pipeline_stages:
             raise ConfigError(
                 f"parallelism.pp = {dims.pp}: model {config.model.name} cannot be cut into pipeline stages "
                 "(llama3 and qwen3 can); set parallelism.pp = 1"
@@ -142,16 +142,16 @@ def plan_memory(
         sequence_parallel=parallelism.sequence_parallel,
         loss_parallel=parallelism.loss_parallel,
     )
-    if spec.block_activations is None:
-        raise ConfigError(f"model '{config.model.name}' has no activation estimate (ModelSpec.block_activations)")
-    if dims.cp_enabled and not spec.context_parallel:
+    if spec.planning.block_activations is None:
+        raise ConfigError(f"model '{config.model.name}' has no activation estimate (ModelSpec.planning.block_activations)")
+    if dims.cp_enabled and not spec.capabilities.context_parallel:
         raise ConfigError(
             f"parallelism.cp = {dims.cp}: model {config.model.name} has no context-parallel attention "
             "(llama3 and qwen3 have); set parallelism.cp = 1"
         )
     args = model.args
     head = lm_head_bytes(args.vocab_size, args.dim, geometry) if work.unit == "tokens" else (0.0, 0.0)
-    block = spec.block_activations(args, geometry)
+    block = spec.planning.block_activations(args, geometry)
     if dims.cp_enabled:
         block = with_gathered_kv(block, args.n_kv_heads * args.attn_head_dim, geometry, dims.cp)
     ac, offloaded = config.activation_checkpoint, parallelism.fsdp_cpu_offload
@@ -209,7 +209,7 @@ def make_plan(
         bubble = step_time_factor(pipeline.schedule, dims.pp, pipeline.microbatches, len(share.stages))
         tokens = work.tokens_per_sample // dims.cp  # a stage passes on its cp rank's part of the rows
         sent = p2p_bytes(pipeline, layout.micro_batch, tokens, args.dim, layout.precision.compute_bytes)
-    routing = models.get_model_spec(config.model.name).expert_routing
+    routing = get_model_spec(config.model.name).planning.expert_routing
     moe_top_k = routing(args).top_k if routing is not None else 0
     shape = StepShape(
         devices=dims.world_size,

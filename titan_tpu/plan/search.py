@@ -26,7 +26,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from titan_tpu import models
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.plan.census import Census, census, run_model_args
@@ -84,10 +84,10 @@ def _meshes(config: TrainConfig, cluster: Cluster) -> Iterator[Mesh]:
     """Degrees whose product is the cluster's devices and whose data-parallel ranks split the global
     batch; ep only without cp (the trainer does not build that combination)."""
     global_batch = config.training.global_batch_size
-    spec = models.get_model_spec(config.model.name)
-    routing = spec.expert_routing
+    spec = get_model_spec(config.model.name)
+    routing = spec.planning.expert_routing
     is_moe = routing is not None and routing(run_model_args(config)).top_k > 0
-    for pp, cp in itertools.product(PP_DEGREES, CP_DEGREES if spec.context_parallel else (1,)):
+    for pp, cp in itertools.product(PP_DEGREES, CP_DEGREES if spec.capabilities.context_parallel else (1,)):
         if (pp > 1 and pp % cluster.slices) or cluster.devices % (pp * cp):
             continue
         devices = cluster.devices // (pp * cp)

@@ -4,7 +4,7 @@ own function (the one the trainer's MFU uses), and the tokens one sample puts th
 The task decides (`training.task`, or the family's `ModelSpec.default_task` under "auto"), as it
 does for the trainer's MFU. Language-model tasks (pretraining, GRPO) count tokens with
 `ModelSpec.flops_per_token(args, seq_len)`; a mixture of experts adds what every tp rank repeats
-(`ModelSpec.expert_routing`). The rectified-flow task counts samples with `flux_training_flops_per_sample`, as its
+(`ModelSpec.planning.expert_routing`). The rectified-flow task counts samples with `flux_training_flops_per_sample`, as its
 `flops_per_item` does; the image side comes from `flux.image_size`, the autoencoder's 8x
 downsampling (a FLUX.1 autoencoder folder; 2x for the built-in random one, 1x for "identity") and
 2x2 patches, the text side from `flux.t5_max_length`.
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from titan_tpu import models
-from titan_tpu.models.flux import flux_training_flops_per_sample
-from titan_tpu.models.registry import ModelSpec
+from titan_tpu.models.registry import get_model_spec
+from titan_tpu.models.flux.flops import flux_training_flops_per_sample
+from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.config import TrainConfig
 
 # Spatial downsampling of the latent autoencoders the rectified-flow task can load.
@@ -44,7 +44,7 @@ def task_name(config: TrainConfig, spec: ModelSpec) -> str:
 
 
 def workload(config: TrainConfig, args: Any) -> Workload:
-    spec = models.get_model_spec(config.model.name)
+    spec = get_model_spec(config.model.name)
     if task_name(config, spec) == "rectified_flow":
         flux = config.flux
         downsample = AUTOENCODER_DOWNSAMPLE.get(flux.autoencoder, FLUX1_AUTOENCODER_DOWNSAMPLE)
@@ -55,5 +55,5 @@ def workload(config: TrainConfig, args: Any) -> Workload:
     flops = spec.flops_per_token(args, seq_len)
     # The output head (6 V d per token) runs once; only the blocks are recomputed.
     head = 6.0 * args.vocab_size * args.dim
-    moe = spec.expert_routing(args).training_flops_per_token if spec.expert_routing is not None else 0.0
+    moe = spec.planning.expert_routing(args).training_flops_per_token if spec.planning.expert_routing is not None else 0.0
     return Workload("tokens", seq_len, seq_len, flops, (flops - head) / 3, moe)

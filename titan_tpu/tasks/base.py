@@ -38,7 +38,7 @@ from titan_tpu.config.errors import ConfigError
 from titan_tpu.models.common.attention_kernels import AttentionKernel, SdpaAttention
 
 if TYPE_CHECKING:
-    from titan_tpu.models.registry import ModelSpec
+    from titan_tpu.protocols.model_spec import ModelSpec
     from titan_tpu.config import TrainConfig
     from titan_tpu.distributed.parallel_dims import ParallelContext
 

@@ -101,12 +101,12 @@ class LanguageModelTask(TrainingTask):
             )
         self.validation_source: DocumentSource | None = None
         dims = ctx.parallel.dims
-        if dims.cp_enabled and not ctx.spec.context_parallel:
+        if dims.cp_enabled and not ctx.spec.capabilities.context_parallel:
             raise ConfigError(
                 f"parallelism.cp = {dims.cp}: model {ctx.spec.name} has no context-parallel attention "
                 "(llama3 and qwen3 have); set parallelism.cp = 1"
             )
-        if config.data.document_mask and not ctx.spec.separates_documents:
+        if config.data.document_mask and not ctx.spec.capabilities.separates_documents:
             raise ConfigError(
                 f"data.document_mask: model {ctx.spec.name} attends across packed documents (it takes no "
                 "document ids); set data.document_mask = false"

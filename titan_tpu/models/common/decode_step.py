@@ -35,6 +35,7 @@ from titan_tpu.models.common.kv_cache import KVCache
 from titan_tpu.models.common.norms import RMSNorm
 from titan_tpu.models.common.precision import autocast_dtype
 from titan_tpu.models.common.transformer import TransformerBlock
+from titan_tpu.protocols.model_spec import Decoding
 
 
 @dataclass(frozen=True)
@@ -231,3 +232,7 @@ def _fused_block(name: str, layer: nn.Module) -> _Block | None:
         w2=ffn.w2.weight,
     )
 
+
+# How the decoder families decode (`Capabilities.decoding`): our KV cache, filled by the modules'
+# forward, and the fused step where the model allows one.
+DECODER_DECODING = Decoding(new_cache=KVCache, fused_step=FusedDecoder.of)

@@ -289,7 +289,7 @@ def module_styles(model: nn.Module, expanded: Mapping[str, str], loss_parallel: 
 
 
 class HFTensorParallelPlan:
-    """`apply_hf_tp`'s plan as data, for the planner (ModelSpec.tp_plan): the style of each module
+    """`apply_hf_tp`'s plan as data, for the planner (ModelSpec.planning.tp_plan): the style of each module
     path of an HFCausalLM and the Shard of each bare parameter it splits. Sequence parallelism is
     not applied to this family."""
 

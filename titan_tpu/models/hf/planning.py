@@ -1,4 +1,4 @@
-"""What the planner reads of an hf model (`ModelSpec.block_activations`, `expert_routing`): the bytes
+"""What the planner reads of an hf model (`ModelSpec.planning.block_activations`, `expert_routing`): the bytes
 per token its decoder layers keep for backward, and its experts' routing, from the config and the
 modules built on `meta`, each layer as it is: its attention widths and per-head norms, then a gated
 or plain MLP of its width, or transformers' experts with any shared MLP beside them.

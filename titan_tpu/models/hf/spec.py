@@ -1,18 +1,18 @@
-"""The hf family: any causal language model of the installed transformers, built from its own
-modeling code (`[model] name = "hf"` with `hf_config` or `hf_architecture`); registers "hf"."""
+"""The hf family's ModelSpec ("hf"): any causal language model of the installed transformers, built
+from its own modeling code (`[model] name = "hf"` with `hf_config` or `hf_architecture`)."""
 
 import dataclasses
 
 from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
-from titan_tpu.models.hf.args import HF_FLAVORS, HFArgs, hf_args, override_value, takes_registered_attention
-from titan_tpu.models.hf.flops import hf_flops_per_token, hf_param_count
+from titan_tpu.models.hf.args import HF_FLAVORS, hf_args, override_value, takes_registered_attention
+from titan_tpu.models.hf.flops import hf_flops_per_token
 from titan_tpu.models.hf.model import HFCausalLM
 from titan_tpu.models.hf.parallelize import HF_TP_PLAN, expert_modules, parallelize_hf
 from titan_tpu.models.hf.planning import hf_block_activations, hf_expert_routing
 from titan_tpu.models.hf.state_dict_adapter import HF_FAMILY_ADAPTER
-from titan_tpu.models.registry import ModelSpec, register_model
+from titan_tpu.protocols.model_spec import ModelSpec, PlannerHooks
 
 # The attention kernel is measured only for classes that take ours (titan_tpu/models/hf/attention.py); the
 # others keep "auto", which builds them with transformers' own attention.
@@ -28,17 +28,15 @@ HF_SPEC = ModelSpec(
     loss_fn=cross_entropy_loss,
     parallelize=parallelize_hf,
     state_dict_adapter=HF_FAMILY_ADAPTER,
-    tp_plan=HF_TP_PLAN,
-    block_activations=hf_block_activations,
-    expert_routing=hf_expert_routing,
-    expert_modules=expert_modules,
     tunables=(LOSS_CHUNKS, HF_ATTENTION),
     args_from_section=hf_args,
     override_value=override_value,
-    # transformers' own cache and masks are not wired to ours yet.
-    decodes_with_cache=False,
-    separates_documents=False,
+    # No capabilities: transformers' own cache and masks are not wired to ours yet, and its models
+    # are neither cut into stages nor split over cp.
+    planning=PlannerHooks(
+        tp_plan=HF_TP_PLAN,
+        block_activations=hf_block_activations,
+        expert_routing=hf_expert_routing,
+        expert_modules=expert_modules,
+    ),
 )
-register_model(HF_SPEC)
-
-__all__ = ["HF_ATTENTION", "HF_FLAVORS", "HF_SPEC", "HFArgs", "HFCausalLM", "hf_args", "hf_flops_per_token", "hf_param_count"]

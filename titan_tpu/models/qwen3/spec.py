@@ -1,18 +1,19 @@
-"""Qwen 3 family: registers "qwen3" (dense) and "qwen3_moe" (mixture of experts)."""
+"""The Qwen 3 family's ModelSpecs: "qwen3" (dense) and "qwen3_moe" (mixture of experts)."""
 
 from titan_tpu.models.common.attention_tunable import ATTENTION
+from titan_tpu.models.common.decode_step import DECODER_DECODING
 from titan_tpu.models.common.decoder_activations import dense_decoder_activations
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
 from titan_tpu.models.common.parallelize import DENSE_DECODER_TP
 from titan_tpu.models.qwen3.activations import qwen3_moe_block_activations
-from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
+from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.experts_tunable import EXPERTS
-from titan_tpu.models.qwen3.flops import qwen3_flops_per_token, qwen3_moe_routing, qwen3_param_count
-from titan_tpu.models.qwen3.model import MoEOutput, Qwen3Model, Qwen3MoeModel, moe_loss
+from titan_tpu.models.qwen3.flops import qwen3_flops_per_token, qwen3_moe_routing
+from titan_tpu.models.qwen3.model import Qwen3Model, Qwen3MoeModel, moe_loss
 from titan_tpu.models.qwen3.parallelize import QWEN3_MOE_TP_PLAN, parallelize_qwen3, parallelize_qwen3_moe
-from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER, Qwen3StateDictAdapter
-from titan_tpu.models.registry import ModelSpec, register_model
+from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
+from titan_tpu.protocols.model_spec import Capabilities, ModelSpec, PlannerHooks
 
 QWEN3_SPEC = ModelSpec(
     name="qwen3",
@@ -22,11 +23,11 @@ QWEN3_SPEC = ModelSpec(
     loss_fn=cross_entropy_loss,
     parallelize=parallelize_qwen3,
     state_dict_adapter=QWEN3_STATE_DICT_ADAPTER,
-    tp_plan=DENSE_DECODER_TP,
-    block_activations=dense_decoder_activations,
     tunables=(ATTENTION, LOSS_CHUNKS),
-    context_parallel=True,
-    pipeline_stages=True,
+    capabilities=Capabilities(
+        context_parallel=True, pipeline_stages=True, separates_documents=True, decoding=DECODER_DECODING
+    ),
+    planning=PlannerHooks(tp_plan=DENSE_DECODER_TP, block_activations=dense_decoder_activations),
 )
 QWEN3_MOE_SPEC = ModelSpec(
     name="qwen3_moe",
@@ -36,28 +37,9 @@ QWEN3_MOE_SPEC = ModelSpec(
     loss_fn=moe_loss,
     parallelize=parallelize_qwen3_moe,
     state_dict_adapter=QWEN3_STATE_DICT_ADAPTER,
-    tp_plan=QWEN3_MOE_TP_PLAN,
-    block_activations=qwen3_moe_block_activations,
-    expert_routing=qwen3_moe_routing,
     tunables=(ATTENTION, EXPERTS, LOSS_CHUNKS),
-    pipeline_stages=True,
+    capabilities=Capabilities(pipeline_stages=True, separates_documents=True, decoding=DECODER_DECODING),
+    planning=PlannerHooks(
+        tp_plan=QWEN3_MOE_TP_PLAN, block_activations=qwen3_moe_block_activations, expert_routing=qwen3_moe_routing
+    ),
 )
-register_model(QWEN3_SPEC)
-register_model(QWEN3_MOE_SPEC)
-
-__all__ = [
-    "QWEN3_FLAVORS",
-    "QWEN3_MOE_FLAVORS",
-    "QWEN3_MOE_SPEC",
-    "QWEN3_SPEC",
-    "QWEN3_STATE_DICT_ADAPTER",
-    "MoEOutput",
-    "Qwen3Args",
-    "Qwen3MoeArgs",
-    "Qwen3Model",
-    "Qwen3MoeModel",
-    "Qwen3StateDictAdapter",
-    "moe_loss",
-    "qwen3_flops_per_token",
-    "qwen3_param_count",
-]

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from titan_tpu.checkpoint.hf_import import load_hf_weights
-from titan_tpu.models import get_model_spec
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.tasks.grpo.sampler import SamplingParams, generate
 
 

@@ -46,7 +46,7 @@ class GRPOTask(TrainingTask):
         super().__init__(ctx)
         config = ctx.config
         self.rl = config.rl
-        if not ctx.spec.decodes_with_cache:
+        if ctx.spec.capabilities.decoding is None:
             raise ConfigError(
                 f"training.task = 'grpo': model {ctx.spec.name} does not decode with the KV cache GRPO's sampler "
                 "uses; pick a family that does (llama3, qwen3, qwen3_moe)"

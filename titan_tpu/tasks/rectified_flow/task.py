@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from titan_tpu.models.flux import FluxArgs, flux_training_flops_per_sample
+from titan_tpu.models.flux.args import FluxArgs
+from titan_tpu.models.flux.flops import flux_training_flops_per_sample
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.task_sections import FluxConfig
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask

@@ -49,7 +49,7 @@ class SftTask(TrainingTask):
         super().__init__(ctx)
         config = ctx.config
         self.sft = config.sft
-        if self._generates() and not ctx.spec.decodes_with_cache:
+        if self._generates() and ctx.spec.capabilities.decoding is None:
             raise ConfigError(
                 f"sft.eval_generations: model {ctx.spec.name} does not decode with the KV cache the generated "
                 "answers use; set it to 0 (held-out loss, [validation], still runs)"
