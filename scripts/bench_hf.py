@@ -7,7 +7,7 @@ Three runners train the same shape (width 256, 4 layers, 8 heads with 4 kv heads
 vocabulary 512) on batches of training.global_batch_size x training.seq_len tokens, in the run's
 compute dtype (training.dtype, auto by default):
 - llama3: `train.py --config llama3_debug`'s Trainer (our model);
-- hf: the same Trainer with `[model] name = "hf"`, `hf_architecture = "LlamaForCausalLM"` at that shape;
+- hf: the same Trainer with `[model] name = "hf"`, `[hf] architecture = "LlamaForCausalLM"` at that shape;
 - transformers: `LlamaForCausalLM` of the same config in a plain loop (forward with labels, backward,
   gradient clipping at training.max_norm, AdamW), under CPU autocast where the run computes in
   bfloat16 (what transformers' Trainer does with bf16 = true).
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
     total = opts.steps + opts.warmup
     common = [f"--training.steps={total}", "--metrics.log_freq=1000", *overrides]
     ours = TimedTrainer("llama3_debug", common)
-    hf = TimedTrainer("llama3_debug", [*common, "--model.name=hf", "--model.hf_architecture=LlamaForCausalLM",
+    hf = TimedTrainer("llama3_debug", [*common, "--model.name=hf", "--hf.architecture=LlamaForCausalLM",
                                        "--model.flavor=config", f"--model.overrides={LLAMA_DEBUG_SHAPE}"])  # fmt: skip
     # The same shape, or the comparison means nothing (a config field left at its default once made
     # hf's attention 4x as wide): the same parameter count.

@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
 
     config = load_config(opts.config, overrides)
     spec = get_model_spec(config.model.name)
-    args = spec.args_for(config.model)
+    args = spec.args_for(config)
     torch.manual_seed(config.training.seed)
     dtype = getattr(torch, opts.dtype)
     model = spec.model_cls(args)

@@ -57,15 +57,15 @@ from titan_tpu.metrics.progress import Progress  # noqa: E402
 from titan_tpu.registered_names import check_registered_names  # noqa: E402
 
 
-def _spec_and_args(model: str, flavor: str, section: Any | None):  # type: ignore[no-untyped-def]
-    """The family and its arguments: from the config's [model] section (its overrides applied; the hf
-    family reads its architecture there), or from --model and --flavor alone."""
+def _spec_and_args(model: str, flavor: str, config: Any | None):  # type: ignore[no-untyped-def]
+    """The family and its arguments: from the loaded config (its [model] overrides applied; the hf
+    family reads its architecture from [hf]), or from --model and --flavor alone."""
     try:
         spec = get_model_spec(model)
-        if section is not None and (section.name, section.flavor) == (model, flavor):
-            args = spec.args_for(section)
-        elif spec.args_from_section is not None:
-            raise ConfigError(f"model {model}: its [model] section names the model; give --config, not --model/--flavor")
+        if config is not None and (config.model.name, config.model.flavor) == (model, flavor):
+            args = spec.args_for(config)
+        elif spec.args_from_config is not None:
+            raise ConfigError(f"model {model}: its config sections name the model; give --config, not --model/--flavor")
         else:
             args = spec.flavor(flavor)
     except ValueError as e:
@@ -75,8 +75,8 @@ def _spec_and_args(model: str, flavor: str, section: Any | None):  # type: ignor
     return spec, args
 
 
-def hf_to_dcp(hf_folder: Path, checkpoint_folder: Path, model: str, flavor: str, section: Any | None) -> Path:
-    spec, args = _spec_and_args(model, flavor, section)
+def hf_to_dcp(hf_folder: Path, checkpoint_folder: Path, model: str, flavor: str, config: Any | None) -> Path:
+    spec, args = _spec_and_args(model, flavor, config)
     what = f"model {model} flavor {flavor}"
     check_hf_config(hf_folder, spec.state_dict_adapter, args, what)  # before allocating anything
     if layout.step_dir(checkpoint_folder, 0).exists():
@@ -102,9 +102,9 @@ def dcp_to_hf(
     dtype: str,
     max_shard_bytes: int,
     tokenizer_files: dict[str, Path],
-    section: Any | None,
+    config: Any | None,
 ) -> Path:
-    spec, args = _spec_and_args(model, flavor, section)
+    spec, args = _spec_and_args(model, flavor, config)
     steps = layout.complete_steps(checkpoint_folder)
     if not steps:
         raise ConfigError(f"{checkpoint_folder}: no complete checkpoint (step-N folder with a manifest)")
@@ -128,12 +128,12 @@ def dcp_to_hf(
 
 
 def _resolve(opts: argparse.Namespace) -> tuple[Path, str, str, str, dict[str, Path], Any | None]:
-    """(checkpoint folder, model, flavor, export dtype, tokenizer files, the config's [model] section)
+    """(checkpoint folder, model, flavor, export dtype, tokenizer files, the loaded config)
     from the flags, defaulting to the config's; the tokenizer files (the config's data.tokenizer
     folder and data.chat_template) go into an exported folder beside the weights."""
     folder, model, flavor, dtype = opts.checkpoint, opts.model, opts.flavor, getattr(opts, "dtype", None)
     tokenizer: dict[str, Path] = {}
-    section = None
+    config = None
     if opts.config is None and opts.overrides:
         raise ConfigError(f"{opts.overrides[0]}: unrecognised argument (overrides need --config)")
     if opts.config is not None:
@@ -144,11 +144,10 @@ def _resolve(opts: argparse.Namespace) -> tuple[Path, str, str, str, dict[str, P
         flavor = flavor or config.model.flavor
         dtype = dtype or config.checkpoint.export_dtype
         tokenizer = tokenizer_export_files(config.data.tokenizer, config.data.chat_template)
-        section = config.model
     missing = [flag for flag, value in (("--checkpoint", folder), ("--flavor", flavor)) if value is None]
     if missing:
         raise ConfigError(f"{' and '.join(missing)} needed (or --config NAME to take them from a config)")
-    return folder, model or "llama3", flavor, dtype or "float32", tokenizer, section
+    return folder, model or "llama3", flavor, dtype or "float32", tokenizer, config
 
 
 def main(argv: list[str]) -> int:
@@ -173,12 +172,12 @@ def main(argv: list[str]) -> int:
     opts.overrides = [arg for arg in overrides if arg != "--"]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        folder, model, flavor, dtype, tokenizer, section = _resolve(opts)
+        folder, model, flavor, dtype, tokenizer, config = _resolve(opts)
         if opts.direction == "hf-to-dcp":
-            result = hf_to_dcp(opts.hf_folder, folder, model, flavor, section)
+            result = hf_to_dcp(opts.hf_folder, folder, model, flavor, config)
         else:
             max_shard = int(opts.max_shard_gb * 2**30)
-            result = dcp_to_hf(folder, opts.out, model, flavor, opts.step, dtype, max_shard, tokenizer, section)
+            result = dcp_to_hf(folder, opts.out, model, flavor, opts.step, dtype, max_shard, tokenizer, config)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -130,7 +130,7 @@ def first_line(error: BaseException) -> str:
 def section(architecture: str) -> Any:
     from titan_tpu.config import load_config
 
-    return load_config("llama3_debug", ["--model.name=hf", f"--model.hf_architecture={architecture}",
+    return load_config("llama3_debug", ["--model.name=hf", f"--hf.architecture={architecture}",
                                         "--model.flavor=debug", f"--training.seq_len={SEQ}"]).model  # fmt: skip
 
 
@@ -229,7 +229,7 @@ def layout_worker(layout: str, listing: Path, out: Path) -> None:
         if dist.get_rank() == 0:
             print(f"{layout}: {architecture}", flush=True)
         try:
-            config = load_config("llama3_debug", ["--model.name=hf", f"--model.hf_architecture={architecture}",
+            config = load_config("llama3_debug", ["--model.name=hf", f"--hf.architecture={architecture}",
                                                   "--model.flavor=debug", f"--training.seq_len={SEQ}",
                                                   "--training.dtype=float32", *layout_arguments])  # fmt: skip
             args = hf_args(config.model)

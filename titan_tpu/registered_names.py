@@ -40,7 +40,7 @@ def check_registered_names(config: TrainConfig) -> RegisteredNames:
         spec.flavor(model.flavor)
     except ConfigError as e:
         raise ConfigError(f"model.flavor: {e}") from None
-    args = spec.args_for(model)
+    args = spec.args_for(config)
     overrides = {key: spec.override_value(args, key) for key in model.overrides}
 
     task = config.training.task

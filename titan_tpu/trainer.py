@@ -30,7 +30,7 @@ from titan_tpu.config import ResolvedConfig, TrainConfig, write_resolved_config
 from titan_tpu.config.batch import split_global_batch
 from titan_tpu.device import Device, dtype_name, host_peak_flops, resolve_compute_dtype, select_device
 from titan_tpu.device.peak import peak_covering
-from titan_tpu.kernels.for_run import choose_run_kernels, requested_attention
+from titan_tpu.kernels.for_run import choose_run_kernels
 from titan_tpu.distributed import process_group
 from titan_tpu.distributed.comm_timeouts import CommTimeouts
 from titan_tpu.distributed.grad_utils import clip_grad_norm_
@@ -133,10 +133,9 @@ class Trainer:
             grad_accum_steps=self.grad_accum_steps,
             dump_folder=self.dump_folder,
             is_writer=self.is_writer,
-            attention=requested_attention(config.model.attention_block),
         )
         self.task: TrainingTask = task_class(self.registered.task)(context)
-        args = self.task.model_args(self.spec.args_for(config.model))
+        args = self.task.model_args(self.spec.args_for(config))
         initial = config.checkpoint.initial_load_path
         if initial and self.spec.state_dict_adapter is not None:
             # Before the kernels are measured at the model's shapes and the model is built: a mismatched

@@ -100,14 +100,14 @@ def broken(case: str) -> Iterator[None]:
 
 def run_arguments(case: str, dump: Path) -> list[str]:
     architecture, _ = CASES[case]
-    return [*layout_run("hf", global_batch_size=4), "--model.name=hf", f"--model.hf_architecture={architecture}",
+    return [*layout_run("hf", global_batch_size=4), "--model.name=hf", f"--hf.architecture={architecture}",
             "--model.flavor=debug", f"--job.dump_folder={dump / case}"]  # fmt: skip
 
 
 def single_process_init(config: Any) -> dict[str, torch.Tensor]:
     """The weights one process initialises for this config, by canonical name."""
     spec = get_model_spec("hf")
-    args = dataclasses.replace(spec.args_for(config.model), max_seq_len=config.training.seq_len)
+    args = dataclasses.replace(spec.args_for(config), max_seq_len=config.training.seq_len)
     with torch.device("meta"):
         model = spec.model_cls(args)
     ctx = ParallelContext(ParallelDims(1, 1, 1, 1, 1))

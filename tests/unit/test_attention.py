@@ -17,15 +17,15 @@ import torch
 
 from titan_tpu.models.common.attention import Attention
 from titan_tpu.models.common.attention_kernels import (
+    requested_attention,
     AutoAttention,
-    AttentionKernel,
     BlockedAttention,
     SdpaAttention,
     SplashAttention,
     attention_kernel,
 )
 from titan_tpu.config import ConfigError
-from titan_tpu.kernels.for_run import requested_attention
+from titan_tpu.protocols.attention import AttentionKernel
 from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
@@ -201,7 +201,7 @@ def test_attention_block_names_the_kernel_and_auto_has_candidates_per_device() -
     """-1 leaves the kernel to measurement (titan_tpu/kernels/) among the device's candidates."""
     assert requested_attention(-1) == AutoAttention()
     assert requested_attention(0).name == "sdpa" and requested_attention(64).name == "blocked:64"
-    with pytest.raises(ConfigError, match="-1 \\(auto\\), 0 \\(SDPA\\)"):
+    with pytest.raises(ValueError, match="-1 \\(auto\\), 0 \\(SDPA\\)"):
         requested_attention(-2)
 
     def candidates(device: str, seq_len: int = 2048, splash: bool = False) -> list[str]:

@@ -17,7 +17,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from titan_tpu.models.common.attention_kernels import AttentionKernel, BlockedAttention, SdpaAttention
+from titan_tpu.models.common.attention_kernels import BlockedAttention, SdpaAttention
+from titan_tpu.protocols.attention import AttentionKernel
 
 KERNELS: dict[str, Callable[[], AttentionKernel]] = {
     "sdpa": SdpaAttention,

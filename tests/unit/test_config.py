@@ -174,7 +174,7 @@ def test_moe_overrides_are_checked_against_the_moe_dataclass(capsys: pytest.Capt
     base = ["--model.name=qwen3_moe", "--model.flavor=debug_moe"]
     config = load_config(None, [*base, "--model.overrides.num_experts=4", "--model.moe_impl=loop"])
     assert config.model.overrides == {"num_experts": 4}
-    args = get_model_spec("qwen3_moe").args_for(config.model)
+    args = get_model_spec("qwen3_moe").args_for(config)
     assert (args.num_experts, args.expert_impl) == (4, "loop")
     impl_error = main_error(capsys, *base, "--model.moe_impl=x")
     assert "model.moe_impl: got 'x', expected one of 'auto', 'grouped_mm'" in impl_error

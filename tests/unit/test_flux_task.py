@@ -16,7 +16,7 @@ from PIL import Image
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.loader import load_config
-from titan_tpu.config.task_sections import FluxConfig
+from titan_tpu.tasks.rectified_flow.config import FluxConfig
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.tasks.base import TaskContext
 from titan_tpu.tasks.rectified_flow.data import (

@@ -23,9 +23,9 @@ SEQ = 24
 
 def mistral(kernel: str, *overrides: str) -> HFCausalLM:
     """A debug Mistral built as a run builds it, attending through `kernel`."""
-    section = load_config("llama3_debug", ["--model.name=hf", "--model.hf_architecture=MistralForCausalLM",
-                                           "--model.flavor=debug", *overrides]).model  # fmt: skip
-    args = dataclasses.replace(get_model_spec("hf").args_for(section), attention=attention_kernel(kernel))
+    config = load_config("llama3_debug", ["--model.name=hf", "--hf.architecture=MistralForCausalLM",
+                                           "--model.flavor=debug", *overrides])  # fmt: skip
+    args = dataclasses.replace(get_model_spec("hf").args_for(config), attention=attention_kernel(kernel))
     return parity.built_like_a_run(args, SEQ)
 
 
@@ -66,17 +66,17 @@ def test_attention_block_refused_for_a_class_without_the_registry() -> None:
     """Bloom's attention (ALiBi) is its own code, not a registry call: a block size is refused at start."""
     with pytest.raises(ConfigError, match=r"model.attention_block: BloomForCausalLM does not take its attention"):
         get_model_spec("hf").args_for(load_config("llama3_debug", [
-            "--model.name=hf", "--model.hf_architecture=BloomForCausalLM", "--model.flavor=debug",
-            "--model.attention_block=64"]).model)  # fmt: skip
+            "--model.name=hf", "--hf.architecture=BloomForCausalLM", "--model.flavor=debug",
+            "--model.attention_block=64"]))  # fmt: skip
 
 
 def test_auto_is_measured_only_where_the_class_takes_our_kernels() -> None:
     from titan_tpu.models.hf.spec import HF_ATTENTION
 
     def args(architecture: str) -> object:
-        section = load_config("llama3_debug", ["--model.name=hf", f"--model.hf_architecture={architecture}",
-                                               "--model.flavor=debug"]).model  # fmt: skip
-        return dataclasses.replace(get_model_spec("hf").args_for(section), attention=attention_kernel("auto"))
+        config = load_config("llama3_debug", ["--model.name=hf", f"--hf.architecture={architecture}",
+                                               "--model.flavor=debug"])  # fmt: skip
+        return dataclasses.replace(get_model_spec("hf").args_for(config), attention=attention_kernel("auto"))
 
     assert HF_ATTENTION.is_auto(args("MistralForCausalLM"))
     assert not HF_ATTENTION.is_auto(args("BloomForCausalLM"))

@@ -32,7 +32,7 @@ def build(*overrides: str) -> nn.Module:
     spec = get_model_spec("hf")
     torch.manual_seed(0)
     with torch.device("meta"):
-        model = spec.model_cls(spec.args_for(config.model))
+        model = spec.model_cls(spec.args_for(config))
     return parallelize_model(model, None, ParallelContext(ParallelDims(1, 1, 1, 1, 1)), config, torch.device("cpu"), torch.float32)
 
 

@@ -33,12 +33,12 @@ def hf_args(model: Any) -> Any:
     return get_model_spec("hf").args_for(model)
 
 
-def section(*overrides: str) -> Any:
-    return load_config("llama3_debug", ["--model.name=hf", *overrides]).model
+def config_of(*overrides: str) -> Any:
+    return load_config("llama3_debug", ["--model.name=hf", *overrides])
 
 
 def built_like_a_run(architecture: str, *overrides: str, seed: int = 0) -> HFCausalLM:
-    args = hf_args(section(f"--model.hf_architecture={architecture}", "--model.flavor=debug", *overrides))
+    args = hf_args(config_of(f"--hf.architecture={architecture}", "--model.flavor=debug", *overrides))
     return parity.built_like_a_run(args, SEQ, seed)
 
 
@@ -131,35 +131,37 @@ def test_folder_config_values_are_kept_and_overrides_checked(tmp_path: Any) -> N
     rope = '{ rope_parameters = { rope_type = "default", rope_theta = 12345.0 } }'
     model = built_like_a_run("MistralForCausalLM", f"--model.overrides={rope}")
     model.hf.save_pretrained(tmp_path / "folder")
-    args = hf_args(section(f"--model.hf_config={tmp_path / 'folder'}"))
+    args = hf_args(config_of(f"--hf.config={tmp_path / 'folder'}"))
     assert args.config.rope_parameters["rope_theta"] == 12345.0 and args.architecture == "MistralForCausalLM"
     assert args.config.hidden_size == 64  # the folder's size, not the class default
     with pytest.raises(ConfigError, match=r"model.overrides.rope_theta: MistralConfig has no field"):
-        hf_args(section("--model.hf_architecture=MistralForCausalLM", "--model.overrides={ rope_theta = 1.0 }"))
+        hf_args(config_of("--hf.architecture=MistralForCausalLM", "--model.overrides={ rope_theta = 1.0 }"))
     with pytest.raises(ConfigError, match=r"model.overrides.hiden_size: .*did you mean 'hidden_size'"):
-        hf_args(section("--model.hf_architecture=MistralForCausalLM", "--model.overrides={ hiden_size = 8 }"))
-    with pytest.raises(ConfigError, match=r"model.hf_config: .*config.json does not exist"):
-        hf_args(section(f"--model.hf_config={tmp_path}"))
+        hf_args(config_of("--hf.architecture=MistralForCausalLM", "--model.overrides={ hiden_size = 8 }"))
+    with pytest.raises(ConfigError, match=r"hf.config: .*config.json does not exist"):
+        hf_args(config_of(f"--hf.config={tmp_path}"))
     with pytest.raises(ConfigError, match="did you mean 'MistralForCausalLM'"):
-        hf_args(section("--model.hf_architecture=MistralForCasualLM"))
+        hf_args(config_of("--hf.architecture=MistralForCasualLM"))
     with pytest.raises(ConfigError, match="not a causal language model"):
-        hf_args(section("--model.hf_architecture=BertModel"))
+        hf_args(config_of("--hf.architecture=BertModel"))
     (tmp_path / "remote").mkdir()
     (tmp_path / "remote" / "config.json").write_text('{"architectures": ["X"], "auto_map": {"AutoModelForCausalLM": "m.X"}}')
     with pytest.raises(ConfigError, match="trust_remote_code"):
-        hf_args(section(f"--model.hf_config={tmp_path / 'remote'}"))
-    with pytest.raises(ConfigError, match="exactly one of model.hf_config"):
-        section()
-    with pytest.raises(ConfigError, match="model.hf_architecture: is for model.name = 'hf'"):
-        load_config("llama3_debug", ["--model.hf_architecture=MistralForCausalLM"])
+        hf_args(config_of(f"--hf.config={tmp_path / 'remote'}"))
+    with pytest.raises(ConfigError, match="exactly one of hf.config"):
+        config_of()
+    with pytest.raises(ConfigError, match=r"^\[hf\] applies to model.name = 'hf', not 'llama3'; remove its keys"):
+        load_config("llama3_debug", ["--hf.architecture=MistralForCausalLM"])
+    with pytest.raises(ConfigError, match=r"model.hf_architecture: moved to hf.architecture; set that instead"):
+        load_config("llama3_debug", ["--model.name=hf", "--model.hf_architecture=MistralForCausalLM"])
 
 
 def test_the_registry_builds_hf_args_from_the_model_section() -> None:
     spec = get_model_spec("hf")
-    args = spec.args_for(section("--model.hf_architecture=Qwen3ForCausalLM", "--model.flavor=debug"))
+    args = spec.args_for(config_of("--hf.architecture=Qwen3ForCausalLM", "--model.flavor=debug"))
     assert args.config.num_hidden_layers == 2 and args.vocab_size == 512
     assert spec.override_value(args, "hidden_size") == 64
-    big = spec.args_for(section("--model.hf_architecture=Qwen3ForCausalLM", "--model.flavor=config"))
+    big = spec.args_for(config_of("--hf.architecture=Qwen3ForCausalLM", "--model.flavor=config"))
     assert big.config.hidden_size == type(big.config)().hidden_size  # the config class's own default
 
 
@@ -178,17 +180,17 @@ def test_debug_sizes_keep_a_config_consistent() -> None:
     """Per-layer lists follow the smaller layer count (Mellum's mlp_layer_types has 28 entries by
     default, which transformers refuses against 2 layers), special-token ids stay inside the smaller
     vocabulary (Phi-3 pads with 32000), partial rotary fits the smaller heads (GPT-J's rotary_dim)."""
-    mellum = hf_args(section("--model.hf_architecture=MellumForCausalLM", "--model.flavor=debug")).config
+    mellum = hf_args(config_of("--hf.architecture=MellumForCausalLM", "--model.flavor=debug")).config
     assert len(mellum.mlp_layer_types) == mellum.num_hidden_layers == 2
     type(mellum).from_dict(mellum.to_dict())  # transformers' own validation of the whole config
-    phi3 = hf_args(section("--model.hf_architecture=Phi3ForCausalLM", "--model.flavor=debug")).config
+    phi3 = hf_args(config_of("--hf.architecture=Phi3ForCausalLM", "--model.flavor=debug")).config
     assert phi3.pad_token_id < phi3.vocab_size
-    gptj = hf_args(section("--model.hf_architecture=GPTJForCausalLM", "--model.flavor=debug")).config
+    gptj = hf_args(config_of("--hf.architecture=GPTJForCausalLM", "--model.flavor=debug")).config
     assert gptj.rotary_dim <= gptj.n_embd // gptj.n_head
 
 
 def debug_config(architecture: str) -> Any:
-    return hf_args(section(f"--model.hf_architecture={architecture}", "--model.flavor=debug")).config
+    return hf_args(config_of(f"--hf.architecture={architecture}", "--model.flavor=debug")).config
 
 
 def test_debug_sizes_reach_composite_and_heterogeneous_configs() -> None:
@@ -197,14 +199,14 @@ def test_debug_sizes_reach_composite_and_heterogeneous_configs() -> None:
     of a per-layer field while its overrides are on (AmbiguousGlobalPerLayerAttributeError before), and
     once shrunk must not get full-size overrides back when its class rebuilds it (a 512-wide head on
     the last layer, which the class makes full attention, so the saved config built another model)."""
-    fuyu = hf_args(section("--model.hf_architecture=FuyuForCausalLM", "--model.flavor=debug"))
+    fuyu = hf_args(config_of("--hf.architecture=FuyuForCausalLM", "--model.flavor=debug"))
     assert fuyu.vocab_size == fuyu.config.text_config.vocab_size == 512 and fuyu.dim == 64
     gemma4 = debug_config("Gemma4ForCausalLM")
     assert gemma4.layer_types == ["sliding_attention", "full_attention"]
     assert all(layer.head_dim == 16 for layer in gemma4.per_layer_config)
     again = type(gemma4).from_dict(gemma4.to_dict())
     assert [layer.head_dim for layer in again.per_layer_config] == [16, 16]
-    assert hf_flops_per_token(hf_args(section("--model.hf_architecture=Gemma4ForCausalLM", "--model.flavor=debug")), 64) > 0
+    assert hf_flops_per_token(hf_args(config_of("--hf.architecture=Gemma4ForCausalLM", "--model.flavor=debug")), 64) > 0
 
 
 def test_debug_sizes_follow_per_layer_sizes_and_counts_of_layers() -> None:
@@ -234,7 +236,7 @@ def test_debug_sizes_reach_every_stack_and_derived_sizes() -> None:
     for stack in (blt.patcher_config, blt.encoder_config, blt.decoder_config, blt.global_config):
         assert stack.num_hidden_layers == 2 and stack.hidden_size == 64
     assert blt.encoder_config.hidden_size_global == blt.global_config.hidden_size
-    args = hf_args(section("--model.hf_architecture=BltForCausalLM", "--model.flavor=debug"))
+    args = hf_args(config_of("--hf.architecture=BltForCausalLM", "--model.flavor=debug"))
     assert hf_param_count(args).total < 2_000_000
     longcat = debug_config("LongcatFlashForCausalLM")
     assert longcat.qk_head_dim == longcat.qk_nope_head_dim + longcat.qk_rope_head_dim == 24
@@ -277,7 +279,7 @@ def test_what_the_family_cannot_do_yet_is_refused_at_start(config: str, override
     """One line before anything is built, instead of a TypeError at the first decode or forward."""
     from titan_tpu.trainer import Trainer
 
-    hf = ["--model.name=hf", "--model.hf_architecture=Qwen3ForCausalLM", "--model.flavor=debug",
+    hf = ["--model.name=hf", "--hf.architecture=Qwen3ForCausalLM", "--model.flavor=debug",
           "--model.overrides={ vocab_size = 1024 }", f"--job.dump_folder={tmp_path}"]  # fmt: skip
     with pytest.raises(ConfigError, match=message):
         Trainer(load_config(config, [*hf, *overrides]))

@@ -15,10 +15,10 @@ from titan_tpu.models.hf.parallelize import check_plan, expert_modules, tp_plan_
 
 
 def meta_model(architecture: str, *overrides: str) -> torch.nn.Module:
-    config = load_config("llama3_debug", ["--model.name=hf", f"--model.hf_architecture={architecture}",
+    config = load_config("llama3_debug", ["--model.name=hf", f"--hf.architecture={architecture}",
                                           "--model.flavor=debug", *overrides])  # fmt: skip
     spec = get_model_spec("hf")
-    args = dataclasses.replace(spec.args_for(config.model), max_seq_len=32)
+    args = dataclasses.replace(spec.args_for(config), max_seq_len=32)
     with torch.device("meta"):
         return spec.model_cls(args)
 

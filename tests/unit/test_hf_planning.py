@@ -41,14 +41,14 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         config = load_config(name, SEQ)
         spec = get_model_spec(config.model.name)
         folder = tmp_path_factory.mktemp(name)
-        (folder / "config.json").write_text(json.dumps(spec.state_dict_adapter.to_hf_config(spec.args_for(config.model))))
+        (folder / "config.json").write_text(json.dumps(spec.state_dict_adapter.to_hf_config(spec.args_for(config))))
         made[name] = folder
     return made
 
 
 def plans(name: str, layout: str, folder: Path) -> tuple[MemoryPlan, MemoryPlan]:
     native = plan_memory(load_config(name, [*SEQ, *LAYOUTS[layout]]), 4)
-    hf_overrides = ["--model.name=hf", "--model.flavor=config", f"--model.hf_config={folder}"]
+    hf_overrides = ["--model.name=hf", "--model.flavor=config", f"--hf.config={folder}"]
     return native, plan_memory(load_config(name, [*SEQ, *hf_overrides, *LAYOUTS[layout]]), 4)
 
 
@@ -78,7 +78,7 @@ def test_unread_tp_plan_misses_the_count(folders: dict[str, Path], monkeypatch: 
 
 
 def test_hf_layouts_the_trainer_refuses(folders: dict[str, Path]) -> None:
-    hf = ["--model.name=hf", "--model.flavor=config", f"--model.hf_config={folders['qwen3_debug']}"]
+    hf = ["--model.name=hf", "--model.flavor=config", f"--hf.config={folders['qwen3_debug']}"]
     # qwen3_debug has 4 kv heads: tp 8 splits none of them whole.
     with pytest.raises(ConfigError, match="does not divide .*num_key_value_heads"):
         plan_memory(load_config("qwen3_debug", [*SEQ, *hf, "--parallelism.tp=8", "--parallelism.dp_shard=1"]), 8)
@@ -87,7 +87,7 @@ def test_hf_layouts_the_trainer_refuses(folders: dict[str, Path]) -> None:
 
 
 def test_search_over_a_dense_hf_model_keeps_ep_1(folders: dict[str, Path]) -> None:
-    hf = ["--model.name=hf", "--model.flavor=config", f"--model.hf_config={folders['qwen3_debug']}"]
+    hf = ["--model.name=hf", "--model.flavor=config", f"--hf.config={folders['qwen3_debug']}"]
     fitting, _ = search(load_config("qwen3_debug", [*SEQ, *hf, "--training.global_batch_size=8"]), parse_chips("v5p-8"), 0.75)
     assert fitting
     assert all("--parallelism.ep=1" in candidate.overrides for candidate in fitting)

@@ -23,7 +23,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-import titan_tpu.models.registry
+from titan_tpu.config import catalogue
+from titan_tpu.models.registry import register_model
 from titan_tpu.models.common.decoder import DecoderLM, decoder_block
 from titan_tpu.models.common.decoder_activations import FeedForwardActivations, decoder_block_activations
 from titan_tpu.models.common.decoder_args import DecoderArgs
@@ -109,8 +110,10 @@ def hand_count_per_device(args: ToyArgs, tp: int) -> int:
 
 @pytest.fixture
 def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The family registered for this test only, as its own package's __init__ would register it."""
-    monkeypatch.setitem(titan_tpu.models.registry._REGISTERED, SPEC.name, SPEC)
+    """The family registered for this test only (in a copy of the catalogue's table), as a user's own
+    package would register it."""
+    monkeypatch.setattr(catalogue, "FAMILIES", dict(catalogue.FAMILIES))
+    register_model(SPEC)
 
 
 def toy_config(*extra: str):  # noqa: ANN201 (a TrainConfig)

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from published_mfu import PUBLISHED, PublishedResult  # noqa: E402
+from titan_tpu.config.loader import CONFIG_DIR
 from titan_tpu.plan.chips import parse_chips  # noqa: E402
 
 CHIPS = re.compile(r"(v4|v5e|v5p|v6e|v7x)-([1-9][0-9]*)")
@@ -26,7 +27,7 @@ NAMED_BY_TENSORCORES = ("v4", "v5p")
 def problems(record: PublishedResult) -> list[str]:
     """What is wrong with one record, in words; empty when it is well-formed."""
     found = []
-    if not (ROOT / "train_configs" / f"{record.model}.toml").is_file():
+    if not (CONFIG_DIR / f"{record.model}.toml").is_file():
         found.append(f"model {record.model!r} has no titan_tpu/train_configs/{record.model}.toml")
     chips = CHIPS.fullmatch(record.chips)
     if chips is None:
@@ -97,7 +98,7 @@ GOOD = next(r for r in PUBLISHED if r.chips == "v5p-512")
 @pytest.mark.parametrize(
     ("change", "complaint"),
     [
-        ({"model": "llama3_9b"}, "no train_configs"),
+        ({"model": "llama3_9b"}, "no titan_tpu/train_configs"),
         ({"chips": "v6-256"}, "is not <v4"),
         ({"chips": "v5p-1024"}, "counts TensorCores"),
         ({"tflops_per_chip": 0.0}, "outside (0, 100]"),

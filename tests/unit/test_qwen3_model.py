@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from titan_tpu.config.loader import CONFIG_DIR
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
@@ -323,7 +324,7 @@ def test_args_are_validated() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", sorted((REPO_ROOT / "train_configs").glob("qwen3_*.toml")), ids=lambda p: p.stem
+    "path", sorted(CONFIG_DIR.glob("qwen3_*.toml")), ids=lambda p: p.stem
 )
 def test_shipped_configs_name_a_flavor_and_a_valid_layout(path: Path) -> None:
     from titan_tpu.config import load_config

@@ -40,7 +40,7 @@ def _first_loss(tmp_path: Path, name: str, family: str, initial_load: bool) -> f
                  f"--validation.path={_records(tmp_path / 'held_out.jsonl', 4)}"]  # fmt: skip
     config = load_config(name, overrides)
     spec = get_model_spec(config.model.name)
-    args = spec.args_for(config.model)
+    args = spec.args_for(config)
     torch.manual_seed(1)
     model = spec.model_cls(args)
     model.init_weights()

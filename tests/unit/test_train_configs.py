@@ -66,7 +66,7 @@ def built_param_count(path: Path) -> int:
     config = load_config(str(path), [])
     check_registered_names(config)
     spec = get_model_spec(config.model.name)
-    args = spec.args_for(config.model)
+    args = spec.args_for(config)
     with torch.device("meta"):
         model = spec.model_cls(args)
     return sum(p.numel() for p in model.parameters())

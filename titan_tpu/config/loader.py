@@ -2,10 +2,12 @@
 
 The TOML is parsed as data (tomllib), never evaluated. Every key is checked against the section's
 dataclass: unknown names get a did-you-mean, values are checked against the field's type (see
-values.py), then each section validates its own ranges. Nothing above the configuration is imported:
-the names that live in registries (model, flavor, model overrides, training task) are checked by the
-entry points right after loading (titan_tpu/registered_names.py), and the returned config is never
-changed afterwards (what a run resolves from it goes into titan_tpu/config/resolved.py's record).
+values.py), then each section validates its own ranges. Besides the core sections, every model
+family and training task may own sections (catalogue.py): their dataclasses live in their owners'
+folders and are read here, torch-free, like the core ones. The names that live in registries (model,
+flavor, model overrides, training task) are checked by the entry points right after loading
+(titan_tpu/training/registered_names.py), and the returned config is never changed afterwards (what a
+run resolves from it goes into titan_tpu/config/resolved.py's record).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import dataclasses
 import sys
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from titan_tpu.config import catalogue
 from titan_tpu.config.context_parallel import check_context_parallel
 from titan_tpu.config.pipeline_parallel import check_pipeline_parallel
 from titan_tpu.config.errors import ConfigError
@@ -36,7 +39,6 @@ from titan_tpu.config.sections import (
     TrainingConfig,
     ValidationConfig,
 )
-from titan_tpu.config.task_sections import FluxConfig, RLConfig, SftConfig
 from titan_tpu.config.values import (
     check,
     did_you_mean,
@@ -55,9 +57,24 @@ else:  # pragma: no cover - exercised only on Python 3.10
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "train_configs"
 
 
+Section = TypeVar("Section")
+
+# Keys that moved to a section of their own: a config that still sets one is told where it went.
+MOVED_KEYS = {
+    "model.hf_config": "hf.config",
+    "model.hf_architecture": "hf.architecture",
+    "model.trust_remote_code": "hf.trust_remote_code",
+}
+
+
+def _owned_sections() -> dict[str, Any]:
+    return {name: cls() for name, cls in catalogue.owned_section_types().items()}
+
+
 @dataclasses.dataclass
 class TrainConfig:
-    """The whole run: one attribute per TOML section."""
+    """The whole run: one attribute per core TOML section; the sections a family or a task owns are
+    in `owned`, read with `section(TheirClass)`."""
 
     job: JobConfig = dataclasses.field(default_factory=JobConfig)
     device: DeviceConfig = dataclasses.field(default_factory=DeviceConfig)
@@ -75,13 +92,29 @@ class TrainConfig:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     profiling: ProfilingConfig = dataclasses.field(default_factory=ProfilingConfig)
-    flux: FluxConfig = dataclasses.field(default_factory=FluxConfig)
     validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
-    rl: RLConfig = dataclasses.field(default_factory=RLConfig)
-    sft: SftConfig = dataclasses.field(default_factory=SftConfig)
+    owned: dict[str, Any] = dataclasses.field(default_factory=_owned_sections)
+
+    def section(self, cls: type[Section]) -> Section:
+        """The owned section of class `cls` (e.g. `config.section(RLConfig)` is [rl])."""
+        for section in self.owned.values():
+            if type(section) is cls:
+                return section
+        raise KeyError(f"{cls.__name__} is not a registered section (titan_tpu/config/catalogue.py)")
 
     def validate(self) -> None:
-        for section in self.sections().values():
+        owners = catalogue.section_owners()
+        for name, section in self.sections().items():
+            family = owners.get(name, "").removeprefix("model ")
+            if name in self.owned and owners[name].startswith("model ") and family != self.model.name:
+                # A family's section applies to its own models only: a value given for another
+                # family's would be ignored.
+                if section != type(section)():
+                    raise ConfigError(
+                        f"[{name}] applies to model.name = '{family}', not '{self.model.name}'; "
+                        f"remove its keys or set model.name = '{family}'"
+                    )
+                continue
             section.validate()
         check_context_parallel(self)
         check_pipeline_parallel(self)
@@ -92,12 +125,19 @@ class TrainConfig:
             )
 
     def sections(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Section name -> section, the core ones first, then the owned ones."""
+        core = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "owned"}
+        return {**core, **self.owned}
+
+
+def core_section_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(TrainConfig) if f.name != "owned"]
 
 
 def section_types() -> dict[str, type]:
     hints = typing.get_type_hints(TrainConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig)}
+    core = {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig) if f.name != "owned"}
+    return {**core, **catalogue.owned_section_types()}
 
 
 def field_types(section_cls: type) -> dict[str, Any]:
@@ -144,11 +184,14 @@ def apply_section_values(
             )
         if not isinstance(section_values, dict):
             raise ConfigError(f"{source}: [{section_name}] must be a table of keys")
-        section = getattr(config, section_name)
+        section = config.sections()[section_name]
         types = field_types(type(section))
         for key, value in section_values.items():
             where = f"{source}: {section_name}.{key}"
             field, dot, entry = key.partition(".")
+            moved = MOVED_KEYS.get(f"{section_name}.{field}")
+            if moved is not None:
+                raise ConfigError(f"{where}: moved to {moved}; set that instead")
             if field not in types:
                 hint = did_you_mean(field, list(types))
                 raise ConfigError(

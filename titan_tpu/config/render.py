@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from titan_tpu.config import catalogue
 from titan_tpu.config.loader import TrainConfig, field_types, section_types
 from titan_tpu.config.values import to_toml_value, type_name
 
@@ -33,8 +34,9 @@ def help_text() -> str:
         "Lists are written [1, 2] or 1,2; an optional value is unset with none.",
         "",
     ]
+    owners = catalogue.section_owners()
     for name, section_cls in section_types().items():
-        lines.append(f"[{name}]")
+        lines.append(f"[{name}]" + (f"  (the section of {owners[name]})" if name in owners else ""))
         types = field_types(section_cls)
         for f in dataclasses.fields(section_cls):
             default = to_toml_value(_default(f))

@@ -69,33 +69,10 @@ class ModelConfig:
         "against the flavor's fields (max_seq_len comes from training.seq_len). For name = 'hf': "
         "fields of the transformers config, e.g. { hidden_size = 512, num_hidden_layers = 4 }.",
     )
-    hf_config: str = opt(
-        "",
-        "name = 'hf': a Hugging Face checkpoint folder (or its config.json) whose architecture and sizes "
-        "to build with transformers' own modeling code; its weights load through checkpoint.initial_load_path.",
-    )
-    hf_architecture: str = opt(
-        "",
-        "name = 'hf' without hf_config: a transformers causal-LM class, e.g. 'MistralForCausalLM', at its "
-        "config class's default sizes (flavor 'config') or tiny ones (flavor 'debug'), with model.overrides.",
-    )
-    trust_remote_code: bool = opt(
-        False, "name = 'hf': run the modeling code a checkpoint folder ships (auto_map) instead of refusing it."
-    )
 
     def validate(self) -> None:
         require(bool(self.name), "model.name", "must not be empty")
         require(bool(self.flavor), "model.flavor", "must not be empty")
-        if self.name != "hf":
-            for key in ("hf_config", "hf_architecture"):
-                require(not getattr(self, key), f"model.{key}", f"is for model.name = 'hf', not {self.name!r}")
-        else:
-            require(
-                bool(self.hf_config) != bool(self.hf_architecture),
-                "model.hf_config",
-                "name = 'hf' needs exactly one of model.hf_config (a checkpoint folder) and model.hf_architecture "
-                f"(a transformers class), got hf_config={self.hf_config!r}, hf_architecture={self.hf_architecture!r}",
-            )
         require(
             self.attention_block >= -1,
             "model.attention_block",

@@ -11,20 +11,9 @@ from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.device import Device
 from titan_tpu.kernels.cache import KernelCache, cache_folder
 from titan_tpu.kernels.choose import KernelChoice, choose_kernels
-from titan_tpu.models.common.attention_kernels import AttentionKernel, attention_kernel
 from titan_tpu.protocols.tunable import KernelShape, Tunable
 
 logger = logging.getLogger(__name__)
-
-
-def requested_attention(attention_block: int) -> AttentionKernel:
-    """The kernel `model.attention_block` names: -1 "auto" (measured), 0 SDPA, N > 0 blocked with
-    N-token query blocks."""
-    if attention_block < -1:
-        raise ConfigError(
-            f"model.attention_block: -1 (auto), 0 (SDPA) or a query-block size, got {attention_block}"
-        )
-    return attention_kernel({-1: "auto", 0: "sdpa"}.get(attention_block, f"blocked:{attention_block}"))
 
 
 def choose_run_kernels(

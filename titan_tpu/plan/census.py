@@ -76,7 +76,7 @@ def run_model_args(config: TrainConfig) -> Any:
     """The flavor's arguments with the config's overrides and, for decoders, the run's sequence length
     (the language-model task sizes the rotary tables from training.seq_len)."""
     spec = get_model_spec(config.model.name)
-    args = spec.args_for(config.model)
+    args = spec.args_for(config)
     if any(f.name == "max_seq_len" for f in dataclasses.fields(args)):
         args = dataclasses.replace(args, max_seq_len=config.training.seq_len)
     return args

@@ -46,7 +46,8 @@ from titan_tpu.plan.pipeline import (
 )
 from titan_tpu.plan.pipeline_bubble import step_time_factor
 from titan_tpu.plan.roofline import COMPUTE_EFFICIENCY, StepEstimate, StepShape, estimate_step
-from titan_tpu.plan.workload import Workload, workload
+from titan_tpu.plan.workload import workload
+from titan_tpu.protocols.planning import Workload
 
 
 @dataclass(frozen=True)

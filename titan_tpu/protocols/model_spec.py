@@ -100,8 +100,8 @@ class ModelSpec:
     state_dict_adapter maps its weights and config to Hugging Face's.
     default_task names the training task that `training.task = "auto"` picks for this family.
     tunables: the model-args fields whose "auto" is measured at start-up (tunable.py).
-    args_from_section: for a family whose arguments come from more of the [model] section than
-    flavor and overrides (the hf family reads model.hf_config / hf_architecture): [model] -> arguments.
+    args_from_config: for a family whose arguments come from more of the config than [model]'s flavor
+    and overrides (the hf family reads its own [hf] section): the loaded config -> its arguments.
     override_value(args, key): the value an override set in the arguments, as the family checked it.
     """
 
@@ -114,18 +114,19 @@ class ModelSpec:
     state_dict_adapter: StateDictAdapter | None = None
     default_task: str = "language_model"
     tunables: tuple[Tunable, ...] = ()
-    args_from_section: Callable[[Any], Any] | None = None
+    args_from_config: Callable[[Any], Any] | None = None
     override_value: Callable[[Any, str], Any] = getattr
     capabilities: Capabilities = field(default_factory=Capabilities)
     planning: PlannerHooks = field(default_factory=PlannerHooks)
 
-    def args_for(self, model: Any) -> Any:
-        """The arguments a config's [model] section asks for: its flavor with its overrides, or what
-        the family's `args_from_section` builds from the section."""
-        if self.args_from_section is not None:
+    def args_for(self, config: Any) -> Any:
+        """The arguments a loaded config asks for: [model]'s flavor with its overrides, or what the
+        family's `args_from_config` builds from the config."""
+        model = config.model
+        if self.args_from_config is not None:
             try:
-                args = self.args_from_section(model)
-            except ValueError as e:  # the family's one-line account of a bad [model] section
+                args = self.args_from_config(config)
+            except ValueError as e:  # the family's one-line account of a bad section
                 raise ConfigError(str(e)) from None
         else:
             args = self.build_args(model.flavor, model.overrides)

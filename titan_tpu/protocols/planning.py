@@ -1,6 +1,7 @@
 """What the planner (`python -m titan_tpu.plan`) asks a model family through its `ModelSpec`, so a new
 family is planned without the planner knowing it: the bytes one block keeps for backward, how its
-tokens are routed through experts, and its tensor-parallel plan as data.
+tokens are routed through experts, and its tensor-parallel plan as data; and what it asks a task: the
+workload of one step.
 
 Plain arithmetic and types; nothing here builds or runs a model.
 """
@@ -60,3 +61,19 @@ class TensorParallelPlan(Protocol):
     `tp` ranks raises the same ConfigError here."""
 
     def styles(self, model: nn.Module, tp: int, sequence_parallel: bool, loss_parallel: bool) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one training step of a task computes, as the planner needs it; each task says
+    (`TrainingTask.planned_workload`), from the config and the model's arguments alone."""
+
+    unit: str  # "tokens" or "samples", as the trainer reports throughput
+    items_per_sample: int
+    tokens_per_sample: int  # sequence length the activations scale with
+    flops_per_item: float  # training (forward + backward) FLOPs
+    # Forward FLOPs of the repeated blocks per item: what recomputing every block costs.
+    block_forward_flops_per_item: float
+    # Training FLOPs per item that every tensor-parallel rank repeats: a mixture-of-experts layer is
+    # not tensor-parallel, so each of the tp ranks routes and runs the same tokens through it.
+    tp_replicated_flops_per_item: float = 0.0

@@ -35,10 +35,10 @@ import torch
 from torch import nn
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.models.common.attention_kernels import AttentionKernel, SdpaAttention
 
 if TYPE_CHECKING:
     from titan_tpu.protocols.model_spec import ModelSpec
+    from titan_tpu.protocols.planning import Workload
     from titan_tpu.config import TrainConfig
     from titan_tpu.distributed.parallel_dims import ParallelContext
 
@@ -58,9 +58,6 @@ class TaskContext:
     grad_accum_steps: int
     dump_folder: Path
     is_writer: bool
-    # The causal attention kernel the trainer chose for this device, dtype and sequence length
-    # (titan_tpu/models/common/attention_kernels.py); tasks of decoder models put it into the model arguments.
-    attention: AttentionKernel = SdpaAttention()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision of every forward pass of the run: autocast to the compute dtype, except in
@@ -138,6 +135,12 @@ class TrainingTask(ABC):
     @abstractmethod
     def flops_per_item(self) -> float:
         ...
+
+    @classmethod
+    def planned_workload(cls, config: TrainConfig, spec: ModelSpec, args: Any) -> Workload:
+        """What one training step computes, for the planner (`python -m titan_tpu.plan`): from the
+        config and the model's arguments alone, without building the task or its data."""
+        raise ConfigError(f"the planner has no workload for {cls.__name__}: it does not define planned_workload")
 
     def step_metrics(self) -> dict[str, float]:
         return {}

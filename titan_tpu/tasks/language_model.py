@@ -13,13 +13,16 @@ import torch
 from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from titan_tpu.config import ConfigError
+from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.data.documents import DocumentSource
 from titan_tpu.data.loader import PackedDataset, build_dataloader, build_source, stateful_loader
 from titan_tpu.data.packing import BlockStart
 from titan_tpu.data.tokenizer import Tokenizer, build_tokenizer
 from titan_tpu.distributed.context_parallel import split_for_rank
+from titan_tpu.protocols.model_spec import ModelSpec
+from titan_tpu.protocols.planning import Workload
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
+from titan_tpu.tasks.decoder import decoder_args, decoder_workload
 from titan_tpu.tasks.validation import (
     held_out_loss,
     held_out_rows,
@@ -28,19 +31,6 @@ from titan_tpu.tasks.validation import (
 )
 
 _FIRST_BLOCK = BlockStart(epoch=0, block=0, first_sample=0, cursor=None, offset=0)
-
-
-def decoder_args(ctx: TaskContext, tokenizer: Tokenizer, args: Any) -> Any:
-    """A decoder flavor's arguments for this run: rotary tables sized for training.seq_len (published
-    flavors allow 128K) and the attention kernel chosen for the device; the tokenizer must fit the
-    vocabulary. Every task that trains a decoder (pretraining, GRPO) builds its model this way."""
-    model = ctx.config.model
-    if tokenizer.vocab_size > args.vocab_size:
-        raise ConfigError(
-            f"data.tokenizer has {tokenizer.vocab_size} tokens but model {model.name} "
-            f"{model.flavor} has vocab_size {args.vocab_size}; pick a tokenizer or flavor that fits"
-        )
-    return dataclasses.replace(args, max_seq_len=ctx.config.training.seq_len, attention=ctx.attention)
 
 
 def documents_after_eos(input_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -220,6 +210,10 @@ class LanguageModelTask(TrainingTask):
 
     def flops_per_item(self) -> float:
         return self.ctx.spec.flops_per_token(self.args, self.seq_len)
+
+    @classmethod
+    def planned_workload(cls, config: TrainConfig, spec: ModelSpec, args: Any) -> Workload:
+        return decoder_workload(config, spec, args)
 
     def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
         """validation/loss, perplexity and tokens of the held-out rows, when [validation] is enabled."""

@@ -16,24 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from titan_tpu.models.common.blocked_attention import blocked_causal_attention
 from titan_tpu.models.common.documents import document_causal_mask
-
-
-class AttentionKernel(Protocol):
-    """Causal attention over [B, H, S, D] queries and [B, H_kv, S, D] keys and values; with
-    `document_ids` [B, S], within each packed document only (titan_tpu/models/common/documents.py)."""
-
-    name: str
-
-    def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None
-    ) -> torch.Tensor: ...
+from titan_tpu.protocols.attention import AttentionKernel
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -175,6 +165,14 @@ def attention_kernel(name: str, splash_op: Callable[..., Any] | None = None) -> 
     if kind == "blocked" and block.isdigit() and int(block) > 0:
         return BlockedAttention(int(block))
     raise ValueError(f"unknown attention kernel '{name}'; known: {', '.join(KERNEL_NAMES)}")
+
+
+def requested_attention(attention_block: int) -> AttentionKernel:
+    """The kernel `model.attention_block` names: -1 "auto" (measured at start-up), 0 SDPA, N > 0
+    blocked with N-token query blocks."""
+    if attention_block < -1:
+        raise ValueError(f"model.attention_block: -1 (auto), 0 (SDPA) or a query-block size, got {attention_block}")
+    return attention_kernel({-1: "auto", 0: "sdpa"}.get(attention_block, f"blocked:{attention_block}"))
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

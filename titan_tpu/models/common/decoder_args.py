@@ -3,7 +3,8 @@
 from dataclasses import dataclass
 from typing import ClassVar
 
-from titan_tpu.models.common.attention_kernels import AttentionKernel, SdpaAttention
+from titan_tpu.models.common.attention_kernels import SdpaAttention
+from titan_tpu.protocols.attention import AttentionKernel
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS
 from titan_tpu.models.common.rope import RopeScaling
 

@@ -1,7 +1,7 @@
 """The hf family's arguments: which transformers causal-LM class to build, with which config.
 
-A config comes from a checkpoint folder (`model.hf_config`: the folder or its config.json; every
-value the folder sets is kept) or from a class name (`model.hf_architecture`: its config class's
+A config comes from a checkpoint folder (`hf.config`: the folder or its config.json; every
+value the folder sets is kept) or from a class name (`hf.architecture`: its config class's
 defaults, flavor "config", or tiny sizes, flavor "debug"); `model.overrides` then sets config fields.
 Every mistake is a ValueError whose one line names the key (the registry's `args_for` makes it the
 run's ConfigError).
@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from titan_tpu.models.hf.config import HFConfig
+
 
 # The flavors: the config as its folder or class gives it, or the debug sizes below on top of it.
 HF_FLAVORS: dict[str, str] = {
-    "config": "the sizes of model.hf_config's folder, or the defaults of model.hf_architecture's config class",
+    "config": "the sizes of hf.config's folder, or the defaults of hf.architecture's config class",
     "debug": "tiny sizes (2 layers, width 64, 4 heads) for tests and smoke runs",
 }
 # The debug sizes, each set only where the config has the field (names as transformers' configs
@@ -174,21 +176,22 @@ def _example(classes: Mapping[str, str]) -> str:
     return ", ".join(name for name in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM") if name in classes)
 
 
-def hf_args(model: Any) -> HFArgs:
-    """The arguments the [model] section of an hf run asks for (ModelSpec.args_from_section)."""
+def hf_args(run: Any) -> HFArgs:
+    """The arguments an hf run's [model] and [hf] sections ask for (ModelSpec.args_from_config)."""
+    model, hf = run.model, run.section(HFConfig)
     if model.flavor not in HF_FLAVORS:
         raise ValueError(
             f"model.flavor: unknown flavor {model.flavor!r} for model 'hf'; {did_you_mean(model.flavor, list(HF_FLAVORS))}"
             f"valid: {', '.join(HF_FLAVORS)}"
         )
-    if model.hf_config:
-        architecture, config = _folder_config(Path(model.hf_config), model.trust_remote_code)
-        folder = str(Path(model.hf_config).parent if model.hf_config.endswith(".json") else Path(model.hf_config))
-    elif model.hf_architecture:
-        cls = model_class(model.hf_architecture, "model.hf_architecture")
-        architecture, config, folder = model.hf_architecture, cls.config_class(), ""
+    if hf.config:
+        architecture, config = _folder_config(Path(hf.config), hf.trust_remote_code)
+        folder = str(Path(hf.config).parent if hf.config.endswith(".json") else Path(hf.config))
+    elif hf.architecture:
+        cls = model_class(hf.architecture, "hf.architecture")
+        architecture, config, folder = hf.architecture, cls.config_class(), ""
     else:
-        raise ValueError("model.hf_config: model 'hf' needs model.hf_config (a checkpoint folder) or model.hf_architecture")
+        raise ValueError("hf.config: model 'hf' needs hf.config (a checkpoint folder) or hf.architecture")
     if model.flavor == "debug":
         config = shrink_to_debug_sizes(config)
     overrides = dict(model.overrides)
@@ -198,7 +201,7 @@ def hf_args(model: Any) -> HFArgs:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"model.overrides.{key}: a positive integer, got {value!r}")
     _set_fields(config, overrides, "model.overrides")
-    args = HFArgs(architecture=architecture, config=config, folder=folder, trust_remote_code=model.trust_remote_code, **own)
+    args = HFArgs(architecture=architecture, config=config, folder=folder, trust_remote_code=hf.trust_remote_code, **own)
     if model.attention_block > 0 and not takes_registered_attention(args):
         raise ValueError(
             f"model.attention_block: {architecture} does not take its attention function from transformers' "
@@ -213,22 +216,22 @@ def _folder_config(path: Path, trust_remote_code: bool) -> tuple[str, Any]:
 
     config_file = path if path.suffix == ".json" else path / "config.json"
     if not config_file.is_file():
-        raise ValueError(f"model.hf_config: {config_file} does not exist; give a Hugging Face checkpoint folder that holds a config.json")
+        raise ValueError(f"hf.config: {config_file} does not exist; give a Hugging Face checkpoint folder that holds a config.json")
     try:
         raw = json.loads(config_file.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"model.hf_config: {config_file} is not valid JSON ({e})") from None
+        raise ValueError(f"hf.config: {config_file} is not valid JSON ({e})") from None
     if "auto_map" in raw and not trust_remote_code:
         raise ValueError(
-            f"model.hf_config: {config_file} ships its own modeling code (auto_map), which is not run unless "
-            "model.trust_remote_code = true"
+            f"hf.config: {config_file} ships its own modeling code (auto_map), which is not run unless "
+            "hf.trust_remote_code = true"
         )
     architectures = raw.get("architectures") or []
     if not architectures:
-        raise ValueError(f"model.hf_config: {config_file} names no 'architectures'; set model.hf_architecture instead")
+        raise ValueError(f"hf.config: {config_file} names no 'architectures'; set hf.architecture instead")
     architecture = architectures[0]
     if "auto_map" not in raw:
-        model_class(architecture, f"model.hf_config ({config_file})")
+        model_class(architecture, f"hf.config ({config_file})")
     config = AutoConfig.from_pretrained(config_file.parent, trust_remote_code=trust_remote_code)
     return architecture, config
 

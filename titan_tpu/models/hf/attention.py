@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from titan_tpu.models.common.attention_kernels import AttentionKernel
+from titan_tpu.protocols.attention import AttentionKernel
 from titan_tpu.models.hf.args import HFArgs, model_class, takes_registered_attention
 
 

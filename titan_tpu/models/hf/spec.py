@@ -1,5 +1,5 @@
 """The hf family's ModelSpec ("hf"): any causal language model of the installed transformers, built
-from its own modeling code (`[model] name = "hf"` with `hf_config` or `hf_architecture`)."""
+from its own modeling code (`[model] name = "hf"` with `[hf] config` or `architecture`)."""
 
 import dataclasses
 
@@ -29,7 +29,7 @@ HF_SPEC = ModelSpec(
     parallelize=parallelize_hf,
     state_dict_adapter=HF_FAMILY_ADAPTER,
     tunables=(LOSS_CHUNKS, HF_ATTENTION),
-    args_from_section=hf_args,
+    args_from_config=hf_args,
     override_value=override_value,
     # No capabilities: transformers' own cache and masks are not wired to ours yet, and its models
     # are neither cut into stages nor split over cp.

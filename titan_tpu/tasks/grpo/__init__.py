@@ -1,3 +1,3 @@
-"""GRPO (group relative policy optimisation) for verifiable rewards: the task, the arithmetic problems
-and their rewards, the KV-cached sampler, rollouts and the clipped objective. Its `[rl]` section lives
-in titan_tpu/config/task_sections.py; the rest loads when a run asks for the task."""
+"""GRPO (group relative policy optimisation) for verifiable rewards: the task, its `[rl]` section
+(config.py), the arithmetic problems and their rewards, rollouts and the clipped objective. This door
+loads nothing, so the config loader reads config.py without the rest."""

@@ -26,6 +26,7 @@ from titan_tpu.data.chat_tokenizer import tokenizer_folder
 from titan_tpu.data.sft_records import FileRecords, HuggingFaceRecords
 from titan_tpu.data.tokenizer import HFTokenizer
 from titan_tpu.tasks.grpo.arithmetic import ArithmeticProblems
+from titan_tpu.tasks.grpo.config import RLConfig
 
 # An arithmetic prompt starts on a new line, as every problem does in its pretraining text.
 ARITHMETIC_PREFIX = "\n"
@@ -55,7 +56,7 @@ def chat_template_of(config: TrainConfig) -> ChatTemplate | None:
 
 
 def prompt_set(config: TrainConfig, tokenizer: Any) -> PromptSet:
-    rl = config.rl
+    rl = config.section(RLConfig)
     if rl.task == "arithmetic":
         problems = ArithmeticProblems(rl.max_operand, rl.held_out_fraction)
 

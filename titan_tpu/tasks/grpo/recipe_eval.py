@@ -17,6 +17,7 @@ from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.tasks.grpo.hf_greedy import greedy_ours, greedy_transformers, load_exported
 from titan_tpu.tasks.grpo.prompts import prompt_set, stop_ids
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score
+from titan_tpu.tasks.grpo.config import RLConfig
 
 COMPARED = 16
 
@@ -30,7 +31,7 @@ class PhaseEvaluation:
 
 
 def evaluate_export(folder: Path, config: TrainConfig, compared: int = COMPARED) -> PhaseEvaluation:
-    rl = config.rl
+    rl = config.section(RLConfig)
     tokenizer = build_tokenizer(config.data.tokenizer)
     prompts = prompt_set(config, tokenizer)
     held_out = prompts.held_out[: rl.eval_prompts or None]

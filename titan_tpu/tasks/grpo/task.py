@@ -19,11 +19,14 @@ import torch.distributed as dist
 from torch import nn
 
 from titan_tpu.checkpoint.hf_import import load_hf_weights
-from titan_tpu.config import ConfigError
+from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.parallelize import parallelize_model, reshard_setting
+from titan_tpu.protocols.model_spec import ModelSpec
+from titan_tpu.protocols.planning import Workload
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
+from titan_tpu.tasks.decoder import decoder_args, decoder_workload
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
 from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set, stop_ids
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
@@ -36,7 +39,7 @@ from titan_tpu.tasks.grpo.sampler import (
     generate_by_length,
     row_uniforms,
 )
-from titan_tpu.tasks.language_model import decoder_args
+from titan_tpu.tasks.grpo.config import RLConfig
 
 
 class GRPOTask(TrainingTask):
@@ -45,7 +48,7 @@ class GRPOTask(TrainingTask):
     def __init__(self, ctx: TaskContext) -> None:
         super().__init__(ctx)
         config = ctx.config
-        self.rl = config.rl
+        self.rl = config.section(RLConfig)
         if ctx.spec.capabilities.decoding is None:
             raise ConfigError(
                 f"training.task = 'grpo': model {ctx.spec.name} does not decode with the KV cache GRPO's sampler "
@@ -129,6 +132,10 @@ class GRPOTask(TrainingTask):
         # Training FLOPs per trained token; the rollout's forward work is reported as its own rate
         # (rollout_tflops, rollout_mfu; convention in rollout_flops.py).
         return self.ctx.spec.flops_per_token(self.args, self.ctx.config.training.seq_len)
+
+    @classmethod
+    def planned_workload(cls, config: TrainConfig, spec: ModelSpec, args: Any) -> Workload:
+        return decoder_workload(config, spec, args)
 
     # ------------------------------------------------------------------------------ batches
 

@@ -1,3 +1,3 @@
-"""Rectified-flow image training (FLUX.1): the task, generated and local image-caption data, frozen
-encoders and the Euler sampler. Its `[flux]` section lives in titan_tpu/config/task_sections.py; the
-rest loads when a run asks for the task."""
+"""Rectified-flow image training (FLUX.1): the task, its `[flux]` section (config.py), generated and
+local image-caption data, frozen encoders and the Euler sampler. This door loads nothing, so the
+config loader reads config.py without the rest."""

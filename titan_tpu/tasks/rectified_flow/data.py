@@ -24,7 +24,7 @@ from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.config.task_sections import FluxConfig
+from titan_tpu.tasks.rectified_flow.config import FluxConfig
 from titan_tpu.data.loader import stateful_loader
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.config.task_sections import FluxConfig
+from titan_tpu.tasks.rectified_flow.config import FluxConfig
 
 PAD_ID, EOS_ID, BYTE_OFFSET = 0, 1, 2
 BYTE_VOCAB = 256 + BYTE_OFFSET

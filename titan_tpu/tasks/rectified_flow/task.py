@@ -24,8 +24,11 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from titan_tpu.models.flux.args import FluxArgs
 from titan_tpu.models.flux.flops import flux_training_flops_per_sample
+from titan_tpu.config import TrainConfig
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.config.task_sections import FluxConfig
+from titan_tpu.protocols.model_spec import ModelSpec
+from titan_tpu.protocols.planning import Workload
+from titan_tpu.tasks.rectified_flow.config import FluxConfig
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.rectified_flow.data import GeneratedShapes, build_image_dataloader, to_pixels
 from titan_tpu.tasks.rectified_flow.encoders import Autoencoder, TextEncoders
@@ -34,6 +37,11 @@ from titan_tpu.tasks.rectified_flow.sampler import euler_sample, save_grid
 
 logger = logging.getLogger("titan_tpu")
 EVAL_TIMES = (0.1, 0.3, 0.5, 0.7, 0.9)
+# Spatial downsampling of the latent autoencoders the task can load, and the patch side: what the
+# planner counts image tokens with.
+AUTOENCODER_DOWNSAMPLE = {"identity": 1, "random": 2}
+FLUX1_AUTOENCODER_DOWNSAMPLE = 8
+PATCH = 2
 
 
 def sample_generator(seed: int, position: int, salt: int = 0) -> torch.Generator:
@@ -45,7 +53,7 @@ class RectifiedFlowTask(TrainingTask):
 
     def __init__(self, ctx: TaskContext) -> None:
         super().__init__(ctx)
-        self.flux: FluxConfig = ctx.config.flux
+        self.flux = ctx.config.section(FluxConfig)
         self.seed = ctx.config.training.seed
         self.args: FluxArgs | None = None
         self.dataloader: StatefulDataLoader | None = None
@@ -155,6 +163,18 @@ class RectifiedFlowTask(TrainingTask):
         """Per training sample: its image tokens and the T5 length (CLIP only feeds the pooled vector)."""
         side = self._autoencoder().latent_size
         return flux_training_flops_per_sample(self._args(), (side // 2) ** 2, self.flux.t5_max_length)
+
+    @classmethod
+    def planned_workload(cls, config: TrainConfig, spec: ModelSpec, args: Any) -> Workload:
+        """Samples, with FLOPs per sample as `flops_per_item` counts them, without building the
+        autoencoder: the image side from flux.image_size, the autoencoder's downsampling (8x for a
+        FLUX.1 folder, 2x for the built-in random one, 1x for "identity") and 2x2 patches, the text side
+        from flux.t5_max_length."""
+        flux = config.section(FluxConfig)
+        downsample = AUTOENCODER_DOWNSAMPLE.get(flux.autoencoder, FLUX1_AUTOENCODER_DOWNSAMPLE)
+        image_tokens = (flux.image_size // downsample // PATCH) ** 2
+        flops = flux_training_flops_per_sample(args, image_tokens, flux.t5_max_length)
+        return Workload("samples", 1, image_tokens + flux.t5_max_length, flops, flops / 3)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:

@@ -1,2 +1,3 @@
-"""Supervised fine-tuning (`training.task = "sft"`, section `[sft]`): the task (task.py), its data
-pipeline from records to packed rows (data.py) and its held-out answers (answers.py)."""
+"""Supervised fine-tuning (`training.task = "sft"`): the task (task.py), its `[sft]` section
+(config.py), its data pipeline from records to packed rows (data.py) and its held-out answers
+(answers.py). This door loads nothing, so the config loader reads config.py without the rest."""

@@ -22,10 +22,11 @@ from titan_tpu.data.sft_dataset import Packing, RecordSource
 from titan_tpu.data.sft_examples import RecordFields, record_tokens
 from titan_tpu.data.sft_records import FileRecords, HuggingFaceRecords
 from titan_tpu.data.tokenizer import HFTokenizer, build_tokenizer
+from titan_tpu.tasks.sft.config import SftConfig
 
 
 def training_records(config: TrainConfig) -> RecordSource:
-    sft, data = config.sft, config.data
+    sft, data = config.section(SftConfig), config.data
     if sft.dataset == "generated":
         return GeneratedChat(config.training.seed, "train", sft.generated_examples, sft.messages_field)
     if data.source == "files":
@@ -39,7 +40,7 @@ def training_records(config: TrainConfig) -> RecordSource:
 
 
 def held_out_records(config: TrainConfig) -> RecordSource:
-    sft, validation = config.sft, config.validation
+    sft, validation = config.section(SftConfig), config.validation
     if validation.source == "generated":
         if sft.dataset != "generated":
             raise ConfigError("validation.source: 'generated' holds the held-out part of sft.dataset = 'generated' only")
@@ -63,7 +64,7 @@ class ChatEncoding:
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> ChatEncoding:
-        data, sft = config.data, config.sft
+        data, sft = config.data, config.section(SftConfig)
         tokenizer = build_tokenizer(data.tokenizer)
         if not isinstance(tokenizer, HFTokenizer):
             raise ConfigError(
@@ -96,15 +97,15 @@ class ChatEncoding:
 
 
 def packing_of(config: TrainConfig, encoding: ChatEncoding, shuffle: bool) -> Packing:
-    data = config.data
-    return Packing(config.training.seq_len, encoding.pad_id, config.sft.packing, config.sft.overflow,
+    data, sft = config.data, config.section(SftConfig)
+    return Packing(config.training.seq_len, encoding.pad_id, sft.packing, sft.overflow,
                    data.shuffle_buffer, shuffle and data.shuffle, config.training.seed)  # fmt: skip
 
 
 def fingerprint(config: TrainConfig, encoding: ChatEncoding) -> dict[str, Any]:
     """What the saved data position means beyond the packing: resuming with other records, mask or
     vocabulary would silently read other data."""
-    sft, data = config.sft, config.data
+    sft, data = config.section(SftConfig), config.data
     return {
         "dataset": sft.dataset,
         "source": data.source,

@@ -27,16 +27,19 @@ import torch
 from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from titan_tpu.config import ConfigError
+from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.data.loader import stateful_loader
 from titan_tpu.data.sft_dataset import SftDataset, first_epoch_summary
 from titan_tpu.data.sft_packing import IGNORE_INDEX
 from titan_tpu.distributed.grad_utils import sum_over
+from titan_tpu.protocols.model_spec import ModelSpec
+from titan_tpu.protocols.planning import Workload
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
-from titan_tpu.tasks.language_model import decoder_args
+from titan_tpu.tasks.decoder import decoder_args, decoder_workload
 from titan_tpu.tasks.sft.answers import HeldOutAnswer, exact_answer_rate, held_out_answers
 from titan_tpu.tasks.sft.data import ChatEncoding, fingerprint, held_out_records, packing_of, training_records
 from titan_tpu.tasks.validation import held_out_loss, micro_batches_per_evaluation, require_held_out_rows
+from titan_tpu.tasks.sft.config import SftConfig
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ class SftTask(TrainingTask):
     def __init__(self, ctx: TaskContext) -> None:
         super().__init__(ctx)
         config = ctx.config
-        self.sft = config.sft
+        self.sft = config.section(SftConfig)
         if self._generates() and ctx.spec.capabilities.decoding is None:
             raise ConfigError(
                 f"sft.eval_generations: model {ctx.spec.name} does not decode with the KV cache the generated "
@@ -140,6 +143,10 @@ class SftTask(TrainingTask):
         # Per example token, counted as pretraining counts a token of a seq_len row (attention over
         # the whole row; document masking skips some of that work, which is not subtracted).
         return self.ctx.spec.flops_per_token(self.args, self.ctx.config.training.seq_len)
+
+    @classmethod
+    def planned_workload(cls, config: TrainConfig, spec: ModelSpec, args: Any) -> Workload:
+        return decoder_workload(config, spec, args)
 
     def step_metrics(self) -> dict[str, float]:
         tokens, targets, positions = self._window

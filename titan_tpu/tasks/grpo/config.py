@@ -1,11 +1,5 @@
-"""The sections that belong to one kind of training each: `[flux]` (rectified-flow image training,
-titan_tpu/tasks/rectified_flow/), `[rl]` (GRPO, titan_tpu/tasks/grpo/) and `[sft]` (supervised
-fine-tuning, titan_tpu/tasks/sft/).
-
-They live with the other sections rather than beside their task so that the configuration imports
-nothing above it: every section is known, typed and checked before any task (or torch) is imported.
-A new kind of training with settings of its own adds its dataclass here and a field to `TrainConfig`.
-"""
+"""GRPO's `[rl]` section: prompts, group size, the clipped objective, sampling and the rewards.
+Imports nothing but the configuration, so the loader reads it before torch loads."""
 
 from __future__ import annotations
 
@@ -16,75 +10,6 @@ from typing import Any, Literal
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import opt, opt_table, require
-
-
-@dataclass
-class FluxConfig:
-    dataset: Literal["generated", "folder", "webdataset"] = opt(
-        "generated",
-        "generated: coloured shapes at positions with captions (no download); folder: images with "
-        "same-named .txt captions under flux.data_path; webdataset: .tar shards (glob in flux.data_path).",
-    )
-    data_path: str = opt("", "Folder of images + captions, or a glob of webdataset .tar shards.")
-    generated_samples: int = opt(4096, "Size of the generated image-caption set.")
-    image_size: int = opt(32, "Training images are centre-cropped and resized to this square size (pixels).")
-    autoencoder: str = opt(
-        "random",
-        "identity (latents are the RGB pixels), random (tiny AutoencoderKL from config), or a local "
-        "diffusers AutoencoderKL folder.",
-    )
-    t5_encoder: str = opt("random", "random (tiny T5 encoder from config) or a local T5EncoderModel folder.")
-    clip_encoder: str = opt("random", "random (tiny CLIP text model from config) or a local CLIPTextModel folder.")
-    t5_max_length: int = opt(32, "Text tokens per caption for T5 (FLUX.1: 512 dev, 256 schnell).")
-    clip_max_length: int = opt(77, "Text tokens per caption for CLIP.")
-    cache_encodings: bool = opt(
-        False, "Encode each image and caption once and reuse the latents and text embeddings (memory)."
-    )
-    timestep_sampling: Literal["logit_normal", "uniform"] = opt(
-        "logit_normal", "Distribution of the flow time t: sigmoid(N(mean, std)) or uniform."
-    )
-    logit_mean: float = opt(0.0, "Mean of the normal under the sigmoid (logit_normal).")
-    logit_std: float = opt(1.0, "Std of the normal under the sigmoid (logit_normal).")
-    time_shift: float = opt(
-        1.0, "Shift the schedule towards noise: t -> s t / (1 + (s - 1) t); 1 leaves it (FLUX.1 uses ~3)."
-    )
-    caption_dropout: float = opt(
-        0.1, "Probability of replacing a caption by the empty one (classifier-free guidance training)."
-    )
-    guidance: float = opt(3.5, "Guidance scale fed to guidance-embedding flavors (flux-dev) in training.")
-    sample_prompts: str = opt(
-        "a red circle at the top left|a blue square in the center|a green triangle at the bottom right"
-        "|a yellow circle at the bottom left",
-        "Prompts of the sample grid, separated by '|'.",
-    )
-    sample_steps: int = opt(20, "Euler steps of the sampler.")
-    sample_cfg_scale: float = opt(3.0, "Classifier-free guidance scale of the sampler (1 = none).")
-    samples_per_prompt: int = opt(2, "Images per prompt in the sample grid (one row per prompt).")
-
-    def validate(self) -> None:
-        if self.dataset != "generated":
-            require(bool(self.data_path), "flux.data_path", f"is required when flux.dataset = '{self.dataset}'")
-        require(self.generated_samples >= 1, "flux.generated_samples", "must be >= 1")
-        require(
-            self.image_size >= 8 and self.image_size % 8 == 0,
-            "flux.image_size",
-            f"must be a multiple of 8, at least 8, got {self.image_size}",
-        )
-        for key in ("autoencoder", "t5_encoder", "clip_encoder"):
-            require(bool(getattr(self, key)), f"flux.{key}", "must not be empty")
-        require(self.t5_max_length >= 1, "flux.t5_max_length", "must be >= 1")
-        require(self.clip_max_length >= 2, "flux.clip_max_length", "must be >= 2")
-        require(self.logit_std > 0, "flux.logit_std", f"must be > 0, got {self.logit_std}")
-        require(self.time_shift > 0, "flux.time_shift", f"must be > 0, got {self.time_shift}")
-        require(
-            0 <= self.caption_dropout < 1, "flux.caption_dropout", f"must be in [0, 1), got {self.caption_dropout}"
-        )
-        require(bool(self.prompts()), "flux.sample_prompts", "must hold at least one prompt")
-        require(self.sample_steps >= 1, "flux.sample_steps", "must be >= 1")
-        require(self.samples_per_prompt >= 1, "flux.samples_per_prompt", "must be >= 1")
-
-    def prompts(self) -> list[str]:
-        return [p.strip() for p in self.sample_prompts.split("|") if p.strip()]
 
 
 @dataclass
@@ -219,45 +144,3 @@ def _check_reward_table(table: dict[str, Any], where: str) -> None:
             raise ConfigError(f"{where}.pattern: not a regular expression: {err}") from None
     else:
         require(pattern is None, f"{where}.pattern", f"applies to fn = 'format' only, not {fn!r}")
-
-
-@dataclass
-class SftConfig:
-    dataset: Literal["data", "generated"] = opt(
-        "data",
-        "data: the records data.source and data.path name (.jsonl/.parquet files, or an offline Hugging "
-        "Face dataset); generated: a generated chat task (no download) for the debug config and tests.",
-    )
-    train_on: Literal["assistant", "last_assistant", "completion", "all"] = opt(
-        "assistant",
-        "Tokens the loss trains on: every assistant turn (with its end-of-turn token), the last one, "
-        "the completion of prompt/completion records, or all tokens.",
-    )
-    packing: bool = opt(
-        True, "Pack examples one after another into rows of training.seq_len; false pads one example per row."
-    )
-    overflow: Literal["truncate", "drop"] = opt(
-        "truncate", "An example longer than a row: keep its first seq_len + 1 tokens, or leave it out."
-    )
-    messages_field: str = opt("messages", "Record field holding a conversation (a list of role/content turns).")
-    prompt_field: str = opt("prompt", "Record field holding the prompt of prompt/completion records.")
-    completion_field: str = opt("completion", "Record field holding the completion of prompt/completion records.")
-    template_switches: dict[str, Any] = opt_table(
-        "Variables the chat template reads, e.g. { enable_thinking = false } for Qwen 3."
-    )
-    generated_examples: int = opt(4096, "generated: conversations in the training set.")
-    generated_held_out: int = opt(256, "generated: conversations kept apart for validation and generation.")
-    eval_generations: int = opt(
-        16,
-        "At each evaluation, greedily answer the last user turn of this many held-out conversations and "
-        "report the share answered exactly; 0 = none.",
-    )
-    max_new_tokens: int = opt(64, "Longest generated answer in evaluations, in tokens.")
-
-    def validate(self) -> None:
-        for key in ("messages_field", "prompt_field", "completion_field"):
-            require(bool(getattr(self, key)), f"sft.{key}", "must not be empty")
-        require(self.generated_examples >= 1, "sft.generated_examples", f"must be >= 1, got {self.generated_examples}")
-        require(self.generated_held_out >= 1, "sft.generated_held_out", f"must be >= 1, got {self.generated_held_out}")
-        require(self.eval_generations >= 0, "sft.eval_generations", f"must be >= 0, got {self.eval_generations}")
-        require(self.max_new_tokens >= 1, "sft.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
