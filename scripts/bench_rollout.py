@@ -61,12 +61,14 @@ def _prompts(count: int, vocab: int, seed: int, shortest: int, longest: int) -> 
 
 
 def _ours(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, buckets: int = 1) -> float:
-    from titan_tpu.tasks.grpo.sampler import SamplingParams, generate_by_length, row_uniforms
+    from titan_tpu.generation.sampler import generate_by_length, row_uniforms
+    from titan_tpu.models.common.decode_step import DECODER_DECODING
+    from titan_tpu.protocols.rollout import SamplingParams
 
     params = SamplingParams(new_tokens, temperature=1.0)
     uniforms = row_uniforms(list(range(len(prompts))), new_tokens)
     start = time.perf_counter()
-    out = generate_by_length(model, prompts, params, PAD, torch.device("cpu"), buckets, uniforms)
+    out = generate_by_length(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), buckets, uniforms)
     elapsed = time.perf_counter() - start
     assert out.tokens.shape == (len(prompts), new_tokens)
     return out.tokens.numel() / elapsed

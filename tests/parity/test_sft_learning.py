@@ -20,6 +20,7 @@ import torch
 from scripts.convert_checkpoint import main as convert_checkpoint
 from titan_tpu.config import load_config
 from titan_tpu.data.generated_chat import conversation
+from titan_tpu.models.common.decode_step import DECODER_DECODING
 from titan_tpu.tasks.grpo.hf_greedy import greedy_ours, greedy_transformers, load_exported
 from titan_tpu.tasks.sft.data import ChatEncoding
 
@@ -36,7 +37,7 @@ def _exact_answer_rates(run: Path) -> list[tuple[int, float]]:
 
 
 def _our_model(folder: Path, config, broken: bool = False) -> torch.nn.Module:
-    model = load_exported(folder, config.model.name, config.model.flavor)
+    model, _ = load_exported(folder, config.model.name, config.model.flavor)
     if broken:  # negative control: one layer's gate and up projections crossed, as a mixed-up adapter would
         feed_forward = model.layers["0"].feed_forward
         feed_forward.w1.weight, feed_forward.w3.weight = feed_forward.w3.weight, feed_forward.w1.weight
@@ -74,7 +75,7 @@ def test_the_debug_run_learns_the_format_and_its_export_chats_the_same_in_transf
 
     theirs = greedy_transformers(folder, prompts, MAX_NEW_TOKENS, encoding.stop_ids, encoding.pad_id)
     ours = _our_model(folder, config)
-    assert greedy_ours(ours, prompts, MAX_NEW_TOKENS, encoding.stop_ids, encoding.pad_id) == theirs
+    assert greedy_ours(ours, DECODER_DECODING, prompts, MAX_NEW_TOKENS, encoding.stop_ids, encoding.pad_id) == theirs
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     answered = [p + t for p, t in zip(prompts, theirs)]
     assert _logits_gap(ours, hf_model, answered) < 1e-4

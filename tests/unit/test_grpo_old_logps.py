@@ -11,7 +11,8 @@ import torch
 
 from tests.token_sum_reward import REWARDS
 from titan_tpu.config import load_config
-from titan_tpu.tasks.grpo.rollout import MicroBatch, token_logps
+from titan_tpu.generation.logprobs import token_logps
+from titan_tpu.tasks.grpo.rollout import MicroBatch
 from titan_tpu.tasks.grpo.task import GRPOTask
 from titan_tpu.trainer import Trainer
 

@@ -10,7 +10,8 @@ import torch
 
 from tests.token_sum_reward import REWARDS
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.tasks.grpo import sampler
+from titan_tpu.generation import sampler
+from titan_tpu.protocols.model_spec import Decoding
 from titan_tpu.tasks.grpo.rollout import MicroBatch
 from titan_tpu.trainer import Trainer
 
@@ -25,9 +26,11 @@ def first_rollout(tmp_path: Path, buckets: int, monkeypatch: pytest.MonkeyPatch)
     """The first micro-batch of the first rollout, and the prompts of each `generate` call it made."""
     asked: list[list[int]] = []
 
-    def recording_generate(model: torch.nn.Module, prompts: list[list[int]], *args: object) -> sampler.Completions:
+    def recording_generate(
+        model: torch.nn.Module, decoding: Decoding, prompts: list[list[int]], *args: object
+    ) -> sampler.Completions:
         asked.append(sorted(len(p) for p in prompts))
-        return GENERATE(model, prompts, *args)  # type: ignore[arg-type]
+        return GENERATE(model, decoding, prompts, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(sampler, "generate", recording_generate)
     overrides = [f"--job.dump_folder={tmp_path / str(buckets)}", *SMALL, f"--rl.rollout_buckets={buckets}"]

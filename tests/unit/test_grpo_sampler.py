@@ -10,15 +10,18 @@ import torch
 from titan_tpu.models.common.kv_cache import KVCache
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS
 from titan_tpu.models.qwen3.model import Qwen3Model
-from titan_tpu.tasks.grpo import sampler
-from titan_tpu.tasks.grpo.sampler import (
-    SamplingParams,
+from titan_tpu.generation import sampler
+from titan_tpu.models.common.decode_step import DECODER_DECODING
+from titan_tpu.protocols.model_spec import Decoding
+from titan_tpu.generation.sampler import (
     generate,
     generate_by_length,
     length_buckets,
     pick_tokens,
     row_uniforms,
 )
+
+from titan_tpu.protocols.rollout import SamplingParams
 
 PAD = 0
 PROMPTS = [[5, 9, 23, 7, 11], [42, 8], [100, 3, 17], [64]]
@@ -41,7 +44,7 @@ def tiny_model() -> Qwen3Model:
 
 def greedy_stopping_at_the_second_token(model: Qwen3Model) -> SamplingParams:
     """Greedy decoding of PROMPTS with stop tokens that end every row by its 2nd token."""
-    free = generate(model, PROMPTS, SamplingParams(12, temperature=0.0), PAD, torch.device("cpu"))
+    free = generate(model, DECODER_DECODING, PROMPTS, SamplingParams(12, temperature=0.0), PAD, torch.device("cpu"))
     stops = tuple({int(free.tokens[i, 1]) for i in range(len(PROMPTS))})
     return SamplingParams(12, temperature=0.0, stop_ids=stops)
 
@@ -57,7 +60,7 @@ def uncached_greedy(model: Qwen3Model, prompt: list[int], steps: int) -> list[in
 def test_cached_greedy_equals_uncached_greedy() -> None:
     model = tiny_model()
     params = SamplingParams(max_new_tokens=12, temperature=0.0)
-    got = generate(model, PROMPTS, params, pad_id=PAD, device=torch.device("cpu"))
+    got = generate(model, DECODER_DECODING, PROMPTS, params, pad_id=PAD, device=torch.device("cpu"))
     expected = [uncached_greedy(model, p, 12) for p in PROMPTS]
     assert got.tokens.tolist() == expected
     assert got.mask.all()
@@ -70,10 +73,10 @@ def test_cached_greedy_equals_uncached_greedy() -> None:
 
 def test_stop_tokens_end_a_row_and_mask_the_rest() -> None:
     model = tiny_model()
-    free = generate(model, PROMPTS, SamplingParams(max_new_tokens=12, temperature=0.0), PAD, torch.device("cpu"))
+    free = generate(model, DECODER_DECODING, PROMPTS, SamplingParams(max_new_tokens=12, temperature=0.0), PAD, torch.device("cpu"))
     stop = int(free.tokens[1, 3])  # the 4th token of row 1 becomes a stop token
     params = SamplingParams(max_new_tokens=12, temperature=0.0, stop_ids=(stop,))
-    got = generate(model, PROMPTS, params, PAD, torch.device("cpu"))
+    got = generate(model, DECODER_DECODING, PROMPTS, params, PAD, torch.device("cpu"))
     row = got.tokens[1].tolist()
     first = row.index(stop)
     assert first <= 3 and bool(got.stopped[1])
@@ -86,11 +89,11 @@ def test_a_rows_sample_does_not_depend_on_its_batch() -> None:
     model = tiny_model()
     params = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9)
     seeds = [11, 12, 13, 14]
-    together = generate(model, PROMPTS, params, PAD, torch.device("cpu"), uniforms=row_uniforms(seeds, 10))
-    alone = generate(model, PROMPTS[2:3], params, PAD, torch.device("cpu"), uniforms=row_uniforms(seeds[2:3], 10))
+    together = generate(model, DECODER_DECODING, PROMPTS, params, PAD, torch.device("cpu"), uniforms=row_uniforms(seeds, 10))
+    alone = generate(model, DECODER_DECODING, PROMPTS[2:3], params, PAD, torch.device("cpu"), uniforms=row_uniforms(seeds[2:3], 10))
     assert together.lists()[2] == alone.lists()[0]
     # Negative control: another seed for that row gives another completion.
-    other = generate(model, PROMPTS[2:3], params, PAD, torch.device("cpu"), uniforms=row_uniforms([99], 10))
+    other = generate(model, DECODER_DECODING, PROMPTS[2:3], params, PAD, torch.device("cpu"), uniforms=row_uniforms([99], 10))
     assert other.lists()[0] != alone.lists()[0]
 
 
@@ -133,7 +136,7 @@ def test_the_moe_model_decodes_the_same_tokens_cached_and_uncached() -> None:
             tokens.append(int(model(torch.tensor([tokens])).logits[0, -1].argmax()))
         return tokens[len(prompt) :]
 
-    got = generate(model, PROMPTS, SamplingParams(max_new_tokens=10, temperature=0.0), PAD, torch.device("cpu"))
+    got = generate(model, DECODER_DECODING, PROMPTS, SamplingParams(max_new_tokens=10, temperature=0.0), PAD, torch.device("cpu"))
     expected = [uncached(p, 10) for p in PROMPTS]
     assert got.tokens.tolist() == expected
     # Negative control: the prompts as if their left padding were real tokens decode otherwise, so a
@@ -150,7 +153,7 @@ def test_dropping_finished_rows_from_the_batch_changes_no_completion(monkeypatch
     monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", 1)  # a chance to compact after every token
     model = tiny_model()
     prompts = [[5 + i, 9, 23 + i] for i in range(8)]
-    free = generate(model, prompts, SamplingParams(12, temperature=1.0), PAD, torch.device("cpu"),
+    free = generate(model, DECODER_DECODING, prompts, SamplingParams(12, temperature=1.0), PAD, torch.device("cpu"),
                     uniforms=row_uniforms(list(range(8)), 12))  # fmt: skip
     # Stop on tokens some rows sample early: rows finish at different steps.
     stops = tuple({int(free.tokens[i, 2 + i % 5]) for i in range(0, 8, 2)})
@@ -158,7 +161,7 @@ def test_dropping_finished_rows_from_the_batch_changes_no_completion(monkeypatch
     results = {}
     for share in (0.0, 1.0):  # never compact; compact at every step where a row has finished
         monkeypatch.setattr(sampler, "COMPACT_BELOW", share)
-        got = generate(model, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 12))
+        got = generate(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 12))
         results[share] = (got.lists(), got.stopped.tolist())
     assert results[1.0] == results[0.0]
     lengths = {len(ids) for ids in results[0.0][0]}
@@ -181,7 +184,7 @@ def test_a_rank_in_lockstep_decodes_until_every_rank_has_stopped(monkeypatch: py
     # records its tokens' slots in the cache first.
     advance = KVCache.advance
     monkeypatch.setattr(KVCache, "advance", lambda cache, start, tokens, mask: (batches.append(tokens.shape[0]), advance(cache, start, tokens, mask))[1])
-    alone = generate(model, PROMPTS, params, PAD, torch.device("cpu"))
+    alone = generate(model, DECODER_DECODING, PROMPTS, params, PAD, torch.device("cpu"))
     alone_forwards = len(batches)
     batches.clear()
     other_rank_running = iter([1] * 9)
@@ -190,7 +193,7 @@ def test_a_rank_in_lockstep_decodes_until_every_rank_has_stopped(monkeypatch: py
         tensor.copy_(torch.maximum(tensor, torch.tensor([next(other_rank_running, 0)], dtype=tensor.dtype)))
 
     monkeypatch.setattr(sampler.dist, "all_reduce", all_reduce)
-    locked = generate(model, PROMPTS, params, PAD, torch.device("cpu"), lockstep=object())  # type: ignore[arg-type]
+    locked = generate(model, DECODER_DECODING, PROMPTS, params, PAD, torch.device("cpu"), lockstep=object())  # type: ignore[arg-type]
     assert alone_forwards == 2, "every row must stop at its 2nd token for the forward counts below"
     assert len(batches) == 1 + 9 and min(batches) > 0  # the prefill, then one step per check the other rank ran
     assert locked.lists() == alone.lists() and locked.stopped.tolist() == alone.stopped.tolist()
@@ -212,7 +215,7 @@ def test_the_host_looks_at_the_stopped_rows_every_few_tokens_only(monkeypatch: p
     for every in (1, 4):
         monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", every)
         looks.clear()
-        got = generate(model, PROMPTS, params, PAD, torch.device("cpu"))
+        got = generate(model, DECODER_DECODING, PROMPTS, params, PAD, torch.device("cpu"))
         results[every] = (got.tokens.tolist(), got.mask.tolist(), got.stopped.tolist(), len(looks))
     assert results[1][3] == 2 and results[4][3] == 1  # stopped at token 2: looked at tokens 1, 2 / at token 4
     assert results[4][:3] == results[1][:3] and len(results[1][0][0]) == 2
@@ -230,10 +233,10 @@ def test_the_sampled_log_probs_are_a_training_forwards(monkeypatch: pytest.Monke
     model = tiny_model()
     prompts = [[5 + i, 9, 23 + i, 7][: 1 + i % 4] for i in range(8)]
     params = SamplingParams(10, temperature=0.7, top_p=0.9)
-    free = generate(model, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    free = generate(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
     stops = tuple({int(free.tokens[i, 2 + i % 5]) for i in range(0, 8, 2)})
     params = dataclasses.replace(params, stop_ids=stops)
-    got = generate(model, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    got = generate(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
     assert len({len(ids) for ids in got.lists()}) > 1, "rows must stop at different steps for this to test anything"
     assert (got.logps[~got.mask] == 0).all()
     tempered = []
@@ -266,12 +269,12 @@ def test_compiled_blocks_decode_the_same_tokens_and_stop_recompiling(monkeypatch
     compiled = copy.deepcopy(model)
     apply_compile(block_containers(compiled), "inductor")
     prompts = [[5 + i, 9, 23 + i, 7][: 1 + i % 4] for i in range(8)]
-    free = generate(model, prompts, SamplingParams(10), PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    free = generate(model, DECODER_DECODING, prompts, SamplingParams(10), PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
     params = SamplingParams(10, stop_ids=tuple({int(free.tokens[i, 2 + i % 5]) for i in range(0, 8, 2)}))
-    eager = generate(model, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    eager = generate(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
     torch._dynamo.reset()
     counters.clear()
-    got = generate(compiled, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    got = generate(compiled, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
     assert len({len(ids) for ids in eager.lists()}) > 1, "rows must stop at different steps for this to test anything"
     assert got.lists() == eager.lists()
     torch.testing.assert_close(got.logps, eager.logps, rtol=1e-5, atol=1e-5)
@@ -280,7 +283,7 @@ def test_compiled_blocks_decode_the_same_tokens_and_stop_recompiling(monkeypatch
     for width, rows in ((6, 6), (3, 5)):
         others = [[3, 1, 4, 1, 5, 9][: 1 + i % width] for i in range(rows)]
         before = counters["stats"]["unique_graphs"]
-        generate(compiled, others, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(rows)), 10))
+        generate(compiled, DECODER_DECODING, others, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(rows)), 10))
     assert counters["stats"]["unique_graphs"] == before
 
 
@@ -297,25 +300,27 @@ def test_sampling_in_length_buckets_changes_no_completion(buckets: int, monkeypa
     uniforms, log-probs or stop flags of one row given to another."""
     model = tiny_model()
     prompts = PROMPTS + [[7, 1, 2, 3, 4, 5, 6], [9, 9]]
-    free = generate(model, prompts, SamplingParams(10, temperature=0.0), PAD, torch.device("cpu"))
+    free = generate(model, DECODER_DECODING, prompts, SamplingParams(10, temperature=0.0), PAD, torch.device("cpu"))
     # Row 0 stops at its 3rd token; the rows of other buckets run on, so the batches' widths differ.
     params = SamplingParams(10, temperature=1.0, top_p=0.9, stop_ids=(int(free.tokens[0, 2]),))
     uniforms = row_uniforms(list(range(20, 20 + len(prompts))), 10)
-    one = generate(model, prompts, params, PAD, torch.device("cpu"), uniforms=uniforms)
+    one = generate(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=uniforms)
     widths: list[int] = []
     real_generate = sampler.generate
 
-    def recording_generate(model: torch.nn.Module, asked: list[list[int]], *args: object) -> sampler.Completions:
+    def recording_generate(
+        model: torch.nn.Module, decoding: Decoding, asked: list[list[int]], *args: object
+    ) -> sampler.Completions:
         widths.append(max(len(p) for p in asked))
-        return real_generate(model, asked, *args)  # type: ignore[arg-type]
+        return real_generate(model, decoding, asked, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(sampler, "generate", recording_generate)
-    split = generate_by_length(model, prompts, params, PAD, torch.device("cpu"), buckets, uniforms)
+    split = generate_by_length(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), buckets, uniforms)
     assert split.lists() == one.lists() and split.stopped.tolist() == one.stopped.tolist()
     torch.testing.assert_close(split.logps, one.logps, rtol=0, atol=1e-5)
     assert split.mask.shape == one.mask.shape and split.mask.tolist() == one.mask.tolist()
     # Each batch is padded to its own longest prompt only: the shortest prompts' batch to 2 tokens.
     assert len(widths) == buckets and widths[0] == 2 and widths[-1] == 7
     # Negative control: the same rows under other uniforms are other completions, so a mix-up shows.
-    other = generate_by_length(model, prompts, params, PAD, torch.device("cpu"), buckets, uniforms.roll(1, 0))
+    other = generate_by_length(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), buckets, uniforms.roll(1, 0))
     assert other.lists() != one.lists()

@@ -16,9 +16,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args
-from titan_tpu.tasks.grpo.rollout import token_logps
+from titan_tpu.generation.logprobs import token_logps
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
-from titan_tpu.tasks.grpo.sampler import SamplingParams, generate
+from titan_tpu.generation.sampler import generate
+from titan_tpu.models.common.decode_step import DECODER_DECODING
+from titan_tpu.protocols.rollout import SamplingParams
 
 # The convention's N includes the RMSNorm weights, which are elementwise, not matmuls, so the counter
 # never sees them: 0.07-0.1% of these debug models' totals. 0.2% still sees every wrong count below
@@ -74,7 +76,7 @@ def counted(family: str) -> tuple[float, float]:
     # The CPU flash kernel has no FLOP formula; the math backend runs attention as matmuls the counter sees.
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         with sampling:
-            completion = generate(model, [prompt], greedy_without_stop, 0, torch.device("cpu")).lists()[0]
+            completion = generate(model, DECODER_DECODING, [prompt], greedy_without_stop, 0, torch.device("cpu")).lists()[0]
         assert len(completion) == COMPLETION
         with scoring:
             token_logps(model, torch.tensor([prompt + completion]))

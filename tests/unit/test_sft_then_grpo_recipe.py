@@ -70,8 +70,8 @@ def test_greedy_tokens_agree_with_transformers_and_a_perturbed_weight_breaks_the
     prompts, stops, pad = _held_out_prompts(run)
     folder = run / "grpo_hf"
     theirs = greedy_transformers(folder, prompts, MAX_NEW_TOKENS, stops, pad)
-    ours = load_exported(folder, "qwen3", "debug")
-    assert greedy_ours(ours, prompts, MAX_NEW_TOKENS, stops, pad) == theirs
+    ours, decoding = load_exported(folder, "qwen3", "debug")
+    assert greedy_ours(ours, decoding, prompts, MAX_NEW_TOKENS, stops, pad) == theirs
     with torch.no_grad():
         ours.tok_embeddings.weight.add_(torch.randn(ours.tok_embeddings.weight.shape, generator=torch.Generator().manual_seed(0)))
-    assert greedy_ours(ours, prompts, MAX_NEW_TOKENS, stops, pad) != theirs
+    assert greedy_ours(ours, decoding, prompts, MAX_NEW_TOKENS, stops, pad) != theirs

@@ -21,27 +21,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from titan_tpu.models.common.decode_step import FusedDecoder
-from titan_tpu.models.common.kv_cache import KVCache
-from titan_tpu.tasks.validation import logits_of
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """temperature 0 decodes greedily; top_p 1 keeps the whole distribution."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop_ids: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+from titan_tpu.generation.logprobs import logits_of
+from titan_tpu.protocols.model_spec import Decoding
+from titan_tpu.protocols.rollout import SamplingParams
 
 
 @dataclass
@@ -117,6 +99,7 @@ STOP_CHECK_EVERY = 8
 @torch.no_grad()
 def generate(
     model: nn.Module,
+    decoding: Decoding,
     prompts: Sequence[Sequence[int]],
     params: SamplingParams,
     pad_id: int,
@@ -124,7 +107,8 @@ def generate(
     uniforms: torch.Tensor | None = None,
     lockstep: dist.ProcessGroup | None = None,
 ) -> Completions:
-    """Complete every prompt with the KV cache, stopping early once every row has stopped.
+    """Complete every prompt with the KV cache the model's family decodes with (`decoding`: its cache
+and, where the model allows, its fused step), stopping early once every row has stopped.
 
     `uniforms` [B, max_new_tokens]: the per-row random numbers (see `row_uniforms`); unused at
     temperature 0. Without `lockstep` the early stop is this process's own decision, so its forward
@@ -137,10 +121,10 @@ def generate(
     """
     tokens, real = left_pad(prompts, pad_id, device)
     batch, width = tokens.shape
-    cache = KVCache(width + params.max_new_tokens)
+    cache = decoding.new_cache(width + params.max_new_tokens)
     logits = logits_of(model(tokens, cache=cache, start_pos=0, key_padding_mask=real))[:, -1].float()
-    # The decode steps through fused weights where the model allows (decode_step.py), else its forward.
-    fused = FusedDecoder.of(model)
+    # The decode steps through fused weights where the model allows, else its forward.
+    fused = decoding.fused_step(model)
     stop_ids = torch.tensor(params.stop_ids, dtype=torch.long, device=device)
     out = torch.full((batch, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros(batch, params.max_new_tokens, dtype=torch.bool, device=device)
@@ -194,6 +178,7 @@ def length_buckets(lengths: Sequence[int], buckets: int) -> list[list[int]]:
 
 def generate_by_length(
     model: nn.Module,
+    decoding: Decoding,
     prompts: Sequence[Sequence[int]],
     params: SamplingParams,
     pad_id: int,
@@ -209,11 +194,11 @@ def generate_by_length(
     tokens do not depend on its batch (see `generate`). In `lockstep`, every rank must pass as many
     prompts (each then runs as many batches, in step)."""
     if buckets <= 1:
-        return generate(model, prompts, params, pad_id, device, uniforms, lockstep)
+        return generate(model, decoding, prompts, params, pad_id, device, uniforms, lockstep)
     parts = []
     for rows in length_buckets([len(p) for p in prompts], buckets):
         row_uniform = None if uniforms is None else uniforms[torch.tensor(rows)]
-        parts.append((rows, generate(model, [prompts[i] for i in rows], params, pad_id, device, row_uniform, lockstep)))
+        parts.append((rows, generate(model, decoding, [prompts[i] for i in rows], params, pad_id, device, row_uniform, lockstep)))
     length = max(part.tokens.shape[1] for _, part in parts)
     tokens = torch.full((len(prompts), length), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros(len(prompts), length, dtype=torch.bool, device=device)

@@ -31,6 +31,7 @@ from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.tensor_parallel import local_value, loss_context
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS, chunk_tokens
 from titan_tpu.models.common.loss import IGNORE_INDEX
+from titan_tpu.generation.logprobs import logits_of
 from titan_tpu.tasks.base import TaskContext
 
 _LARGEST_EXP = math.log(torch.finfo(torch.float64).max)
@@ -58,12 +59,6 @@ def require_held_out_rows(ctx: TaskContext, description: str, found: int, row: s
             f"training.global_batch_size = {config.validation.batches} x {config.training.global_batch_size} = "
             f"{needed}; lower validation.batches or give more held-out data"
         )
-
-
-def logits_of(output: Any) -> torch.Tensor:
-    """The logits of a decoder's output: the tensor itself, or the `logits` of a mixture-of-experts
-    model's output (titan_tpu/models/qwen3/model.py `MoEOutput`, which also carries the router's aux loss)."""
-    return output if isinstance(output, torch.Tensor) else output.logits
 
 
 def cross_entropy_sum(

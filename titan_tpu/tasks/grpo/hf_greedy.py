@@ -18,24 +18,34 @@ from torch import nn
 
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.models.registry import get_model_spec
-from titan_tpu.tasks.grpo.sampler import SamplingParams, generate
+from titan_tpu.generation.sampler import generate
+from titan_tpu.protocols.model_spec import Decoding
+from titan_tpu.protocols.rollout import SamplingParams
 
 
-def load_exported(folder: Path, model_name: str, flavor: str) -> nn.Module:
-    """Our model of `model_name`/`flavor` with the folder's weights, in fp32, for evaluation."""
+def load_exported(folder: Path, model_name: str, flavor: str) -> tuple[nn.Module, Decoding]:
+    """Our model of `model_name`/`flavor` with the folder's weights, in fp32, for evaluation, and how
+    its family decodes."""
     spec = get_model_spec(model_name)
+    if spec.capabilities.decoding is None:
+        raise ValueError(f"model {model_name} does not decode with a KV cache")
     args = spec.flavor(flavor)
     model = spec.model_cls(args)
     load_hf_weights(model, folder, spec.state_dict_adapter, args)
-    return model.float().eval()
+    return model.float().eval(), spec.capabilities.decoding
 
 
 @torch.no_grad()
 def greedy_ours(
-    model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int], pad_id: int
+    model: nn.Module,
+    decoding: Decoding,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
 ) -> list[list[int]]:
     params = SamplingParams(max_new_tokens, temperature=0.0, stop_ids=tuple(stop_ids))
-    return generate(model, prompts, params, pad_id, torch.device("cpu")).lists()
+    return generate(model, decoding, prompts, params, pad_id, torch.device("cpu")).lists()
 
 
 @torch.no_grad()

@@ -37,8 +37,8 @@ def evaluate_export(folder: Path, config: TrainConfig, compared: int = COMPARED)
     held_out = prompts.held_out[: rl.eval_prompts or None]
     stops = stop_ids(tokenizer, prompts.stop_text)
     ids = [p.ids for p in held_out]
-    model = load_exported(folder, config.model.name, config.model.flavor)
-    ours = greedy_ours(model, ids, rl.max_new_tokens, stops, tokenizer.eos_id)
+    model, decoding = load_exported(folder, config.model.name, config.model.flavor)
+    ours = greedy_ours(model, decoding, ids, rl.max_new_tokens, stops, tokenizer.eos_id)
     first = build_rewards(rl.rewards, rl.reference_field, prompts.stop_text)[0]
     batch = Completions([p.text for p in held_out], [tokenizer.decode(o) for o in ours],
                         [p.record for p in held_out], [p.place for p in held_out])  # fmt: skip

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from titan_tpu.tasks.validation import logits_of
 
 
 @dataclass
@@ -49,17 +48,6 @@ def rank_rows(n_rows: int, global_batch: int, dp_rank: int, dp_world: int) -> li
         list(range(start + dp_rank * per_rank, start + (dp_rank + 1) * per_rank))
         for start in range(0, n_rows, global_batch)
     ]
-
-
-def token_logps(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Log-probability of every next token: [b, L] -> [b, L-1], in float32."""
-    return logps_of(model(tokens), tokens)
-
-
-def logps_of(output: Any, tokens: torch.Tensor) -> torch.Tensor:
-    """`token_logps` from the model's output over `tokens` (logits, or an MoE output carrying them)."""
-    logits = logits_of(output)[:, :-1].float()
-    return logits.gather(-1, tokens[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def pack_sequences(

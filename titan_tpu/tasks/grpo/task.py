@@ -25,20 +25,17 @@ from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.parallelize import parallelize_model, reshard_setting
 from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.protocols.planning import Workload
+from titan_tpu.generation.answers import greedy_answer_score
+from titan_tpu.generation.builtin import BuiltinEngine
+from titan_tpu.generation.logprobs import logps_of, token_logps
+from titan_tpu.protocols.rollout import RolloutEngine, SamplingParams
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.decoder import decoder_args, decoder_workload
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
 from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set, stop_ids
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
-from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, logps_of, rank_rows, token_logps
+from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, rank_rows
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
-from titan_tpu.tasks.grpo.sampler import (
-    SamplingParams,
-    gathered_for_generation,
-    generate,
-    generate_by_length,
-    row_uniforms,
-)
 from titan_tpu.tasks.grpo.config import RLConfig
 
 
@@ -49,7 +46,8 @@ class GRPOTask(TrainingTask):
         super().__init__(ctx)
         config = ctx.config
         self.rl = config.section(RLConfig)
-        if ctx.spec.capabilities.decoding is None:
+        decoding = ctx.spec.capabilities.decoding
+        if decoding is None:
             raise ConfigError(
                 f"training.task = 'grpo': model {ctx.spec.name} does not decode with the KV cache GRPO's sampler "
                 "uses; pick a family that does (llama3, qwen3, qwen3_moe)"
@@ -88,6 +86,11 @@ class GRPOTask(TrainingTask):
         self.stream = PromptStream(self.prompts.train, seed=config.training.seed)
         self.queue: deque[MicroBatch] = deque()
         self.reference: nn.Module | None = None
+        self.decoding = decoding
+        # Rollouts and held-out evaluation sample through engines of their own: evaluation decodes
+        # each rank's share in one batch (ranks in lockstep may hold different numbers of prompts,
+        # and rl.rollout_buckets would give them different numbers of batches).
+        self.engines: dict[str, RolloutEngine] = {}
         # Set by the first loss of a mixture of experts, which adds its routers' aux loss and logs it.
         self._is_moe = False
         self.args: Any = None
@@ -112,6 +115,11 @@ class GRPOTask(TrainingTask):
         # The policy's arguments as built: they carry the kernels the trainer measured after
         # model_args, which the reference must run too.
         self.args = model.args
+        reshard_after, lockstep = self._reshard_after(model), self._lockstep()
+        self.engines = {
+            "rollout": BuiltinEngine(self.decoding, self.pad_id, self.ctx.device, reshard_after, self.rl.rollout_buckets, lockstep),
+            "evaluation": BuiltinEngine(self.decoding, self.pad_id, self.ctx.device, reshard_after, 1, lockstep),
+        }
         if self.rl.beta == 0:
             return
         ctx, config = self.ctx, self.ctx.config
@@ -148,6 +156,14 @@ class GRPOTask(TrainingTask):
         parallel = self.ctx.parallel
         return parallel.ep_mesh.get_group() if parallel.dims.ep_enabled else None
 
+    def _engine(self, use: str, model: nn.Module, version: int) -> RolloutEngine:
+        """The engine for `use`, sampling from `model`'s current weights (`version` optimizer steps in)."""
+        if use not in self.engines:
+            raise RuntimeError("GRPOTask: sampling before setup() built the rollout engines")
+        engine = self.engines[use]
+        engine.load_weights(model, version)
+        return engine
+
     def _global(self, values: torch.Tensor) -> torch.Tensor:
         """Sum of a [k, N] tensor over data-parallel ranks (each rank fills only its own rows)."""
         return sum_over(values.to(self.ctx.device), self.dp_mesh).cpu() if self.dp_mesh is not None else values
@@ -178,11 +194,10 @@ class GRPOTask(TrainingTask):
         mine = [r for mini in rows for r in mini]
         prompts = {r: taken[r // rl.group_size].ids for r in mine}
         seeds = [hash((ctx.config.training.seed, rollout_index, r)) % (2**63) for r in mine]
-        with gathered_for_generation(model, self._reshard_after(model)):
-            out = generate_by_length(model, [prompts[r] for r in mine], self.params, self.pad_id, ctx.device,
-                                     rl.rollout_buckets, row_uniforms(seeds, rl.max_new_tokens), self._lockstep())
-        completions = dict(zip(mine, out.lists()))
-        sampled_logps = dict(zip(mine, out.logp_lists()))
+        engine = self._engine("rollout", model, rollout_index * self.steps_per_rollout)
+        out = engine.generate([prompts[r] for r in mine], self.params, seeds)
+        completions = dict(zip(mine, out.tokens))
+        sampled_logps = dict(zip(mine, out.logps))
         # Rewards, each reward's part and lengths of this rank's rows, summed with the other ranks'.
         parts = score(self.rewards, self._completions([taken[r // rl.group_size] for r in mine],
                                                       [completions[r] for r in mine]))  # fmt: skip
@@ -299,17 +314,15 @@ class GRPOTask(TrainingTask):
         """Held-out accuracy: the first reward's mean on greedy answers (rl.eval_prompts problems, split
         over ranks)."""
         held_out = self.prompts.held_out[: self.rl.eval_prompts or None]
-        mine = held_out[self.ctx.dp_rank :: self.ctx.dp_world]
-        correct = 0.0
-        lockstep = self._lockstep()
-        if mine or (lockstep is not None and held_out):
-            # In lockstep, a rank left without a prompt still decodes one (unscored), so that the
-            # forwards of the ranks with prompts find it.
-            asked = mine or held_out[:1]
-            with gathered_for_generation(model, self._reshard_after(model)):
-                out = generate(model, [p.ids for p in asked], self.greedy, self.pad_id, self.ctx.device, lockstep=lockstep)
-        if mine:
-            first = self.rewards[0]
-            correct = sum(score([first], self._completions(mine, out.lists()))[first.name])
-        total = self._global(torch.tensor([[correct, float(len(mine))]], dtype=torch.float64))[0]
-        return {"heldout_accuracy": float(total[0] / total[1])}
+        first = self.rewards[0]
+
+        def first_reward(indices: list[int], answers: list[list[int]]) -> float:
+            completions = self._completions([held_out[i] for i in indices], answers)
+            return sum(score([first], completions)[first.name])
+
+        ctx = self.ctx
+        correct, count = greedy_answer_score(
+            self._engine("evaluation", model, step), [p.ids for p in held_out], self.greedy, first_reward,
+            ctx.dp_rank, ctx.dp_world, self.dp_mesh, ctx.device, in_lockstep=self._lockstep() is not None,
+        )  # fmt: skip
+        return {"heldout_accuracy": correct / count if count else float("nan")}

@@ -20,10 +20,11 @@ from torch import nn
 
 from titan_tpu.data.chat_masks import assistant_spans, check_messages
 from titan_tpu.data.sft_dataset import RecordSource
-from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.parallelize import reshard_setting
+from titan_tpu.generation.answers import greedy_answer_score
+from titan_tpu.generation.builtin import BuiltinEngine
+from titan_tpu.protocols.rollout import SamplingParams
 from titan_tpu.tasks.base import TaskContext
-from titan_tpu.tasks.grpo.sampler import SamplingParams, gathered_for_generation, generate
 from titan_tpu.tasks.sft.data import ChatEncoding
 
 
@@ -57,22 +58,27 @@ def _answers(source: RecordSource, encoding: ChatEncoding, longest: int) -> Iter
 
 @torch.no_grad()
 def exact_answer_rate(
-    model: nn.Module, answers: list[HeldOutAnswer], encoding: ChatEncoding, max_new_tokens: int, ctx: TaskContext
+    model: nn.Module, answers: list[HeldOutAnswer], encoding: ChatEncoding, max_new_tokens: int, ctx: TaskContext, step: int
 ) -> dict[str, float]:
     """{"sft/exact_answers": share of held-out answers generated exactly, "sft/answers": how many}."""
-    mine = answers[ctx.dp_rank :: ctx.dp_world]
-    correct = 0
-    if mine:
-        params = SamplingParams(max_new_tokens, temperature=0.0, stop_ids=encoding.stop_ids)
-        reshard = reshard_setting(model, ctx.config, ctx.compute_dtype, ctx.device.type)
-        was_training = model.training
-        model.eval()
-        try:
-            with gathered_for_generation(model, reshard):
-                out = generate(model, [a.prompt for a in mine], params, encoding.pad_id, ctx.device)
-        finally:
-            model.train(was_training)
-        correct = sum(encoding.tokenizer.decode(ids) == a.expected for a, ids in zip(mine, out.lists()))
-    counts = torch.tensor([float(correct), float(len(mine))], dtype=torch.float64, device=ctx.device)
-    total_correct, total = sum_over(counts, ctx.parallel.dp_reduce_mesh).tolist()
-    return {"sft/exact_answers": total_correct / total if total else 0.0, "sft/answers": total}
+    decoding = ctx.spec.capabilities.decoding
+    if decoding is None:
+        raise RuntimeError(f"model {ctx.spec.name} does not decode with a KV cache; sft.eval_generations needs one")
+    params = SamplingParams(max_new_tokens, temperature=0.0, stop_ids=encoding.stop_ids)
+    reshard = reshard_setting(model, ctx.config, ctx.compute_dtype, ctx.device.type)
+    engine = BuiltinEngine(decoding, encoding.pad_id, ctx.device, reshard)
+    engine.load_weights(model, step)
+
+    def exact(indices: list[int], ids: list[list[int]]) -> float:
+        return float(sum(encoding.tokenizer.decode(i) == answers[k].expected for k, i in zip(indices, ids)))
+
+    was_training = model.training
+    model.eval()
+    try:
+        correct, total = greedy_answer_score(
+            engine, [a.prompt for a in answers], params, exact,
+            ctx.dp_rank, ctx.dp_world, ctx.parallel.dp_reduce_mesh, ctx.device,
+        )  # fmt: skip
+    finally:
+        model.train(was_training)
+    return {"sft/exact_answers": correct / total if total else 0.0, "sft/answers": total}

@@ -162,7 +162,7 @@ class SftTask(TrainingTask):
         if self.ctx.config.validation.enable:
             metrics.update(held_out_loss(model, self._validation_batches(), self.ctx, self.loss_chunk_elements))
         if self._generates():
-            metrics.update(exact_answer_rate(model, self._answers, self.encoding, self.sft.max_new_tokens, self.ctx))
+            metrics.update(exact_answer_rate(model, self._answers, self.encoding, self.sft.max_new_tokens, self.ctx, step))
         return metrics
 
     def _validation_batches(self) -> Iterator[dict[str, torch.Tensor]]:
