@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
         config = load_config(config_name, overrides)
         # The registries import torch, so they are consulted only once the plain checks have passed;
         # logging is set up after it, so that libraries' import-time messages do not bury a config error.
-        from titan_tpu.registered_names import check_registered_names
+        from titan_tpu.training.registered_names import check_registered_names
 
         names = check_registered_names(config)
     except ConfigError as e:
@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     from titan_tpu.distributed.comm_timeouts import CollectiveTimeout
-    from titan_tpu.trainer import Trainer, TrainingStopped
+    from titan_tpu.training.trainer import Trainer, TrainingStopped
 
     try:
         trainer = Trainer(config, names)

@@ -51,8 +51,8 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
     import torch
 
     from titan_tpu.device import host_peak_flops
-    from titan_tpu.record_window import mean_over_data_parallel
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.record_window import mean_over_data_parallel
+    from titan_tpu.training.trainer import Trainer
 
     config = load_config(config_name, [f"--training.steps={steps + warmup}", *overrides])
     trainer = Trainer(config)
@@ -99,7 +99,7 @@ def measure(config_name: str, steps: int, warmup: int, overrides: list[str]) -> 
             "step_time_s": round(elapsed / steps, 4),
             "warmup_s": round(warmup_s, 2),
             "final_loss": round(final_loss, 4),  # the mean over data-parallel ranks
-            # What each "auto" kernel became, and among which candidates (titan_tpu/kernels/).
+            # What each "auto" kernel became, and among which candidates (titan_tpu/autotune/).
             "kernels": {choice.field: choice.pick for choice in trainer.kernels},
             "kernel_candidates": {choice.field: list(choice.times_ms) for choice in trainer.kernels},
             "kernel_sources": {choice.field: choice.source for choice in trainer.kernels},
@@ -114,7 +114,7 @@ class TimedTrainer:
     """A Trainer stepped one timed optimizer step at a time (`--kernels`, scripts/bench_kernels.py)."""
 
     def __init__(self, config_name: str, overrides: list[str]) -> None:
-        from titan_tpu.trainer import Trainer
+        from titan_tpu.training.trainer import Trainer
 
         self.trainer = Trainer(load_config(config_name, overrides))
         self.kernels = {choice.field: choice.pick for choice in self.trainer.kernels}
@@ -273,7 +273,7 @@ def matrix(args: argparse.Namespace, overrides: list[str]) -> int:
     """Every (config x layout) case, one JSON line each to stdout and <out>/bench.jsonl."""
     configs = [name.strip() for name in args.matrix.split(",") if name.strip()]
     layouts = parse_layouts(args.layouts or "1")
-    from titan_tpu.registered_names import check_registered_names
+    from titan_tpu.training.registered_names import check_registered_names
 
     for name in configs:
         # A misspelled config, override, model or task name stops here, before any case runs.

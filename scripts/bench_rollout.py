@@ -93,7 +93,7 @@ def _grpo(prompt_lengths: list[int], new_tokens: int, dtype: str, buckets: int, 
     completions) and its steps, with `compile.enable` = `compiled`; the rollout rate its record logs."""
     import dataclasses
 
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     group, rng = 8, random.Random(0)
     folder.mkdir(parents=True)

@@ -54,7 +54,7 @@ from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.config.sections import CheckpointConfig  # noqa: E402
 from titan_tpu.data.chat_tokenizer import tokenizer_export_files  # noqa: E402
 from titan_tpu.metrics.progress import Progress  # noqa: E402
-from titan_tpu.registered_names import check_registered_names  # noqa: E402
+from titan_tpu.training.registered_names import check_registered_names  # noqa: E402
 
 
 def _spec_and_args(model: str, flavor: str, config: Any | None):  # type: ignore[no-untyped-def]

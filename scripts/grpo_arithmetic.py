@@ -23,7 +23,7 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 from titan_tpu.checkpoint.hf_export import export_model_to_hf  # noqa: E402
 from titan_tpu.config.loader import load_config  # noqa: E402
 from titan_tpu.tasks.grpo.arithmetic import ArithmeticProblems, pretraining_corpus  # noqa: E402
-from titan_tpu.trainer import Trainer  # noqa: E402
+from titan_tpu.training.trainer import Trainer  # noqa: E402
 
 
 def pretrain(out: Path, steps: int, carry_error_rate: float, max_operand: int) -> Path:

@@ -29,7 +29,7 @@ from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.plan.chips import GIB, parse_chips  # noqa: E402
 from titan_tpu.plan.planner import Plan, make_plan  # noqa: E402
 from published_mfu import PUBLISHED, PublishedResult  # noqa: E402
-from titan_tpu.registered_names import check_registered_names  # noqa: E402
+from titan_tpu.training.registered_names import check_registered_names  # noqa: E402
 
 README = ROOT / "README.md"
 BEGIN, END = "<!-- plan-tables:begin -->", "<!-- plan-tables:end -->"

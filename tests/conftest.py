@@ -12,11 +12,11 @@ import os
 import tempfile
 
 from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
-from titan_tpu.kernels.cache import CACHE_ENV
+from titan_tpu.autotune.cache import CACHE_ENV
 
 skip_tpu_backend_without_chips()
 
-# Measured kernel choices (titan_tpu/kernels/) go to a folder of this session's own, inherited by the
+# Measured kernel choices (titan_tpu/autotune/) go to a folder of this session's own, inherited by the
 # multi-process tests' workers: the suite neither reads nor fills the user's cache.
 os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="titan_tpu_kernels_")
 

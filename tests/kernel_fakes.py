@@ -1,5 +1,5 @@
 """A tunable whose candidates' costs and errors a test sets, timed by a clock the test owns, so the
-kernel-choice logic (titan_tpu/kernels/) is tested without depending on this machine's speed."""
+kernel-choice logic (titan_tpu/autotune/) is tested without depending on this machine's speed."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ step, the form in which the resume tests compare runs."""
 
 from __future__ import annotations
 
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 
 def trained_losses(trainer: Trainer) -> tuple[int, dict[int, float]]:

@@ -39,7 +39,7 @@ from titan_tpu.data.bpe import SMALLEST_VOCAB, train_bpe  # noqa: E402
 from titan_tpu.data.chat_tokenizer import tokenizer_export_files  # noqa: E402
 from titan_tpu.tasks.grpo.recipe_eval import PhaseEvaluation, evaluate_export  # noqa: E402
 from titan_tpu.tasks.grpo.word_problem_data import RecipeData, write_recipe_data  # noqa: E402
-from titan_tpu.trainer import Trainer  # noqa: E402
+from titan_tpu.training.trainer import Trainer  # noqa: E402
 
 DEBUG_VOCAB = 512  # the qwen3 debug flavor's embedding rows
 MODEL = ["--model.name=qwen3", "--model.flavor=debug", "--training.dtype=float32"]

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader  # 
 
 from titan_tpu.checkpoint.hf_export import export_model_to_hf  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
-from titan_tpu.trainer import Trainer  # noqa: E402
+from titan_tpu.training.trainer import Trainer  # noqa: E402
 
 READS: list[tuple[str, list[int]]] = []
 _process = HuggingFaceStorageReader._process_read_request

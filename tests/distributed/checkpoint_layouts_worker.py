@@ -44,7 +44,7 @@ from parity import capture_states, full_state, train_and_capture  # noqa: E402
 from titan_tpu.checkpoint.hf_import import local_block  # noqa: E402
 from titan_tpu.checkpoint.hf_export import export_model_to_hf  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
-from titan_tpu.trainer import Trainer  # noqa: E402
+from titan_tpu.training.trainer import Trainer  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
 
 LLAMA, MOE = "llama3_debug", "qwen3_moe_debug"

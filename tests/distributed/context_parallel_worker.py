@@ -149,7 +149,7 @@ def activations_case() -> dict[str, int]:
 
 
 def run_layout(name: str, overrides: list[str], dump: Path) -> None:
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     trainer = Trainer(load_config(CONFIG, [*BASE, *overrides, f"--job.dump_folder={dump / name}"]))
     run = train_and_capture(trainer)
@@ -164,7 +164,7 @@ def run_unbalanced(dump: Path) -> None:
 
 def reference(dump: Path) -> RunResult:
     """The single process, same config."""
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     trainer = Trainer(load_config(CONFIG, [*BASE, f"--job.dump_folder={dump / 'single'}"]))
     run = train_and_capture(trainer)

@@ -192,7 +192,7 @@ def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
 
 
 def _run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     config = load_config(CONFIG, [*BASE, *overrides, f"--job.dump_folder={dump / name}"])
     trainer = Trainer(config)
@@ -222,7 +222,7 @@ def _run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
 
 def reference(dump: Path) -> RunResult:
     """Single process, same config."""
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     trainer = Trainer(load_config(CONFIG, [*BASE, f"--job.dump_folder={dump / 'single'}"]))
     run = train_and_capture(trainer)

@@ -21,7 +21,7 @@ for path in (ROOT, HERE):
 
 from parity import train_and_capture  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
-from titan_tpu.trainer import Trainer  # noqa: E402
+from titan_tpu.training.trainer import Trainer  # noqa: E402
 
 STEPS = 5
 OVERRIDES = [

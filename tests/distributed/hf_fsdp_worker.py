@@ -116,7 +116,7 @@ def single_process_init(config: Any) -> dict[str, torch.Tensor]:
 
 
 def run_case(case: str, dump: Path) -> dict[str, Any]:
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     config = load_config("llama3_debug", [*run_arguments(case, dump), *CASES[case][1]])
     trainer = Trainer(config)
@@ -125,7 +125,7 @@ def run_case(case: str, dump: Path) -> dict[str, Any]:
 
 def run_broken_case(case: str, dump: Path) -> dict[str, Any]:
     """BROKEN[case]'s run of its case with its breakage."""
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     base = BROKEN[case][0]
     config = load_config("llama3_debug", [*run_arguments(base, dump), *CASES[base][1], f"--job.dump_folder={dump / case}"])
@@ -144,7 +144,7 @@ def save_run(trainer: Any, case: str, config: Any, dump: Path) -> dict[str, Any]
 
 
 def reference(dump: Path, case: str) -> RunResult:
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     trainer = Trainer(load_config("llama3_debug", run_arguments(case, dump / "single")))
     run = train_and_capture(trainer)

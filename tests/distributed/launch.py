@@ -62,7 +62,7 @@ def launch_layout_worker(
 
 
 def fixed_kernels(config: str) -> list[str]:
-    """train.py arguments that pin the kernels "auto" would measure (titan_tpu/kernels/). Runs on
+    """train.py arguments that pin the kernels "auto" would measure (titan_tpu/autotune/). Runs on
     different layouts that are compared with each other must run the same kernels, and measured
     choices may differ between them: each layout times at its own per-rank shapes, and timings vary
     from run to run. The choice itself has its own tests."""

@@ -51,8 +51,8 @@ from launch import fixed_kernels  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
 from tests.kernel_fakes import SHAPE, FakeArgs, FakeClock, FakeKernel, fake_tunable  # noqa: E402
-from titan_tpu.kernels.choose import choose_kernels  # noqa: E402
-from titan_tpu.kernels.measure import measure  # noqa: E402
+from titan_tpu.autotune.choose import choose_kernels  # noqa: E402
+from titan_tpu.autotune.measure import measure  # noqa: E402
 
 STEPS = 10
 
@@ -280,7 +280,7 @@ def fill_grads(trainer: Any) -> None:
 
 
 def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     config = load_config("llama3_debug", [*BASE, *validation_run(dump), *overrides, f"--job.dump_folder={dump / name}"])
     trainer = Trainer(config)
@@ -301,7 +301,7 @@ def run_layout(name: str, overrides: list[str], dump: Path) -> dict[str, Any]:
 
 def reference(dump: Path) -> tuple[RunResult, int]:
     """Single process, same config: the run and its state bytes."""
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     config = load_config("llama3_debug", [*BASE, *validation_run(dump), f"--job.dump_folder={dump / 'single'}"])
     trainer = Trainer(config)

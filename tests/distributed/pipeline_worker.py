@@ -129,7 +129,7 @@ def run_layout(
     name: str, overrides: list[str], dump: Path, cut: Callable[..., Any] | None = None, moe: bool = False
 ) -> dict[str, float]:
     """`cut`: a forward pre-hook put on every stage but the first (a negative control)."""
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     config_name, base = (MOE_CONFIG, MOE_BASE) if moe else (CONFIG, BASE)
     config = load_config(config_name, [*base, *overrides, f"--job.dump_folder={dump / name}"])
@@ -175,7 +175,7 @@ def checkpoint_chain(work: Path) -> None:
 def reference(dump: Path, moe: bool = False) -> RunResult:
     """The single process, same config (for the MoE layouts, with MOE_REFERENCE)."""
     from parity import train_and_capture
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     args = [*MOE_BASE, *MOE_REFERENCE] if moe else BASE
     folder = dump / ("moe_single" if moe else "single")
@@ -188,7 +188,7 @@ def reference(dump: Path, moe: bool = False) -> RunResult:
 def loaded_by_one_process(saved_by: Path, step: int, dump: Path) -> dict[str, torch.Tensor]:
     """The state one process loads from `saved_by`'s step-`step` checkpoint (a MoE layout's run),
     gathered before any step."""
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     (dump / "checkpoint").mkdir(parents=True)
     shutil.copytree(saved_by / "checkpoint" / f"step-{step}", dump / "checkpoint" / f"step-{step}")

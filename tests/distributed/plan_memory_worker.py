@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from plan_measure import LiveTensorPeak, measure_state  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
-from titan_tpu.trainer import Trainer  # noqa: E402
+from titan_tpu.training.trainer import Trainer  # noqa: E402
 
 # Layout name -> (config, overrides). Float32 as on this CPU; one step.
 LAYOUTS: dict[str, tuple[str, list[str]]] = {

@@ -52,7 +52,7 @@ REFERENCE_OF = {"fsdp4_accum2": ["--training.global_batch_size=8"], "tp2_fsdp2_a
 
 
 def run_layout(name: str, overrides: list[str], dump: Path) -> dict:
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     trainer = Trainer(load_config("sft_qwen3_debug", [*BASE, *overrides, f"--job.dump_folder={dump / name}"]))
     run = train_and_capture(trainer)
@@ -62,7 +62,7 @@ def run_layout(name: str, overrides: list[str], dump: Path) -> dict:
 
 
 def reference(dump: Path) -> dict[str, RunResult]:
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     runs = {}
     for name, overrides in REFERENCE_OF.items():

@@ -17,7 +17,7 @@ import pytest
 from tests.trained_losses import trained_losses
 from titan_tpu.checkpoint import layout
 from titan_tpu.config import load_config
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))

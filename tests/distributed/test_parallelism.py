@@ -94,7 +94,7 @@ def test_sharded_layers_match_unsharded(results: dict[str, Any]) -> None:
 
 
 def test_every_rank_runs_rank_0s_kernel_pick(results: dict[str, Any]) -> None:
-    """Kernel choice (titan_tpu/kernels/) on 4 ranks whose own timings disagree."""
+    """Kernel choice (titan_tpu/autotune/) on 4 ranks whose own timings disagree."""
     assert results["kernel_picks"]["own"] == ["a", "b", "b", "b"]  # the control: alone, they differ
     assert results["kernel_picks"]["picks"] == ["a", "a", "a", "a"]
 

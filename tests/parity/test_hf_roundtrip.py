@@ -27,7 +27,7 @@ from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 ARGS = LLAMA3_FLAVORS["debug"]
 SEQ = 64
@@ -137,7 +137,7 @@ def test_flavor_mismatch_is_a_config_error(hf_folder, tmp_path: Path, monkeypatc
     def measuring(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("kernels measured before the folder was checked")
 
-    monkeypatch.setattr("titan_tpu.trainer.choose_run_kernels", measuring)
+    monkeypatch.setattr("titan_tpu.training.trainer.choose_run_kernels", measuring)
     with pytest.raises(ConfigError, match=r"config.json does not match model llama3 flavor 1B: vocab_size"):
         trainer_with(folder, tmp_path / "run", "--model.flavor=1B", "--data.tokenizer=byte")
 

@@ -11,7 +11,7 @@ import torch
 
 import titan_tpu.distributed.activation_offload as offload
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 RUN = ["--training.dtype=float32", "--training.steps=1", "--metrics.plot_loss=false",
        "--activation_checkpoint.mode=full"]  # fmt: skip

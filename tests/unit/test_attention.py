@@ -198,7 +198,7 @@ def test_kernel_names() -> None:
 
 
 def test_attention_block_names_the_kernel_and_auto_has_candidates_per_device() -> None:
-    """-1 leaves the kernel to measurement (titan_tpu/kernels/) among the device's candidates."""
+    """-1 leaves the kernel to measurement (titan_tpu/autotune/) among the device's candidates."""
     assert requested_attention(-1) == AutoAttention()
     assert requested_attention(0).name == "sdpa" and requested_attention(64).name == "blocked:64"
     with pytest.raises(ValueError, match="-1 \\(auto\\), 0 \\(SDPA\\)"):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import titan_tpu.device as device
-import titan_tpu.trainer  # noqa: F401  (bound to the real probe before the test replaces bench's)
+import titan_tpu.training.trainer  # noqa: F401  (bound to the real probe before the test replaces bench's)
 from scripts import bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/one_thread.py says why

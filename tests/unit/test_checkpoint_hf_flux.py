@@ -20,7 +20,7 @@ from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as 
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 from tests import flux_reference
 from tests.flux_reference import random_diffusers_model, run_diffusers, run_ours
 

@@ -12,7 +12,7 @@ import torch
 from tests.trained_losses import trained_losses
 from titan_tpu.checkpoint import layout
 from titan_tpu.config import load_config
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 BASE = [
     "--training.seq_len=64",

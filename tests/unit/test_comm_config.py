@@ -23,7 +23,7 @@ from titan_tpu.distributed import comm_timeouts
 from titan_tpu.distributed.comm_timeouts import CollectiveTimeout, is_collective_timeout
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.distributed.process_group import ProcessInfo
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 INIT_S, TRAIN_S = 77, 33
 SMALL = [
@@ -55,7 +55,7 @@ def init_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list
             timeout=datetime.timedelta(seconds=timeout_s),
         )  # fmt: skip
 
-    monkeypatch.setattr("titan_tpu.trainer.process_group.init_process_group", init_one_process)
+    monkeypatch.setattr("titan_tpu.training.trainer.process_group.init_process_group", init_one_process)
     try:
         yield calls
     finally:

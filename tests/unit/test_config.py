@@ -17,7 +17,7 @@ import train
 from titan_tpu.config import ConfigError, help_text, load_config, to_toml
 from titan_tpu.config.loader import CONFIG_DIR
 from titan_tpu.plan.__main__ import main as plan_main
-from titan_tpu.registered_names import check_registered_names
+from titan_tpu.training.registered_names import check_registered_names
 from titan_tpu.models.registry import get_model_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Every kind of training step under both dtypes `auto` picks on a CPU, whatever this machine's own
 CPU is: float32 (no native bf16) and bf16 (AVX512-BF16 or AMX). The attention kernel is measured at
-start-up (titan_tpu/kernels/), so either dtype may get SDPA or the blocked kernel; here float32 runs
+start-up (titan_tpu/autotune/), so either dtype may get SDPA or the blocked kernel; here float32 runs
 SDPA and bf16 the blocked kernel, forced, so that both paths run whatever the timings say. Tiny
 shapes, so the bf16 decision stays quick on CPUs that emulate bf16.
 
@@ -25,7 +25,7 @@ from tests.cpu_kinds import DECISIONS
 from tests.token_sum_reward import REWARDS
 from titan_tpu.config.loader import load_config
 from titan_tpu.models.common.decode_step import FusedDecoder
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 # config -> overrides that make one step take well under a second in float32.
 RUNS = {

@@ -17,7 +17,7 @@ from titan_tpu.config import load_config
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.model import Qwen3Model, Qwen3MoeModel
 from titan_tpu.tasks.language_model import documents_after_eos
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 EOS = 9
 

@@ -44,7 +44,7 @@ def worker(out: Path, decision: str, *layout: str) -> None:
 
     from tests.cpu_kinds import pretend_cpu
     from titan_tpu.config.loader import load_config
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     pretend_cpu(decision)
     config = load_config("grpo_qwen3_debug", [*OVERRIDES, f"--job.dump_folder={out / 'run'}", *layout])

@@ -14,7 +14,7 @@ import torch
 
 from tests.token_sum_reward import REWARDS
 from titan_tpu.config import load_config
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 
 def test_grpo_trains_a_moe_policy(tmp_path: Path) -> None:

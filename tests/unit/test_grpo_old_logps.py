@@ -14,7 +14,7 @@ from titan_tpu.config import load_config
 from titan_tpu.generation.logprobs import token_logps
 from titan_tpu.tasks.grpo.rollout import MicroBatch
 from titan_tpu.tasks.grpo.task import GRPOTask
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 # One prompt x 4 completions in two mini-batches of 2 (two optimizer steps per rollout), float32.
 SMALL = ["--model.overrides={ n_layers = 1 }", "--training.dtype=float32", "--rl.max_new_tokens=4",

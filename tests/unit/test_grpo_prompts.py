@@ -19,7 +19,7 @@ from chat_fixtures import checkpoint_folder
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.tasks.grpo.prompts import prompt_set
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 transformers = pytest.importorskip("transformers")
 

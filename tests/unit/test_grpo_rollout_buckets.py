@@ -13,7 +13,7 @@ from titan_tpu.config import ConfigError, load_config
 from titan_tpu.generation import sampler
 from titan_tpu.protocols.model_spec import Decoding
 from titan_tpu.tasks.grpo.rollout import MicroBatch
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 # Two-digit operands, so the "a+b=" prompts differ in length (4 to 6 tokens).
 SMALL = ["--model.overrides={ n_layers = 1 }", "--training.dtype=float32", "--rl.max_new_tokens=6",

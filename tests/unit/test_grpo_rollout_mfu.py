@@ -12,11 +12,11 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-import titan_tpu.trainer as trainer_module
+import titan_tpu.training.trainer as trainer_module
 from tests.token_sum_reward import REWARDS
 from titan_tpu.config import load_config
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 # One layer, plain SDPA (what the counter sees through the math backend), float32.
 SMALL = ["--model.overrides={ n_layers = 1 }", "--model.attention_block=0", "--training.dtype=float32",

@@ -21,7 +21,7 @@ from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import load_config
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import block_containers, parallelize_model
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 SEQ = 32
 CONFIG = "hf_mistral_debug"

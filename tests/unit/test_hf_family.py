@@ -277,7 +277,7 @@ def test_decoder_layers_are_found_where_the_class_names_no_unsplit_modules() -> 
 )
 def test_what_the_family_cannot_do_yet_is_refused_at_start(config: str, overrides: list[str], message: str, tmp_path: Any) -> None:
     """One line before anything is built, instead of a TypeError at the first decode or forward."""
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     hf = ["--model.name=hf", "--hf.architecture=Qwen3ForCausalLM", "--model.flavor=debug",
           "--model.overrides={ vocab_size = 1024 }", f"--job.dump_folder={tmp_path}"]  # fmt: skip

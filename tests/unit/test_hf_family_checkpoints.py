@@ -102,7 +102,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bitwise(tmp_path: Path) -> Non
     import shutil
 
     from titan_tpu.config import load_config
-    from titan_tpu.trainer import Trainer
+    from titan_tpu.training.trainer import Trainer
 
     def train(dump: Path) -> dict[int, float]:
         config = load_config("hf_mistral_debug", [

@@ -1,4 +1,4 @@
-"""The measured kernel choice (titan_tpu/kernels/), with fake timings: what it picks, what it
+"""The measured kernel choice (titan_tpu/autotune/), with fake timings: what it picks, what it
 refuses, what it caches, and the real attention and expert candidates checked against float32.
 
 Bugs these catch: picking by order or by the first candidate rather than by time; trusting a fast
@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from tests.kernel_fakes import SHAPE, FakeArgs, FakeClock, FakeKernel, fake_tunable
-from titan_tpu.kernels.cache import FILE_NAME, KernelCache
-from titan_tpu.kernels.choose import KernelChoice, choose_kernels
-from titan_tpu.kernels.measure import BUDGET_S, MAX_ROUNDS, MIN_ROUNDS
+from titan_tpu.autotune.cache import FILE_NAME, KernelCache
+from titan_tpu.autotune.choose import KernelChoice, choose_kernels
+from titan_tpu.autotune.measure import BUDGET_S, MAX_ROUNDS, MIN_ROUNDS
 from titan_tpu.models.common.attention_kernels import AutoAttention, SdpaAttention, attention_kernel
 from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.protocols.tunable import KernelShape
@@ -130,7 +130,7 @@ def test_attention_candidates_agree_with_float32_and_a_perturbed_one_is_refused(
     shape = KernelShape(torch.device("cpu"), torch.float32, batch=1, seq_len=256)
     candidates = ATTENTION.candidates(args, shape)
     assert list(candidates) == ["sdpa", "blocked:64", "blocked:128"]
-    from titan_tpu.kernels.measure import check
+    from titan_tpu.autotune.measure import check
 
     assert check(ATTENTION, args, shape, candidates) == {}
     shape16 = dataclasses.replace(shape, dtype=torch.bfloat16)
@@ -147,7 +147,7 @@ def test_attention_candidates_agree_with_float32_and_a_perturbed_one_is_refused(
 def test_expert_candidates_agree_with_the_loop(autocast: bool) -> None:
     """Also as one bf16 process computes them: float32 weights and inputs under autocast."""
     args = QWEN3_MOE_FLAVORS["debug_moe"]
-    from titan_tpu.kernels.measure import check
+    from titan_tpu.autotune.measure import check
 
     for dtype in (torch.float32, torch.bfloat16):
         shape = KernelShape(torch.device("cpu"), dtype, batch=1, seq_len=64, autocast=autocast and dtype != torch.float32)
@@ -190,7 +190,7 @@ def test_rounds_run_until_the_budget_once_the_minimum_is_timed() -> None:
 
 
 def test_an_autocast_run_is_measured_under_autocast_with_its_inputs_dtype() -> None:
-    from titan_tpu.kernels.measure import in_run_precision
+    from titan_tpu.autotune.measure import in_run_precision
 
     seen: list[tuple[torch.dtype, bool]] = []
     tunable = fake_tunable({"a": FakeKernel(0.0)}, FakeClock())

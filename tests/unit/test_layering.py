@@ -19,7 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Everything the engine has above the configuration, for "nothing of it" rules.
+# Everything the engine has above the configuration and the shared interfaces, for "nothing of it"
+# rules.
 _ENGINE = (
     "titan_tpu.device",
     "titan_tpu.distributed",
@@ -27,24 +28,25 @@ _ENGINE = (
     "titan_tpu.checkpoint",
     "titan_tpu.metrics",
     "titan_tpu.optim",
-    "titan_tpu.kernels",
+    "titan_tpu.autotune",
+    "titan_tpu.generation",
     "titan_tpu.tasks",
-    "titan_tpu.trainer",
-    "titan_tpu.forward_backward",
-    "titan_tpu.record_window",
-    "titan_tpu.seeding",
-    "titan_tpu.registered_names",
+    "titan_tpu.training",
 )
-
+_ENTRY_POINTS = ("titan_tpu.plan", "titan_tpu.launch", "titan_tpu.doctor")
 
 # Everything of titan_tpu but the models (test_every_part_of_the_package_is_in_a_layer keeps it whole).
-_OUTSIDE_MODELS = (
-    "titan_tpu.config",
-    "titan_tpu.protocols",
-    *_ENGINE,
-    "titan_tpu.plan",
-    "titan_tpu.launch",
-    "titan_tpu.doctor",
+_OUTSIDE_MODELS = ("titan_tpu.config", "titan_tpu.protocols", *_ENGINE, *_ENTRY_POINTS)
+
+# The config sections a family or a task owns (titan_tpu/config/catalogue.py), and the package doors
+# the loader passes through to reach them.
+_SECTION_MODULES = ("titan_tpu/tasks/*/config.py", "titan_tpu/models/*/config.py")
+_DOORS = (
+    "titan_tpu/models/__init__.py",
+    "titan_tpu/models/*/__init__.py",
+    "titan_tpu/tasks/__init__.py",
+    "titan_tpu/tasks/*/__init__.py",
+    "titan_tpu/training/__init__.py",
 )
 
 
@@ -67,14 +69,30 @@ RULES = (
     Rule(
         "config",
         ("titan_tpu/config/**/*.py",),
-        ("torch", "numpy", "titan_tpu.models", *_ENGINE),
+        ("torch", "numpy", "titan_tpu.models", "titan_tpu.protocols", *_ENGINE, *_ENTRY_POINTS),
         "the ground floor: `train.py --help` and the plain config errors answer before torch loads, "
         "and every layer reads it; the entry points check registry names after loading",
     ),
     Rule(
+        "owned sections",
+        _SECTION_MODULES,
+        ("torch", "numpy", "titan_tpu"),
+        "a family's or a task's section is read by the config loader with the core ones, before torch "
+        "loads: it is made of the configuration's helpers alone",
+        allowed=("titan_tpu.config",),
+    ),
+    Rule(
+        "package doors",
+        _DOORS,
+        ("torch", "numpy", "transformers", "titan_tpu"),
+        "the loader reaches a section module through its packages' doors, the registries list families "
+        "and tasks without loading them, and the planner reads the config's names without the trainer: "
+        "a door loads nothing",
+    ),
+    Rule(
         "protocols",
         ("titan_tpu/protocols/**/*.py",),
-        ("titan_tpu.models", *_ENGINE, "titan_tpu.plan", "titan_tpu.launch", "titan_tpu.doctor"),
+        ("titan_tpu.models", *_ENGINE, *_ENTRY_POINTS),
         "the shared interfaces sit at the bottom, above the configuration only: the engine and the "
         "families both depend on them, so they may depend on neither",
     ),
@@ -85,9 +103,7 @@ RULES = (
         "model files are single-device; parallelism is applied from outside by parallelize.py; they "
         "implement the shared interfaces (titan_tpu.protocols) and know nothing else of the engine",
         exempt=(
-            "titan_tpu/models/__init__.py",
             "titan_tpu/models/registry.py",
-            "titan_tpu/models/*/__init__.py",
             "titan_tpu/models/*/parallelize.py",
             "titan_tpu/models/*/config.py",
         ),
@@ -155,36 +171,51 @@ RULES = (
         "optimizers and schedules are built from parameters and a config section alone",
     ),
     Rule(
-        "kernels",
-        ("titan_tpu/kernels/**/*.py",),
-        _engine_except("titan_tpu.device", "titan_tpu.kernels"),
-        "it times the kernels a model family lists as tunable on the device it is handed; it knows "
-        "no data, checkpoint, metrics, optimizer, task or trainer",
+        "autotune",
+        ("titan_tpu/autotune/**/*.py",),
+        ("titan_tpu.models", *_engine_except("titan_tpu.device", "titan_tpu.autotune")),
+        "it times the kernels a model family lists as tunable (titan_tpu.protocols.tunable) on the "
+        "device it is handed; it knows no family, data, checkpoint, metrics, optimizer, task or trainer",
+    ),
+    Rule(
+        "generation",
+        ("titan_tpu/generation/**/*.py",),
+        ("titan_tpu.models", *_engine_except("titan_tpu.device", "titan_tpu.distributed", "titan_tpu.generation")),
+        "sampling runs any model through the family's Decoding (titan_tpu.protocols.model_spec) and "
+        "serves every task; it knows no family, data, task or trainer",
     ),
     Rule(
         "tasks",
         ("titan_tpu/tasks/**/*.py",),
-        ("titan_tpu.trainer",),
+        ("titan_tpu.training",),
         "the trainer runs tasks; a task never drives the trainer, and is built from the public pieces "
         "of the engine and the models, never their insides",
         no_private_names=True,
     ),
     Rule(
+        "the seam and the loop",
+        ("titan_tpu/tasks/base.py", "titan_tpu/training/**/*.py"),
+        ("titan_tpu.models",),
+        "the trainer and the task seam know a family only as a ModelSpec (titan_tpu.protocols), found "
+        "by name in the registry",
+        allowed=("titan_tpu.models.registry",),
+    ),
+    Rule(
         "registered names",
-        ("titan_tpu/registered_names.py",),
-        _engine_except("titan_tpu.tasks", "titan_tpu.registered_names"),
+        ("titan_tpu/training/registered_names.py",),
+        _engine_except("titan_tpu.training"),
         "it reads the model and task registries' tables and builds nothing, so that every entry point, "
         "the planner included, can check a config's names",
+        allowed=("titan_tpu.tasks.registry",),
     ),
     Rule(
         "plan",
         ("titan_tpu/plan/**/*.py",),
-        _engine_except("titan_tpu.device", "titan_tpu.distributed", "titan_tpu.registered_names")
-        + ("titan_tpu.launch", "titan_tpu.doctor"),
+        _engine_except("titan_tpu.device", "titan_tpu.distributed") + ("titan_tpu.launch", "titan_tpu.doctor"),
         "the planner reads a config (its names checked like train.py's) and the model's shape, sharded "
         "by the trainer's rules, without building a run: nothing that trains, loads data or "
         "checkpoints, or logs; it asks the run's task for its workload through the task registry",
-        allowed=("titan_tpu.tasks.registry",),
+        allowed=("titan_tpu.tasks.registry", "titan_tpu.training.registered_names"),
     ),
     Rule(
         "launch",
@@ -202,7 +233,7 @@ RULES = (
     ),
     Rule(
         "leaves",
-        ("titan_tpu/**/*.py", "titan_tpu/models/**/*.py"),
+        ("titan_tpu/**/*.py",),
         ("titan_tpu.plan", "titan_tpu.launch", "titan_tpu.doctor"),
         "the planner, the launcher and the doctor are entry points around the engine; nothing in it "
         "depends on them (the planner reads a doctor report as a file, not through its code)",
@@ -210,17 +241,16 @@ RULES = (
     ),
     Rule(
         "package",
-        ("titan_tpu/**/*.py", "titan_tpu/models/**/*.py"),
+        ("titan_tpu/**/*.py",),
         ("train", "scripts", "tests"),
         "the installed package works without the repository's entry point, scripts and tests",
     ),
     Rule(
         "one import name",
-        ("titan_tpu/**/*.py", "titan_tpu/models/**/*.py", "train.py", "scripts/**/*.py", "tests/**/*.py"),
+        ("titan_tpu/**/*.py", "train.py", "scripts/**/*.py", "tests/**/*.py"),
         ("models", "train_configs"),
-        "the models and the shipped configs are installed as titan_tpu.models and "
-        "titan_tpu.train_configs; a top-level `models` works only from the repository root, and is "
-        "any other project's package elsewhere",
+        "the models and the shipped configs are titan_tpu.models and titan_tpu.train_configs; a "
+        "top-level `models` is any other project's package",
     ),
 )
 
@@ -316,28 +346,41 @@ def test_every_part_of_the_package_is_in_a_layer() -> None:
     assert parts - {"__init__", "models", "train_configs"} == named
 
 
-def test_importing_the_config_loads_no_torch() -> None:
-    """What the config rule is for, end to end: transitive imports included (a config module that
-    imports a torch-free module of a package whose __init__ imports torch still loads torch). Nothing
-    of titan_tpu outside the configuration loads either: the bug this catches is the loader importing
-    the tasks' own section modules (titan_tpu.tasks.rectified_flow.config), a layer above it."""
+def test_loading_a_config_loads_no_torch_and_no_owner_code() -> None:
+    """What the config rules are for, end to end: transitive imports included (a config module that
+    imports a torch-free module of a package whose __init__ imports torch still loads torch). Loading
+    a config and its --help reads every owned section through its packages' doors and loads nothing
+    else of titan_tpu: the bug this catches is a door or a section module that imports its family's or
+    task's code (and with it torch), so that every config error waits for torch."""
     probe = (
-        "import sys, titan_tpu.config; print(sorted(m for m in sys.modules if m in ('torch', 'numpy') "
+        "import sys, titan_tpu.config as c\n"
+        "c.load_config('grpo_qwen3_debug', []); c.help_text()\n"
+        "print(sorted(m for m in sys.modules if m in ('torch', 'numpy', 'transformers') "
         "or m.startswith('titan_tpu.') and not m.startswith('titan_tpu.config')))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    assert result.stdout.strip() == "[]"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    loaded = set(eval(result.stdout))  # noqa: S307 (a list of module names this test printed)
+    sections = {module_name(path, REPO) for pattern in _SECTION_MODULES for path in REPO.glob(pattern)}
+    doors = {name.rsplit(".", 1)[0] for name in sections} | {"titan_tpu.models", "titan_tpu.tasks"}
+    assert sections and loaded == sections | doors
 
 
 def test_checker_flags_a_synthetic_bad_tree(tmp_path: Path) -> None:
-    """Negative control: each way of importing what a layer may not is reported, clean code is not.
-    The configuration may not import a layer above it even inside a function or from a task's
-    torch-free module (the exception the config rule used to make)."""
+    """Negative control: each way of importing what a layer may not is reported, clean code is not
+    (the registry import of training/loop.py, the configuration helper of the toy section). The
+    configuration may not import a layer above it even inside a function or from a task's torch-free
+    module: only the catalogue names those, as paths."""
     bad = {
         "titan_tpu/models/toy/model.py": "import torch\nfrom torch.distributed.tensor import DTensor\n",
-        "titan_tpu/models/toy/args.py": "def f():\n    from titan_tpu import trainer\n",
+        "titan_tpu/models/toy/args.py": "def f():\n    from titan_tpu import training\n",
+        "titan_tpu/models/toy/__init__.py": "from titan_tpu.models.toy.spec import SPEC\n",
+        "titan_tpu/tasks/toy/config.py": "from titan_tpu.config.sections import opt\nimport torch\n",
+        "titan_tpu/autotune/pick.py": "from titan_tpu.models.common.attention_kernels import attention_kernel\n",
+        "titan_tpu/generation/decode.py": "from titan_tpu.models.common.kv_cache import KVCache\n",
+        "titan_tpu/training/loop.py": (
+            "from titan_tpu.models.registry import get_model_spec\nfrom titan_tpu.models.llama3.model import M\n"
+        ),
+        "titan_tpu/protocols/spec.py": "from titan_tpu.config.errors import ConfigError\nfrom titan_tpu.data import loader\n",
         "titan_tpu/models/toy/parallelize.py": "from titan_tpu.distributed import fsdp\nfrom titan_tpu.data import loader\n",
         "titan_tpu/models/toy/flops.py": "from titan_tpu.models.common.flops import f\nfrom models.common import g\n",
         "scripts/tool.py": "import torch\nimport models\n",
@@ -350,9 +393,9 @@ def test_checker_flags_a_synthetic_bad_tree(tmp_path: Path) -> None:
         "titan_tpu/data/files.py": "from .sources import text_of\n",
         "titan_tpu/data/pipe.py": "import importlib\nimportlib.import_module('titan_tpu.distributed.fsdp')\n",
         "titan_tpu/device/__init__.py": "from ..metrics.peak import table\n",
-        "titan_tpu/tasks/lm.py": "import titan_tpu.trainer as t\n",
+        "titan_tpu/tasks/lm.py": "import titan_tpu.training.trainer as t\n",
         "titan_tpu/tasks/grpo/loop.py": "from titan_tpu.data.tokenizer import _bytes\nfrom titan_tpu.tasks.grpo import _ok\n",
-        "titan_tpu/plan/names.py": "from titan_tpu.registered_names import check\nfrom titan_tpu.tasks import base\n",
+        "titan_tpu/plan/names.py": "from titan_tpu.training.registered_names import check\nfrom titan_tpu.tasks import base\n",
         "titan_tpu/metrics/logger.py": "from train import main\n",
     }
     for relative, text in bad.items():
@@ -364,6 +407,12 @@ def test_checker_flags_a_synthetic_bad_tree(tmp_path: Path) -> None:
         "titan_tpu/models/toy/args.py:2",
         "titan_tpu/models/toy/parallelize.py:2",
         "titan_tpu/models/toy/flops.py:2",
+        "titan_tpu/models/toy/__init__.py:1",
+        "titan_tpu/tasks/toy/config.py:2",
+        "titan_tpu/autotune/pick.py:1",
+        "titan_tpu/generation/decode.py:1",
+        "titan_tpu/training/loop.py:2",
+        "titan_tpu/protocols/spec.py:2",
         "scripts/tool.py:2",
         "titan_tpu/config/extra.py:3",
         "titan_tpu/config/late.py:2",
@@ -385,3 +434,121 @@ def test_relative_imports_resolve_against_the_package() -> None:
     assert imports_of("from . import x", "titan_tpu.data.loader") == [(1, "titan_tpu.data", "x")]
     assert imports_of("from .. import y", "titan_tpu.data.loader") == [(1, "titan_tpu", "y")]
     assert imports_of("from .a import b", "titan_tpu.data", is_package=True) == [(1, "titan_tpu.data.a", "b")]
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    return {module_name(path, root): path for path in (root / "titan_tpu").rglob("*.py")}
+
+
+def test_every_titan_tpu_import_resolves_to_a_file() -> None:
+    """A structure drawn from the import lines finds every titan_tpu module at the path its name says,
+    in the package, the entry point, the scripts and the tests: `import a.b` and `from a import b` name
+    a file (a.py, a/__init__.py) or, for `from`, an attribute of one. The bug this catches: a folder
+    installed under another name (as setup.py once installed models/ as titan_tpu.models)."""
+    modules = _modules(REPO)
+    unresolved = []
+    for pattern in ("titan_tpu/**/*.py", "train.py", "scripts/**/*.py", "tests/**/*.py"):
+        for path in REPO.glob(pattern):
+            module = module_name(path, REPO)
+            for line, target, name in imports_of(path.read_text("utf-8"), module, path.name == "__init__.py"):
+                if _within(target, "titan_tpu") and target not in modules:
+                    unresolved.append(f"{path.relative_to(REPO)}:{line}: {target}")
+    assert unresolved == []
+
+
+def _runtime_imports(path: Path, module: str) -> set[tuple[str, str]]:
+    """(module, name) of every import that runs (not under `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text("utf-8"))
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(node)
+    }
+    return {
+        (target, name)
+        for line, target, name in imports_of(ast.unparse(ast.Module([n for n in tree.body if id(n) not in typing_only], [])), module, path.name == "__init__.py")
+    }
+
+
+def test_no_import_circle_except_for_type_checking() -> None:
+    """The module graph of titan_tpu (an edge for each import that runs, to the module it names) has no
+    circle: the layers are a stack, and within a layer nothing imports back up."""
+    modules = _modules(REPO)
+    edges: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        targets = set()
+        for target, name in _runtime_imports(path, module):
+            named = f"{target}.{name}" if f"{target}.{name}" in modules else target
+            if named in modules and named != module:
+                targets.add(named)
+        edges[module] = targets
+    circles = [sorted(group) for group in _strongly_connected(edges) if len(group) > 1]
+    assert circles == []
+
+
+def _strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components, iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                groups.append(group)
+    return groups
+
+
+def test_circle_finder_sees_a_circle() -> None:
+    """Negative control for the circle test."""
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert sorted(map(sorted, _strongly_connected(edges))) == [["a", "b", "c"], ["d"]]
+
+
+def test_each_shared_interface_is_defined_once() -> None:
+    """Every class of titan_tpu/protocols/ is defined there and nowhere else in the package (the
+    StateDictAdapter protocol once stood in two places, because the checkpoint layer could not import
+    the models' copy)."""
+    interfaces = {
+        node.name
+        for path in (REPO / "titan_tpu" / "protocols").glob("*.py")
+        for node in ast.parse(path.read_text("utf-8")).body
+        if isinstance(node, ast.ClassDef)
+    }
+    elsewhere = [
+        f"{path.relative_to(REPO)}: {node.name}"
+        for path in (REPO / "titan_tpu").rglob("*.py")
+        if "protocols" not in path.parts
+        for node in ast.walk(ast.parse(path.read_text("utf-8")))
+        if isinstance(node, ast.ClassDef) and node.name in interfaces
+    ]
+    assert "StateDictAdapter" in interfaces and elsewhere == []

@@ -19,14 +19,14 @@ import torch
 from tests.cpu_kinds import DECISIONS
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import load_config
-from titan_tpu.kernels.measure import check
+from titan_tpu.autotune.measure import check
 from titan_tpu.models.common import loss as loss_module
 from titan_tpu.models.common import loss_tunable
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS, chunked_cross_entropy
 from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
 from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 ARGS = LLAMA3_FLAVORS["debug"]  # vocab 512
 SHAPE = KernelShape(torch.device("cpu"), torch.float32, batch=8, seq_len=256)  # 2048 tokens

@@ -23,8 +23,8 @@ import torch
 from tests.ragged_reference import exchange_every_rank, operand_gradients, ragged_dot
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.distributed.ragged_exchange import RaggedExchange
-from titan_tpu.kernels.for_run import choose_run_kernels
-from titan_tpu.kernels.measure import check
+from titan_tpu.autotune.for_run import choose_run_kernels
+from titan_tpu.autotune.measure import check
 from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.experts_tunable import EXPERTS

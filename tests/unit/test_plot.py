@@ -15,7 +15,7 @@ from PIL import Image
 
 import titan_tpu.metrics.plot as plot
 from titan_tpu.config import load_config
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("plot_script", ROOT / "scripts" / "plot.py")

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
-from titan_tpu.trainer import Trainer  # noqa: E402
+from titan_tpu.training.trainer import Trainer  # noqa: E402
 
 # SDPA forced: no kernel measurement, and the attention op has one known name.
 SMALL = ["--model.attention_block=0", "--training.seq_len=64", "--metrics.plot_loss=false"]

@@ -19,7 +19,7 @@ from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.config import load_config
 from titan_tpu.data.chat_tokenizer import tokenizer_export_files
 from titan_tpu.models.registry import get_model_spec
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 SMALL = ["--model.flavor=debug", "--model.overrides.vocab_size=640", "--training.seq_len=128",
          "--training.global_batch_size=2", "--training.local_batch_size=1", "--training.steps=2",

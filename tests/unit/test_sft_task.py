@@ -20,7 +20,7 @@ import torch
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.tasks.base import TaskLoss
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = {"messages": [{"role": "user", "content": "Spell abc."}, {"role": "assistant", "content": "a-b-c"}]}

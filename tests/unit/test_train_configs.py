@@ -13,7 +13,7 @@ import torch
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.config.loader import CONFIG_DIR
-from titan_tpu.registered_names import check_registered_names
+from titan_tpu.training.registered_names import check_registered_names
 
 # Config file -> total parameters as published, written as published ("8.03B"): the check allows
 # half a unit in the last digit, the rounding of the figure itself. Sources: Meta's Llama 3.1 / 3.2

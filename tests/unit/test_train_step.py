@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from titan_tpu.config import load_config
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/one_thread.py says why
 

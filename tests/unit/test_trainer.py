@@ -16,7 +16,7 @@ import torch
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, ResolvedConfig, TrainConfig, load_config, write_resolved_config
 from titan_tpu.config.batch import split_global_batch
-from titan_tpu.trainer import Trainer, TrainingStopped
+from titan_tpu.training.trainer import Trainer, TrainingStopped
 
 RECORD_KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib", "step_time_s"}
 

@@ -26,7 +26,7 @@ from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.models.common.loss import IGNORE_INDEX
 from titan_tpu.tasks.base import TaskContext
 from titan_tpu.tasks.validation import held_out_loss
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 SEQ = 16
 WORDS = "the model reads held out text and counts every token it predicts for the loss".split()

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from titan_tpu.kernels.cache import KernelCache
-from titan_tpu.kernels.measure import measure
+from titan_tpu.autotune.cache import KernelCache
+from titan_tpu.autotune.measure import measure
 from titan_tpu.protocols.tunable import KernelShape, Tunable
 
 logger = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from typing import Any
 
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.device import Device
-from titan_tpu.kernels.cache import KernelCache, cache_folder
-from titan_tpu.kernels.choose import KernelChoice, choose_kernels
+from titan_tpu.autotune.cache import KernelCache, cache_folder
+from titan_tpu.autotune.choose import KernelChoice, choose_kernels
 from titan_tpu.protocols.tunable import KernelShape, Tunable
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from titan_tpu.device.select import Device, accelerator_type, torch_tpu_version
 from titan_tpu.distributed.compile import AUTO_BACKENDS, available_backends, compile_parts, resolve_backend
 from titan_tpu.doctor.rows import Row, error_verdict, speed_verdict
 from titan_tpu.doctor.sizes import Sizes
-from titan_tpu.kernels.measure import tolerance
+from titan_tpu.autotune.measure import tolerance
 from titan_tpu.protocols.tunable import relative_error
 
 

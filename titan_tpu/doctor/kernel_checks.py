@@ -5,7 +5,7 @@ The candidates are the ones the kernel chooser times (`titan_tpu/models/common/a
 `titan_tpu/models/qwen3/experts_tunable.py`), so a kernel added there is checked here without a change; what a
 device does not offer is listed as unavailable. Speed: a kernel more than 1 / SLOW_FRACTION times
 slower than the fastest at the same shape is `slow` (auto never picks it; a forced choice would
-cost that much). Correctness uses the chooser's tolerances (`titan_tpu/kernels/measure.py`).
+cost that much). Correctness uses the chooser's tolerances (`titan_tpu/autotune/measure.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from titan_tpu.device.dtype import dtype_name
 from titan_tpu.device.select import Device
 from titan_tpu.doctor.rows import Row, error_verdict, speed_verdict
 from titan_tpu.doctor.sizes import Sizes
-from titan_tpu.kernels.measure import in_run_precision, time_candidates, tolerance
+from titan_tpu.autotune.measure import in_run_precision, time_candidates, tolerance
 from titan_tpu.models.common.attention_kernels import splash_block
 from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.protocols.tunable import KernelShape, Tunable, relative_error

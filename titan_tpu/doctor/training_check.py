@@ -27,7 +27,7 @@ from titan_tpu.device.dtype import dtype_name
 from titan_tpu.device.select import Device
 from titan_tpu.doctor.rows import Row, error_verdict
 from titan_tpu.doctor.sizes import Sizes
-from titan_tpu.trainer import Trainer
+from titan_tpu.training.trainer import Trainer
 
 STEPS = 10
 CONFIG = "llama3_debug"

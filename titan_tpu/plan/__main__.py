@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"--efficiency: must be in (0, 1], got {efficiency_text}")
         config = load_config(config_name, argv)
         from titan_tpu.plan.planner import make_plan
-        from titan_tpu.registered_names import check_registered_names
+        from titan_tpu.training.registered_names import check_registered_names
 
         check_registered_names(config)
         from titan_tpu.plan.report import render, render_search

@@ -1,6 +1,6 @@
 """A kernel decision a model leaves to measurement: what a run's "auto" may become, and how to time it.
 
-A family lists its tunables on its `ModelSpec`; the engine (titan_tpu/kernels/) times every candidate
+A family lists its tunables on its `ModelSpec`; the engine (titan_tpu/autotune/) times every candidate
 at the run's shapes, checks it against a float32 reference, and writes the fastest correct one into
 the model arguments before the model is built. The model code only says what the candidates are and
 how one forward and backward of them runs: it measures nothing and knows no device.

@@ -108,7 +108,7 @@ class LanguageModelTask(TrainingTask):
 
     def setup(self, model: nn.Module) -> None:
         ctx = self.ctx
-        # The loss's chunk, as the run chose it (titan_tpu/kernels/ replaced "auto" in model.args).
+        # The loss's chunk, as the run chose it (titan_tpu/autotune/ replaced "auto" in model.args).
         self.loss_chunk_elements: int = model.args.loss_chunk_elements
         self.dataloader = build_dataloader(
             ctx.config.data,

@@ -30,7 +30,7 @@ from titan_tpu.config import ResolvedConfig, TrainConfig, write_resolved_config
 from titan_tpu.config.batch import split_global_batch
 from titan_tpu.device import Device, dtype_name, host_peak_flops, resolve_compute_dtype, select_device
 from titan_tpu.device.peak import peak_covering
-from titan_tpu.kernels.for_run import choose_run_kernels
+from titan_tpu.autotune.for_run import choose_run_kernels
 from titan_tpu.distributed import process_group
 from titan_tpu.distributed.comm_timeouts import CommTimeouts
 from titan_tpu.distributed.grad_utils import clip_grad_norm_
@@ -38,16 +38,16 @@ from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import parallelize_model
 from titan_tpu.distributed.pipeline import PipelineRunner, build_pipeline
 from titan_tpu.distributed.topology import build_rank_layout
-from titan_tpu.forward_backward import accumulated_forward_backward, pipeline_forward_backward
+from titan_tpu.training.forward_backward import accumulated_forward_backward, pipeline_forward_backward
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 from titan_tpu.metrics.mfu import mfu_percent, task_flops_per_sec, with_task_mfu
 from titan_tpu.metrics.plot import write_run_loss_chart
 from titan_tpu.metrics.profiler import StepProfiler
 from titan_tpu.metrics.progress import Progress
 from titan_tpu.optim import build_lr_scheduler, build_optimizer
-from titan_tpu.record_window import RecordWindow, is_eval_step, is_record_step, mean_over_data_parallel
-from titan_tpu.registered_names import RegisteredNames, check_registered_names
-from titan_tpu.seeding import seed_everything
+from titan_tpu.training.record_window import RecordWindow, is_eval_step, is_record_step, mean_over_data_parallel
+from titan_tpu.training.registered_names import RegisteredNames, check_registered_names
+from titan_tpu.training.seeding import seed_everything
 from titan_tpu.tasks.base import TaskContext, TrainingTask
 from titan_tpu.tasks.registry import task_class
 
@@ -235,7 +235,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------ loop
 
     def forward_backward(self) -> tuple[torch.Tensor, int]:
-        """Loss and gradients of one optimizer step (titan_tpu/forward_backward.py): the step's mean
+        """Loss and gradients of one optimizer step (titan_tpu/training/forward_backward.py): the step's mean
         loss (a device tensor, this rank's) and the items this rank trained on."""
         if self.pipeline is not None:
             return pipeline_forward_backward(self.model, self.pipeline, self.task)

@@ -8,7 +8,7 @@ Kernels are small frozen values (hashable, printable), so they can sit in a froz
 dataclass. A kernel is chosen by name ("sdpa", "blocked:128", "splash") through `attention_kernel`;
 the TPU kernel is an op the caller hands in (model code imports no device library), so a test can hand
 in a stand-in with the same signature. Which one a run uses ("auto") is measured at start-up, among
-the candidates `attention_tunable.py` lists for the device (titan_tpu/kernels/).
+the candidates `attention_tunable.py` lists for the device (titan_tpu/autotune/).
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ def hf_args(run: Any) -> HFArgs:
     if model.flavor == "debug":
         config = shrink_to_debug_sizes(config)
     overrides = dict(model.overrides)
-    # Our own settings among them (the loss's chunk, which kernels/ otherwise measures).
+    # Our own settings among them (the loss's chunk, which titan_tpu/autotune/ otherwise measures).
     own = {key: overrides.pop(key) for key in OWN_FIELDS if key in overrides}
     for key, value in own.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
