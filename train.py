@@ -1,4 +1,10 @@
-"""Entry point: `torchrun train.py --config NAME [--section.key=value ...]` (or plain `python`)."""
+"""Entry point: `torchrun train.py --config NAME [--section.key=value ...]` (or plain `python`).
+
+`--import MODULE` (repeatable) imports a module of yours first, from the current folder or the Python
+path, so that the task or model family it registers (`titan_tpu.tasks.registry.register_task`,
+`titan_tpu.models.registry.register_model`) and its config sections can be named, set and listed by
+`--help` like the shipped ones.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,39 @@ from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
 # nothing (titan_tpu/device/tpu_runtime.py says what it costs).
 skip_tpu_backend_without_chips()
 
+import importlib  # noqa: E402
+import os  # noqa: E402
+
 from titan_tpu.config import ConfigError, help_text, load_config, to_toml  # noqa: E402
+
+
+def import_user_modules(argv: list[str]) -> list[str]:
+    """Import every `--import MODULE` (or `--import=MODULE`) and return the other arguments."""
+    rest: list[str] = []
+    modules: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--import":
+            if i + 1 >= len(argv):
+                raise ConfigError("--import: missing value (a module of yours, e.g. my_tasks)")
+            modules.append(argv[i + 1])
+            i += 1
+        elif arg.startswith("--import="):
+            modules.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        i += 1
+    if modules and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name is None or not module.startswith(e.name):
+                raise  # the module was found; something it imports was not: its traceback says where
+            raise ConfigError(f"--import {module}: no module {e.name!r} in {os.getcwd()} or on the Python path") from None
+    return rest
 
 
 def parse_cli(argv: list[str]) -> tuple[str | None, bool, list[str]]:
@@ -38,6 +76,11 @@ def parse_cli(argv: list[str]) -> tuple[str | None, bool, list[str]]:
 
 
 def main(argv: list[str]) -> int:
+    try:
+        argv = import_user_modules(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0

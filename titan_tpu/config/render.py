@@ -26,8 +26,10 @@ def _default(f: dataclasses.Field) -> Any:
 
 def help_text() -> str:
     lines = [
-        "usage: train.py [--config NAME_OR_PATH] [--print-config] [--section.key=VALUE ...]",
+        "usage: train.py [--import MODULE ...] [--config NAME_OR_PATH] [--print-config] [--section.key=VALUE ...]",
         "",
+        "--import MODULE imports a module of yours first (from the current folder or the Python path), so",
+        "the task or model family it registers, and its sections, can be used and are listed below.",
         "NAME is a file in titan_tpu/train_configs/ (with or without .toml) or a path to a TOML file.",
         "Every key below can be set in the TOML's [section] or overridden as --section.key=VALUE;",
         "a table entry as --section.key.entry=VALUE (e.g. --model.overrides.n_layers=2).",

@@ -9,9 +9,19 @@ from typing import Any
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.data.tokenizer import Tokenizer
 from titan_tpu.models.common.attention_kernels import requested_attention
-from titan_tpu.protocols.model_spec import ModelSpec
+from titan_tpu.protocols.model_spec import LossFn, ModelSpec
 from titan_tpu.protocols.planning import Workload
 from titan_tpu.tasks.base import TaskContext
+
+
+def language_model_loss(ctx: TaskContext) -> LossFn:
+    """The family's next-token loss; a family without one (FLUX) is refused for a decoder task."""
+    if ctx.spec.loss_fn is None:
+        raise ConfigError(
+            f"training.task: model {ctx.spec.name} has no language-model loss; its task is "
+            f"'{ctx.spec.default_task}' (set training.task = 'auto')"
+        )
+    return ctx.spec.loss_fn
 
 
 def decoder_args(ctx: TaskContext, tokenizer: Tokenizer, args: Any) -> Any:

@@ -22,7 +22,7 @@ from titan_tpu.distributed.context_parallel import split_for_rank
 from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.protocols.planning import Workload
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
-from titan_tpu.tasks.decoder import decoder_args, decoder_workload
+from titan_tpu.tasks.decoder import decoder_args, decoder_workload, language_model_loss
 from titan_tpu.tasks.validation import (
     held_out_loss,
     held_out_rows,
@@ -79,7 +79,7 @@ class LanguageModelTask(TrainingTask):
         config = ctx.config
         self.seq_len = config.training.seq_len
         self.tokenizer = build_tokenizer(config.data.tokenizer)
-        self.loss_fn = ctx.spec.loss_fn
+        self.loss_fn = language_model_loss(ctx)
         self.args: Any = None
         self.dataloader: StatefulDataLoader | None = None
         self._batches: Iterator[dict[str, torch.Tensor]] | None = None
