@@ -48,7 +48,9 @@ def import_user_modules(argv: list[str]) -> list[str]:
         except ModuleNotFoundError as e:
             if e.name is None or not module.startswith(e.name):
                 raise  # the module was found; something it imports was not: its traceback says where
-            raise ConfigError(f"--import {module}: no module {e.name!r} in {os.getcwd()} or on the Python path") from None
+            raise ConfigError(
+                f"--import {module}: no module {e.name!r} in {os.getcwd()} or on the Python path"
+            ) from None
     return rest
 
 

@@ -240,7 +240,10 @@ def run_case(config_name: str, layout: Layout, args: argparse.Namespace, overrid
     """One case's record: measured, skipped (with the reason) or failed (with its log)."""
     case = f"{config_name}/{layout.name}"
     header: dict[str, object] = {
-        "case": case, "config": config_name, "layout": layout.name, "parallelism": layout.degrees(),
+        "case": case,
+        "config": config_name,
+        "layout": layout.name,
+        "parallelism": layout.degrees(),
         "processes": layout.processes,
     }
     # Each case writes its resolved config beside the results instead of into the config's outputs.
@@ -250,7 +253,9 @@ def run_case(config_name: str, layout: Layout, args: argparse.Namespace, overrid
         return {**header, "skipped": problem}
     try:
         result = launch(
-            config_name, layout.processes, [f"--steps={args.steps}", f"--warmup={args.warmup}", *passthrough],
+            config_name,
+            layout.processes,
+            [f"--steps={args.steps}", f"--warmup={args.warmup}", *passthrough],
             timeout=args.case_timeout,
         )
     except subprocess.TimeoutExpired:

@@ -30,12 +30,12 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 
 import torch  # noqa: E402
 
-from titan_tpu.models.common.attention_kernels import attention_kernel  # noqa: E402
 from titan_tpu.device.dtype import DTYPES  # noqa: E402
 from titan_tpu.device.memory import peak_rss_gib  # noqa: E402
+from titan_tpu.models.common.attention_kernels import attention_kernel  # noqa: E402
 
 
-def _saved_bytes(step: "StepFn") -> int:
+def _saved_bytes(step: StepFn) -> int:
     sizes: list[int] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -60,9 +60,16 @@ class StepFn:
             from titan_tpu.models.llama3.model import Llama3Model
 
             model_args = Llama3Args(
-                dim=args.heads * args.head_dim, n_layers=args.layers, n_heads=args.heads,
-                n_kv_heads=args.kv_heads, vocab_size=512, multiple_of=256, ffn_dim_multiplier=None,
-                rope_scaling=None, max_seq_len=args.seq, attention=kernel,
+                dim=args.heads * args.head_dim,
+                n_layers=args.layers,
+                n_heads=args.heads,
+                n_kv_heads=args.kv_heads,
+                vocab_size=512,
+                multiple_of=256,
+                ffn_dim_multiplier=None,
+                rope_scaling=None,
+                max_seq_len=args.seq,
+                attention=kernel,
             )
             model = Llama3Model(model_args)
             model.init_weights()
@@ -97,8 +104,12 @@ def run_case(args: argparse.Namespace) -> dict[str, float | str | int]:
         cpu.append(time.process_time() - cpu_start)
     median_wall, median_cpu = statistics.median(wall[args.warmup :]), statistics.median(cpu[args.warmup :])
     return {
-        "kernel": args.kernel, "dtype": args.dtype, "seq": args.seq, "batch": args.batch,
-        "wall_ms": round(median_wall * 1e3, 1), "cpu_ms": round(median_cpu * 1e3, 1),
+        "kernel": args.kernel,
+        "dtype": args.dtype,
+        "seq": args.seq,
+        "batch": args.batch,
+        "wall_ms": round(median_wall * 1e3, 1),
+        "cpu_ms": round(median_cpu * 1e3, 1),
         "tokens_per_s": round(step.tokens / median_wall),
         "saved_MiB": round(saved / 2**20, 1),
         "peak_rss_above_start_MiB": round((peak_rss_gib() - baseline) * 2**10, 1),
@@ -126,17 +137,26 @@ def main() -> None:
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     # Each case in its own process, so one case's peak memory does not hide the next one's.
-    common = [f"--{name}={getattr(args, name.replace('-', '_'))}" for name in
-              ("batch", "heads", "kv-heads", "head-dim", "layers", "warmup", "reps")]
+    common = [
+        f"--{name}={getattr(args, name.replace('-', '_'))}"
+        for name in ("batch", "heads", "kv-heads", "head-dim", "layers", "warmup", "reps")
+    ]
     for dtype in args.dtype:
         for seq in args.seq:
             for kernel in args.kernel:
-                cmd = [sys.executable, __file__, "--one", f"--seq={seq}", f"--dtype={dtype}",
-                       f"--kernel={kernel}", *common, *(["--model"] if args.model else [])]
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    f"--seq={seq}",
+                    f"--dtype={dtype}",
+                    f"--kernel={kernel}",
+                    *common,
+                    *(["--model"] if args.model else []),
+                ]
                 result = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
                 lines = result.stdout.strip().splitlines()
-                print(lines[-1] if result.returncode == 0 and lines else f"{cmd}: {result.stderr[-500:]}",
-                      flush=True)
+                print(lines[-1] if result.returncode == 0 and lines else f"{cmd}: {result.stderr[-500:]}", flush=True)
 
 
 if __name__ == "__main__":

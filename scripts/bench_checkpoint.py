@@ -30,18 +30,16 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 
 import torch  # noqa: E402
 
-from titan_tpu.models.common.loss import cross_entropy_loss  # noqa: E402
-from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
-from titan_tpu.models.llama3.model import Llama3Model  # noqa: E402
 from titan_tpu.checkpoint import CheckpointManager  # noqa: E402
 from titan_tpu.config.sections import CheckpointConfig, LRSchedulerConfig, OptimizerConfig  # noqa: E402
+from titan_tpu.models.common.loss import cross_entropy_loss  # noqa: E402
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS  # noqa: E402
+from titan_tpu.models.llama3.model import Llama3Model  # noqa: E402
 from titan_tpu.optim import build_lr_scheduler, build_optimizer  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=32000)
@@ -92,9 +90,7 @@ def main(argv: list[str]) -> int:
     try:
         for mode in ("disabled", "async"):
             cfg = CheckpointConfig(enable=True, interval=1, keep_latest_k=1, async_mode=mode)
-            manager = CheckpointManager(
-                cfg, folder / mode, model=model, optimizer=optimizer, lr_scheduler=scheduler
-            )
+            manager = CheckpointManager(cfg, folder / mode, model=model, optimizer=optimizer, lr_scheduler=scheduler)
             blocked, background, steps_during = [], [], []
             for step in range(1, opts.repeats + 1):
                 train_step()

@@ -31,10 +31,10 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from plan_measure import LiveTensorPeak  # noqa: E402
 
 from titan_tpu.models.common.chunked_cross_entropy import chunk_tokens, chunked_cross_entropy  # noqa: E402
 from titan_tpu.models.common.loss import IGNORE_INDEX  # noqa: E402
-from plan_measure import LiveTensorPeak  # noqa: E402
 
 
 def upcast_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -72,8 +72,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     generator = torch.Generator().manual_seed(0)
     labels = torch.randint(0, args.vocab, (args.tokens,), generator=generator)
-    print(f"logits [{args.tokens}, {args.vocab}], {chunk_tokens(args.vocab)} tokens per chunk, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print(
+        f"logits [{args.tokens}, {args.vocab}], {chunk_tokens(args.vocab)} tokens per chunk, "
+        f"{torch.get_num_threads()} threads"
+    )
     for dtype in (torch.bfloat16, torch.float32):
         logits = torch.randn(args.tokens, args.vocab, generator=generator).to(dtype)
         for name, loss_fn in (("upcast F.cross_entropy", upcast_loss), ("chunked", chunked_loss)):

@@ -40,8 +40,10 @@ from scripts.bench import TimedTrainer  # noqa: E402
 
 # LlamaForCausalLM at llama3_debug's shape (titan_tpu/models/llama3/args.py). head_dim is a field of its own
 # in LlamaConfig (128 from the 8B defaults), not derived again from a new width: it is set too.
-LLAMA_DEBUG_SHAPE = ("{ hidden_size = 256, num_hidden_layers = 4, num_attention_heads = 8, num_key_value_heads = 4, "
-                     "head_dim = 32, intermediate_size = 768, vocab_size = 512 }")  # fmt: skip
+LLAMA_DEBUG_SHAPE = (
+    "{ hidden_size = 256, num_hidden_layers = 4, num_attention_heads = 8, num_key_value_heads = 4, "
+    "head_dim = 32, intermediate_size = 768, vocab_size = 512 }"
+)
 
 
 def transformers_loop(trainer: TimedTrainer) -> Callable[[], float]:
@@ -54,9 +56,15 @@ def transformers_loop(trainer: TimedTrainer) -> Callable[[], float]:
     torch.manual_seed(0)
     model = build_hf_model(args)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.optimizer.lr, weight_decay=config.optimizer.weight_decay)
-    batch = torch.randint(0, args.vocab_size, (config.training.global_batch_size, config.training.seq_len),
-                          generator=torch.Generator().manual_seed(0))  # fmt: skip
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.optimizer.lr, weight_decay=config.optimizer.weight_decay
+    )
+    batch = torch.randint(
+        0,
+        args.vocab_size,
+        (config.training.global_batch_size, config.training.seq_len),
+        generator=torch.Generator().manual_seed(0),
+    )
     autocast = run.compute_dtype == torch.bfloat16
 
     def step() -> float:
@@ -80,15 +88,27 @@ def main(argv: list[str]) -> int:
     total = opts.steps + opts.warmup
     common = [f"--training.steps={total}", "--metrics.log_freq=1000", *overrides]
     ours = TimedTrainer("llama3_debug", common)
-    hf = TimedTrainer("llama3_debug", [*common, "--model.name=hf", "--hf.architecture=LlamaForCausalLM",
-                                       "--model.flavor=config", f"--model.overrides={LLAMA_DEBUG_SHAPE}"])  # fmt: skip
+    hf = TimedTrainer(
+        "llama3_debug",
+        [
+            *common,
+            "--model.name=hf",
+            "--hf.architecture=LlamaForCausalLM",
+            "--model.flavor=config",
+            f"--model.overrides={LLAMA_DEBUG_SHAPE}",
+        ],
+    )
     # The same shape, or the comparison means nothing (a config field left at its default once made
     # hf's attention 4x as wide): the same parameter count.
     counts = [sum(p.numel() for p in t.trainer.model.parameters()) for t in (ours, hf)]
     if counts[0] != counts[1]:
         raise SystemExit(f"error: llama3 has {counts[0]} parameters and the hf model {counts[1]}; not the same shape")
     theirs = transformers_loop(hf)
-    runners: dict[str, Callable[[], float]] = {"llama3": ours.step_seconds, "hf": hf.step_seconds, "transformers": theirs}
+    runners: dict[str, Callable[[], float]] = {
+        "llama3": ours.step_seconds,
+        "hf": hf.step_seconds,
+        "transformers": theirs,
+    }
     times: dict[str, list[float]] = {name: [] for name in runners}
     try:
         for round_index in range(total):
@@ -103,14 +123,25 @@ def main(argv: list[str]) -> int:
     tokens = hf.items_per_step
     for name, seconds in times.items():
         median = statistics.median(seconds)
-        print(json.dumps({"runner": name, "median_step_s": round(median, 4), "tokens_per_sec": round(tokens / median, 1)}))
+        print(
+            json.dumps({"runner": name, "median_step_s": round(median, 4), "tokens_per_sec": round(tokens / median, 1)})
+        )
     ratio_llama3 = statistics.median(o / h for h, o in zip(times["hf"], times["llama3"]))
     ratio_transformers = statistics.median(t / h for h, t in zip(times["hf"], times["transformers"]))
-    print(json.dumps({
-        "dtype": str(hf.trainer.compute_dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
-        "tokens_per_step": tokens, "steps": opts.steps, "hf_over_llama3": round(ratio_llama3, 3),
-        "hf_over_transformers": round(ratio_transformers, 3), "kernels_llama3": ours.kernels, "kernels_hf": hf.kernels,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "dtype": str(hf.trainer.compute_dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads(),
+                "tokens_per_step": tokens,
+                "steps": opts.steps,
+                "hf_over_llama3": round(ratio_llama3, 3),
+                "hf_over_transformers": round(ratio_transformers, 3),
+                "kernels_llama3": ours.kernels,
+                "kernels_hf": hf.kernels,
+            }
+        )
+    )
     return 0
 
 

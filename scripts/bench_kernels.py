@@ -106,8 +106,8 @@ def _warm(run: KernelRun, steps: int) -> KernelRun:
 
 
 def kernel_table(config: str, steps: int, warmup: int, overrides: list[str], open_run: Open) -> int:
-    from titan_tpu.models.registry import get_model_spec
     from titan_tpu.config import load_config
+    from titan_tpu.models.registry import get_model_spec
 
     spec = get_model_spec(load_config(config, overrides).model.name)
     override_of = {t.field: t.config_override for t in spec.tunables}
@@ -117,9 +117,11 @@ def kernel_table(config: str, steps: int, warmup: int, overrides: list[str], ope
     for dtype in forced_dtypes[-1:] or native_dtypes():
         # Scheduled steps for the warm-up and the rounds; no records or checkpoints in between.
         base = [
-            "--metrics.log_freq=1000000", *overrides, f"--training.dtype={dtype}",
+            "--metrics.log_freq=1000000",
+            *overrides,
+            f"--training.dtype={dtype}",
             f"--training.steps={warmup + steps}",
-        ]  # fmt: skip
+        ]
         first = open_run(config, base)  # learns the candidates
         # Fields with one candidate (or forced by the overrides) have nothing to compare.
         measured = {f: names for f, names in first.kernel_candidates.items() if len(names) > 1}
@@ -138,12 +140,20 @@ def kernel_table(config: str, steps: int, warmup: int, overrides: list[str], ope
                     run.close()
             pick = auto.kernels[field]
             fastest = max(timed[name].rate() for name in names)
-            print(json.dumps({
-                "config": config, "dtype": dtype, "field": field, "pick": pick,
-                "decided": first.kernel_sources[field],  # the first run's: its start-up cost
-                "peak_tflops": None if peak is None else round(peak / 1e12, 4),
-                "step_seconds": {str(key): [round(s, 4) for s in t.seconds] for key, t in timed.items()},
-            }), flush=True)  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "config": config,
+                        "dtype": dtype,
+                        "field": field,
+                        "pick": pick,
+                        "decided": first.kernel_sources[field],  # the first run's: its start-up cost
+                        "peak_tflops": None if peak is None else round(peak / 1e12, 4),
+                        "step_seconds": {str(key): [round(s, 4) for s in t.seconds] for key, t in timed.items()},
+                    }
+                ),
+                flush=True,
+            )
             cells = ", ".join(f"{name} {timed[name].rate():.0f} ({timed[name].mfu(peak)})" for name in names)
             rows.append(
                 f"| {config} | {dtype} | {field} | {cells} | {pick} "
@@ -154,8 +164,10 @@ def kernel_table(config: str, steps: int, warmup: int, overrides: list[str], ope
         if not measured:
             first.close()
     print(f"\n{steps} interleaved rounds after {warmup} warm-up steps, medians of steps against their round's:")
-    print("| config | dtype | kernel | forced: items/s per process (MFU) | auto picks | auto | auto / fastest "
-          "| auto / its pick forced (noise) |")  # fmt: skip
+    print(
+        "| config | dtype | kernel | forced: items/s per process (MFU) | auto picks | auto | auto / fastest "
+        "| auto / its pick forced (noise) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0

@@ -79,15 +79,20 @@ def main() -> int:
     per_rank = stages_per_rank(args.schedule)
     predicted = step_time_factor(args.schedule, PP, args.microbatches, per_rank)
     slowdown = statistics.median(slowdowns)
-    print(json.dumps({
-        "slowdown_pp_vs_fsdp": round(slowdown, 3),
-        "per_repeat": [round(s, 3) for s in slowdowns],
-        "predicted_step_time_factor": round(predicted, 3),
-        "predicted_idle_share": round(bubble_fraction(args.schedule, PP, args.microbatches, per_rank), 3),
-        "within_predicted_bubble": slowdown <= predicted,
-        "meaning": f"FSDP {PROCESSES} rate / PP {PP} x FSDP {PROCESSES // PP} rate; at most the factor means "
-        f"pipelining lost no more than the bubble ({args.schedule}, {args.microbatches} micro-batches)",
-    }), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "slowdown_pp_vs_fsdp": round(slowdown, 3),
+                "per_repeat": [round(s, 3) for s in slowdowns],
+                "predicted_step_time_factor": round(predicted, 3),
+                "predicted_idle_share": round(bubble_fraction(args.schedule, PP, args.microbatches, per_rank), 3),
+                "within_predicted_bubble": slowdown <= predicted,
+                "meaning": f"FSDP {PROCESSES} rate / PP {PP} x FSDP {PROCESSES // PP} rate; at most the factor means "
+                f"pipelining lost no more than the bubble ({args.schedule}, {args.microbatches} micro-batches)",
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -80,8 +80,17 @@ def _theirs(hf_model: torch.nn.Module, prompts: list[list[int]], new_tokens: int
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     start = time.perf_counter()
     with torch.no_grad():
-        out = hf_model.generate(tokens, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=PAD)  # fmt: skip
+        out = hf_model.generate(
+            tokens,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=PAD,
+        )
     elapsed = time.perf_counter() - start
     generated = out[:, width:]
     assert generated.shape == (len(prompts), new_tokens)
@@ -101,12 +110,20 @@ def _grpo(prompt_lengths: list[int], new_tokens: int, dtype: str, buckets: int, 
         for length in prompt_lengths:
             file.write(json.dumps({"prompt": "".join(rng.choices("abcdefghij", k=length)), "answer": "0"}) + "\n")
     overrides = [
-        f"--job.dump_folder={folder / 'run'}", f"--training.dtype={dtype}", "--rl.task=data",
-        "--data.source=files", f"--data.path={folder / 'prompts.jsonl'}", f"--rl.max_new_tokens={new_tokens}",
-        f"--training.seq_len={max(prompt_lengths) + new_tokens + 8}", f"--rl.prompts_per_step={len(prompt_lengths) // group}",
-        f"--rl.group_size={group}", f"--rl.rollout_buckets={buckets}", "--metrics.eval_freq=0", "--checkpoint.enable=false",
+        f"--job.dump_folder={folder / 'run'}",
+        f"--training.dtype={dtype}",
+        "--rl.task=data",
+        "--data.source=files",
+        f"--data.path={folder / 'prompts.jsonl'}",
+        f"--rl.max_new_tokens={new_tokens}",
+        f"--training.seq_len={max(prompt_lengths) + new_tokens + 8}",
+        f"--rl.prompts_per_step={len(prompt_lengths) // group}",
+        f"--rl.group_size={group}",
+        f"--rl.rollout_buckets={buckets}",
+        "--metrics.eval_freq=0",
+        "--checkpoint.enable=false",
         f"--compile.enable={str(compiled).lower()}",
-    ]  # fmt: skip
+    ]
     config = load_config("grpo_qwen3_debug", overrides)
     steps = len(prompt_lengths) // config.training.global_batch_size
     config = load_config("grpo_qwen3_debug", [*overrides, f"--training.steps={steps}", f"--metrics.log_freq={steps}"])
@@ -134,8 +151,8 @@ def main(argv: list[str]) -> int:
     opts, overrides = parser.parse_known_args(argv)
     import transformers
 
-    from titan_tpu.models.registry import get_model_spec
     from titan_tpu.checkpoint.hf_export import export_model_to_hf
+    from titan_tpu.models.registry import get_model_spec
 
     config = load_config(opts.config, overrides)
     spec = get_model_spec(config.model.name)
@@ -161,19 +178,26 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     _ours(compiled, prompts, opts.new_tokens)
     print(json.dumps({"compiled_blocks_warmup_s": round(time.perf_counter() - start, 1)}), flush=True)
-    rates: dict[str, list[float]] = {"ours": [], "ours_compiled": [], "transformers": [], "grpo_logged": [],
-                                     "grpo_logged_compiled": []}  # fmt: skip
+    rates: dict[str, list[float]] = {
+        "ours": [],
+        "ours_compiled": [],
+        "transformers": [],
+        "grpo_logged": [],
+        "grpo_logged_compiled": [],
+    }
     if opts.buckets > 1:
         rates["ours_bucketed"] = []
     runs = tempfile.TemporaryDirectory()
     for repeat in range(opts.repeats):
         lengths, folder = [len(p) for p in prompts], Path(runs.name) / f"repeat_{repeat}"
         grpo = functools.partial(_grpo, lengths, opts.new_tokens, opts.dtype, opts.buckets)
-        runners = [("ours", lambda: _ours(model, prompts, opts.new_tokens)),
-                   ("ours_compiled", lambda: _ours(compiled, prompts, opts.new_tokens)),
-                   ("transformers", lambda: _theirs(hf_model, prompts, opts.new_tokens)),
-                   ("grpo_logged", lambda: grpo(False, folder / "eager")),
-                   ("grpo_logged_compiled", lambda: grpo(True, folder / "compiled"))]  # fmt: skip
+        runners = [
+            ("ours", lambda: _ours(model, prompts, opts.new_tokens)),
+            ("ours_compiled", lambda: _ours(compiled, prompts, opts.new_tokens)),
+            ("transformers", lambda: _theirs(hf_model, prompts, opts.new_tokens)),
+            ("grpo_logged", functools.partial(grpo, False, folder / "eager")),
+            ("grpo_logged_compiled", functools.partial(grpo, True, folder / "compiled")),
+        ]
         if opts.buckets > 1:
             runners.insert(1, ("ours_bucketed", lambda: _ours(model, prompts, opts.new_tokens, opts.buckets)))
         # Every other repeat in reverse order, so a machine that speeds up or slows down during a
@@ -194,20 +218,40 @@ def main(argv: list[str]) -> int:
     # A GRPO run samples as ours does with its rl.rollout_buckets, here --buckets.
     sampled = "ours_bucketed" if opts.buckets > 1 else "ours"
     logged_share = statistics.median(g / o for g, o in zip(rates["grpo_logged"], rates[sampled]))
-    logged_compiled_share = statistics.median(g / o for g, o in zip(rates["grpo_logged_compiled"], rates["ours_compiled"]))
+    logged_compiled_share = statistics.median(
+        g / o for g, o in zip(rates["grpo_logged_compiled"], rates["ours_compiled"])
+    )
     bucketed = {}
     if opts.buckets > 1:
-        bucketed = {"ours_bucketed_tokens_per_sec": statistics.median(rates["ours_bucketed"]),
-                    "bucketed_over_ours": round(statistics.median(b / o for b, o in zip(rates["ours_bucketed"], rates["ours"])), 2)}  # fmt: skip
-    print(json.dumps({
-        "model": f"{config.model.name}/{config.model.flavor}", "dtype": opts.dtype, "threads": torch.get_num_threads(),
-        "completions": opts.completions, "new_tokens": opts.new_tokens, "prompt_tokens": opts.prompt_tokens,
-        "buckets": opts.buckets, "ours_tokens_per_sec": ours,
-        "transformers_tokens_per_sec": theirs, "grpo_logged_tokens_per_sec": logged,
-        "ours_compiled_tokens_per_sec": ours_compiled, "grpo_logged_compiled_tokens_per_sec": logged_compiled,
-        "ratio": round(ratio, 2), "compiled_ratio": round(compiled_ratio, 2), "logged_over_ours": round(logged_share, 2),
-        "logged_compiled_over_ours_compiled": round(logged_compiled_share, 2), **bucketed,
-    }))  # fmt: skip
+        bucketed = {
+            "ours_bucketed_tokens_per_sec": statistics.median(rates["ours_bucketed"]),
+            "bucketed_over_ours": round(
+                statistics.median(b / o for b, o in zip(rates["ours_bucketed"], rates["ours"])), 2
+            ),
+        }
+    print(
+        json.dumps(
+            {
+                "model": f"{config.model.name}/{config.model.flavor}",
+                "dtype": opts.dtype,
+                "threads": torch.get_num_threads(),
+                "completions": opts.completions,
+                "new_tokens": opts.new_tokens,
+                "prompt_tokens": opts.prompt_tokens,
+                "buckets": opts.buckets,
+                "ours_tokens_per_sec": ours,
+                "transformers_tokens_per_sec": theirs,
+                "grpo_logged_tokens_per_sec": logged,
+                "ours_compiled_tokens_per_sec": ours_compiled,
+                "grpo_logged_compiled_tokens_per_sec": logged_compiled,
+                "ratio": round(ratio, 2),
+                "compiled_ratio": round(compiled_ratio, 2),
+                "logged_over_ours": round(logged_share, 2),
+                "logged_compiled_over_ours_compiled": round(logged_compiled_share, 2),
+                **bucketed,
+            }
+        )
+    )
     return 0
 
 

@@ -41,9 +41,15 @@ def main(argv: list[str]) -> int:
     opts, overrides = parser.parse_known_args(argv)
     sft = load_config(SFT, overrides).training
     # The same shapes and dtype for both; no evaluation inside the timed steps.
-    shared = [f"--training.seq_len={sft.seq_len}", f"--training.global_batch_size={sft.global_batch_size}",
-              f"--training.local_batch_size={sft.local_batch_size}", f"--training.dtype={sft.dtype}",
-              "--metrics.eval_freq=0", "--checkpoint.enable=false", *overrides]  # fmt: skip
+    shared = [
+        f"--training.seq_len={sft.seq_len}",
+        f"--training.global_batch_size={sft.global_batch_size}",
+        f"--training.local_batch_size={sft.local_batch_size}",
+        f"--training.dtype={sft.dtype}",
+        "--metrics.eval_freq=0",
+        "--checkpoint.enable=false",
+        *overrides,
+    ]
     rates: dict[str, list[float]] = {SFT: [], PRETRAINING: []}
     mfus: dict[str, list[float]] = {SFT: [], PRETRAINING: []}
     with tempfile.TemporaryDirectory() as scratch:
@@ -59,12 +65,19 @@ def main(argv: list[str]) -> int:
                 mfus[name].append(math.nan if mfu is None else float(mfu))  # type: ignore[arg-type]
     ratios = [s / p for s, p in zip(rates[SFT], rates[PRETRAINING])]
     mfu_ratios = [s / p for s, p in zip(mfus[SFT], mfus[PRETRAINING])]
-    print(json.dumps({
-        "sft_tokens_per_sec": rates[SFT], "pretraining_tokens_per_sec": rates[PRETRAINING],
-        "sft_over_pretraining": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3),
-        "sft_mfu": mfus[SFT], "pretraining_mfu": mfus[PRETRAINING],
-        "median_mfu_ratio": round(statistics.median(mfu_ratios), 3),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "sft_tokens_per_sec": rates[SFT],
+                "pretraining_tokens_per_sec": rates[PRETRAINING],
+                "sft_over_pretraining": [round(r, 3) for r in ratios],
+                "median_ratio": round(statistics.median(ratios), 3),
+                "sft_mfu": mfus[SFT],
+                "pretraining_mfu": mfus[PRETRAINING],
+                "median_mfu_ratio": round(statistics.median(mfu_ratios), 3),
+            }
+        )
+    )
     return 0
 
 

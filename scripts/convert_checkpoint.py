@@ -45,15 +45,15 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 
 import torch  # noqa: E402
 
-from titan_tpu.models.registry import get_model_spec  # noqa: E402
 from titan_tpu.checkpoint import CheckpointManager, layout  # noqa: E402
-from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights  # noqa: E402
 from titan_tpu.checkpoint.hf_export import export_checkpoint_to_hf  # noqa: E402
-from titan_tpu.device.dtype import DTYPES  # noqa: E402
+from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights  # noqa: E402
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.config.sections import CheckpointConfig  # noqa: E402
 from titan_tpu.data.chat_tokenizer import tokenizer_export_files  # noqa: E402
+from titan_tpu.device.dtype import DTYPES  # noqa: E402
 from titan_tpu.metrics.progress import Progress  # noqa: E402
+from titan_tpu.models.registry import get_model_spec  # noqa: E402
 from titan_tpu.training.registered_names import check_registered_names  # noqa: E402
 
 
@@ -151,9 +151,7 @@ def _resolve(opts: argparse.Namespace) -> tuple[Path, str, str, str, dict[str, P
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="direction", required=True)
     to_dcp = sub.add_parser("hf-to-dcp", help="Hugging Face folder -> <checkpoint folder>/step-0")
     to_dcp.add_argument("hf_folder", type=Path)

@@ -29,14 +29,24 @@ from titan_tpu.training.trainer import Trainer  # noqa: E402
 def pretrain(out: Path, steps: int, carry_error_rate: float, max_operand: int) -> Path:
     """Train on the corpus and export the weights; returns the Hugging Face folder."""
     problems = ArithmeticProblems(max_operand, held_out_fraction=0.05)
-    corpus = pretraining_corpus(problems, out / "corpus" / "arithmetic.txt", lines=200_000,
-                                carry_error_rate=carry_error_rate, seed=0)
-    config = load_config("qwen3_debug", [
-        f"--job.dump_folder={out / 'pretrain'}", "--data.source=files", f"--data.path={corpus}",
-        f"--training.steps={steps}", "--training.seq_len=64", "--training.global_batch_size=32",
-        "--training.dtype=float32", "--optimizer.lr=3e-3", "--lr_scheduler.warmup_steps=10",
-        f"--metrics.log_freq={max(1, steps // 5)}",
-    ])  # fmt: skip
+    corpus = pretraining_corpus(
+        problems, out / "corpus" / "arithmetic.txt", lines=200_000, carry_error_rate=carry_error_rate, seed=0
+    )
+    config = load_config(
+        "qwen3_debug",
+        [
+            f"--job.dump_folder={out / 'pretrain'}",
+            "--data.source=files",
+            f"--data.path={corpus}",
+            f"--training.steps={steps}",
+            "--training.seq_len=64",
+            "--training.global_batch_size=32",
+            "--training.dtype=float32",
+            "--optimizer.lr=3e-3",
+            "--lr_scheduler.warmup_steps=10",
+            f"--metrics.log_freq={max(1, steps // 5)}",
+        ],
+    )
     trainer = Trainer(config)
     try:
         records = trainer.train()
@@ -49,10 +59,17 @@ def pretrain(out: Path, steps: int, carry_error_rate: float, max_operand: int) -
 
 
 def grpo(out: Path, initial: Path, steps: int, max_operand: int, extra: list[str]) -> dict[str, Any]:
-    config = load_config("grpo_qwen3_debug", [
-        f"--job.dump_folder={out / 'grpo'}", f"--checkpoint.initial_load_path={initial}",
-        f"--training.steps={steps}", f"--rl.max_operand={max_operand}", f"--metrics.eval_freq={steps}", *extra,
-    ])  # fmt: skip
+    config = load_config(
+        "grpo_qwen3_debug",
+        [
+            f"--job.dump_folder={out / 'grpo'}",
+            f"--checkpoint.initial_load_path={initial}",
+            f"--training.steps={steps}",
+            f"--rl.max_operand={max_operand}",
+            f"--metrics.eval_freq={steps}",
+            *extra,
+        ],
+    )
     trainer = Trainer(config)
     try:
         before = trainer.evaluate()["heldout_accuracy"]
@@ -78,8 +95,10 @@ def main() -> None:
     result = grpo(args.out, initial, args.grpo_steps, args.max_operand, extra)
     result["seconds"] = time.perf_counter() - start
     (args.out / "result.json").write_text(json.dumps(result, indent=1))
-    print(f"held-out accuracy: {100 * result['before']:.1f}% -> {100 * result['after']:.1f}% "
-          f"({100 * (result['after'] - result['before']):+.1f} points) in {result['seconds']:.0f} s")
+    print(
+        f"held-out accuracy: {100 * result['before']:.1f}% -> {100 * result['after']:.1f}% "
+        f"({100 * (result['after'] - result['before']):+.1f} points) in {result['seconds']:.0f} s"
+    )
 
 
 if __name__ == "__main__":

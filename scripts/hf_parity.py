@@ -55,7 +55,9 @@ def loss_and_grads(
     model.zero_grad(set_to_none=True)
     loss = cross_entropy_loss(logits_of(tokens[:, :-1]), tokens[:, 1:], _ONE_CHUNK)
     loss.backward()
-    grads = {name.removeprefix("hf."): p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    grads = {
+        name.removeprefix("hf."): p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None
+    }
     return loss.detach(), grads
 
 
@@ -70,7 +72,9 @@ class Parity:
         return not self.missing_grads and self.loss_rel <= loss_rel and self.worst_grad_rel <= grad_rel
 
 
-def parity(ours: tuple[torch.Tensor, dict[str, torch.Tensor]], theirs: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> Parity:
+def parity(
+    ours: tuple[torch.Tensor, dict[str, torch.Tensor]], theirs: tuple[torch.Tensor, dict[str, torch.Tensor]]
+) -> Parity:
     """How far two (loss, gradients) are: the loss's relative difference, and per tensor
     max |a - b| / max(max |b|, 1e-6)."""
     (loss, grads), (their_loss, their_grads) = ours, theirs

@@ -37,10 +37,10 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,17 +56,43 @@ STEPS = ("build", "parity", "train", "export", "fsdp2", "tp2")
 # Model types whose causal-LM class is the decoder of an encoder-decoder model, or an encoder (BERT
 # and its relatives, XLNet's permutation LM) run with a causal mask: not decoder-only transformers.
 ENCODER_FAMILIES = {
-    "bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert",
-    "rembert", "roc_bert", "roformer", "roberta", "roberta-prelayernorm", "xlm", "xlm-roberta", "xlm-roberta-xl",
-    "xlnet", "xmod", "reformer",
-}  # fmt: skip
+    "bert",
+    "bert-generation",
+    "big_bird",
+    "camembert",
+    "data2vec-text",
+    "electra",
+    "ernie",
+    "megatron-bert",
+    "rembert",
+    "roc_bert",
+    "roformer",
+    "roberta",
+    "roberta-prelayernorm",
+    "xlm",
+    "xlm-roberta",
+    "xlm-roberta-xl",
+    "xlnet",
+    "xmod",
+    "reformer",
+}
 # Model types whose layers are recurrent (not attention) though their configs name no state size.
 RECURRENT_FAMILIES = {"xlstm", "rwkv"}
 # Config keys only models with state-space, recurrent, convolutional or linear-attention layers carry.
 NON_ATTENTION_KEYS = (
-    "ssm_state_size", "state_size", "mamba_d_state", "mamba_n_heads", "d_state", "lru_width", "conv_L_cache",
-    "linear_conv_kernel_dim", "linear_num_value_heads", "block_types", "attn_type_list", "rnn_width",
-)  # fmt: skip
+    "ssm_state_size",
+    "state_size",
+    "mamba_d_state",
+    "mamba_n_heads",
+    "d_state",
+    "lru_width",
+    "conv_L_cache",
+    "linear_conv_kernel_dim",
+    "linear_num_value_heads",
+    "block_types",
+    "attn_type_list",
+    "rnn_width",
+)
 
 
 def is_attention_layer(kind: str) -> bool:
@@ -75,7 +101,7 @@ def is_attention_layer(kind: str) -> bool:
 
 
 def scope(architecture: str, config: Any) -> str:
-    """"" for a decoder-only transformer, else why not."""
+    """ "" for a decoder-only transformer, else why not."""
     model_type = getattr(config, "model_type", "")
     if getattr(config, "is_encoder_decoder", False) or "decoder_layers" in config.to_dict():
         return "decoder of an encoder-decoder model"
@@ -84,10 +110,16 @@ def scope(architecture: str, config: Any) -> str:
     if model_type in RECURRENT_FAMILIES or any(key in config.to_dict() for key in NON_ATTENTION_KEYS):
         return "state-space, recurrent or linear-attention layers"
     layer_types = getattr(config, "layer_types", None)
-    others = sorted({str(kind) for kind in layer_types if not is_attention_layer(str(kind))}) if isinstance(layer_types, list) else []
+    others = (
+        sorted({str(kind) for kind in layer_types if not is_attention_layer(str(kind))})
+        if isinstance(layer_types, list)
+        else []
+    )
     if others:
         return f"non-attention layers ({', '.join(others)})"
-    if architecture.endswith("ForConditionalGeneration") or any(k in config.to_dict() for k in ("vision_config", "audio_config")):
+    if architecture.endswith("ForConditionalGeneration") or any(
+        k in config.to_dict() for k in ("vision_config", "audio_config")
+    ):
         return "text part of a multimodal model"
     return ""
 
@@ -127,11 +159,13 @@ def first_line(error: BaseException) -> str:
     return text[:160]
 
 
-def section(architecture: str) -> Any:
+def config_of(architecture: str) -> Any:
     from titan_tpu.config import load_config
 
-    return load_config("llama3_debug", ["--model.name=hf", f"--hf.architecture={architecture}",
-                                        "--model.flavor=debug", f"--training.seq_len={SEQ}"]).model  # fmt: skip
+    return load_config(
+        "llama3_debug",
+        ["--model.name=hf", f"--hf.architecture={architecture}", "--model.flavor=debug", f"--training.seq_len={SEQ}"],
+    )
 
 
 def batch(vocab: int) -> torch.Tensor:
@@ -140,16 +174,16 @@ def batch(vocab: int) -> torch.Tensor:
 
 def check_one(architecture: str) -> dict[str, Any]:
     """Steps 1-4 in this process; each value "ok", or why not."""
-    from titan_tpu.checkpoint.hf_export import export_model_to_hf
-    from titan_tpu.models.registry import get_model_spec
     from scripts import hf_parity as parity
+    from titan_tpu.checkpoint.hf_export import export_model_to_hf
     from titan_tpu.models.hf.args import hf_args
     from titan_tpu.models.hf.flops import hf_param_count
     from titan_tpu.models.hf.model import HFCausalLM
+    from titan_tpu.models.registry import get_model_spec
 
     row: dict[str, Any] = {"architecture": architecture}
     row["scope"] = architecture_scope(architecture)
-    args = hf_args(section(architecture))
+    args = hf_args(config_of(architecture))
     with torch.device("meta"):
         HFCausalLM(args)
     row["params"] = hf_param_count(args).total
@@ -210,15 +244,15 @@ def layout_worker(layout: str, listing: Path, out: Path) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
+    from scripts import hf_parity as parity
     from titan_tpu.config import load_config
     from titan_tpu.distributed import process_group
     from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
     from titan_tpu.distributed.parallelize import parallelize_model
-    from scripts import hf_parity as parity
     from titan_tpu.models.hf.args import hf_args
     from titan_tpu.models.hf.model import HFCausalLM
-    from titan_tpu.models.hf.spec import HF_SPEC
     from titan_tpu.models.hf.parallelize import tp_plan_for
+    from titan_tpu.models.hf.spec import HF_SPEC
 
     process_group.init_process_group("gloo", process_group.process_info())
     layout_arguments, degrees = LAYOUTS[layout]
@@ -229,25 +263,38 @@ def layout_worker(layout: str, listing: Path, out: Path) -> None:
         if dist.get_rank() == 0:
             print(f"{layout}: {architecture}", flush=True)
         try:
-            config = load_config("llama3_debug", ["--model.name=hf", f"--hf.architecture={architecture}",
-                                                  "--model.flavor=debug", f"--training.seq_len={SEQ}",
-                                                  "--training.dtype=float32", *layout_arguments])  # fmt: skip
-            args = hf_args(config.model)
+            config = load_config(
+                "llama3_debug",
+                [
+                    "--model.name=hf",
+                    f"--hf.architecture={architecture}",
+                    "--model.flavor=debug",
+                    f"--training.seq_len={SEQ}",
+                    "--training.dtype=float32",
+                    *layout_arguments,
+                ],
+            )
+            args = hf_args(config)
             reference = parity.built_like_a_run(args, SEQ)
             tokens = batch(args.vocab_size)
             twin = parity.transformers_twin(reference).eval()  # no dropout: see parity.against_transformers
-            theirs = parity.loss_and_grads(twin, lambda ids: twin(input_ids=ids).logits, tokens)
+            theirs = parity.loss_and_grads(twin, lambda ids, twin=twin: twin(input_ids=ids).logits, tokens)
             with torch.device("meta"):
                 model = HFCausalLM(reference.args)
             if dims.tp_enabled and not has_tp_plan(model, tp_plan_for):
                 verdicts[architecture] = NO_TP_PLAN
                 continue
-            model = parallelize_model(model, HF_SPEC.parallelize, ctx, config, torch.device("cpu"), torch.float32).eval()
+            model = parallelize_model(
+                model, HF_SPEC.parallelize, ctx, config, torch.device("cpu"), torch.float32
+            ).eval()
             loss, grads = parity.loss_and_grads(model, model, tokens)
             full = {name: g.full_tensor() if isinstance(g, DTensor) else g for name, g in grads.items()}
             result = parity.parity((loss, full), theirs)
-            verdicts[architecture] = "ok" if result.within() else (
-                f"loss {result.loss_rel:.1e}, {result.worst_grad} {result.worst_grad_rel:.1e}")
+            verdicts[architecture] = (
+                "ok"
+                if result.within()
+                else (f"loss {result.loss_rel:.1e}, {result.worst_grad} {result.worst_grad_rel:.1e}")
+            )
         except Exception as error:  # noqa: BLE001 - both ranks fail alike (same code, same inputs)
             verdicts[architecture] = first_line(error)
         finally:
@@ -284,7 +331,9 @@ def run_layout(layout: str, architectures: list[str], timeout: int) -> dict[str,
         if found is None and len(chunk) > 1:
             found = {}
             for architecture in chunk:
-                found.update(launch_layout(layout, [architecture], timeout) or {architecture: "the 2-process launch failed"})
+                found.update(
+                    launch_layout(layout, [architecture], timeout) or {architecture: "the 2-process launch failed"}
+                )
         verdicts.update(found or {a: "the 2-process launch failed" for a in chunk})
     return verdicts
 
@@ -294,11 +343,23 @@ def launch_layout(layout: str, architectures: list[str], timeout: int) -> dict[s
     with tempfile.TemporaryDirectory() as folder:
         listing, out = Path(folder) / "list.json", Path(folder) / "verdicts.json"
         listing.write_text(json.dumps(architectures))
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                   str(Path(__file__).resolve()), "--layout-worker", layout, str(listing), str(out)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(Path(__file__).resolve()),
+            "--layout-worker",
+            layout,
+            str(listing),
+            str(out),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         try:
-            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout * len(architectures))
+            done = subprocess.run(
+                command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout * len(architectures)
+            )
         except subprocess.TimeoutExpired:
             return None
         if done.returncode != 0 or not out.exists():
@@ -352,8 +413,11 @@ def render(rows: list[dict[str, Any]], seconds: float) -> str:
     ]
     for r in rows:
         cells = [r.get(step, "-") for step in STEPS]
-        lines.append(f"| {r['architecture']} | {r['scope'] or 'in scope'} | {r.get('params', '-')} | "
-                     + " | ".join(str(c).replace("|", "/") for c in cells) + " |")  # fmt: skip
+        lines.append(
+            f"| {r['architecture']} | {r['scope'] or 'in scope'} | {r.get('params', '-')} | "
+            + " | ".join(str(c).replace("|", "/") for c in cells)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -391,12 +455,20 @@ def main(argv: list[str]) -> int:
         print(json.dumps({**row, "seconds": round(time.perf_counter() - began, 1)}), flush=True)
     # FSDP 2 is compared with transformers' own model: it applies where one process could run that
     # comparison at all (a model too slow or too large for it there would be so on every rank).
-    comparable = [r["architecture"] for r in rows if r.get("parity") == "ok" or str(r.get("parity", "")).startswith("loss ")]
+    comparable = [
+        r["architecture"] for r in rows if r.get("parity") == "ok" or str(r.get("parity", "")).startswith("loss ")
+    ]
     # Each of the 2 ranks holds three copies (ours whole, transformers', ours sharded).
     too_big = {r["architecture"] for r in rows if r.get("params", 0) > LAYOUT_MAX_PARAMS}
     for layout in LAYOUTS:
         verdicts = run_layout(layout, [a for a in comparable if a not in too_big], opts.timeout) if comparable else {}
-        verdicts.update({a: f"not run: over {LAYOUT_MAX_PARAMS // 10**6}M parameters at debug sizes" for a in too_big if a in comparable})
+        verdicts.update(
+            {
+                a: f"not run: over {LAYOUT_MAX_PARAMS // 10**6}M parameters at debug sizes"
+                for a in too_big
+                if a in comparable
+            }
+        )
         for row in rows:
             row[layout] = verdicts.get(row["architecture"], "-")
     opts.out.write_text(render(rows, time.perf_counter() - start))

@@ -25,10 +25,11 @@ from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa:
 
 skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
 
+from published_mfu import PUBLISHED, PublishedResult  # noqa: E402
+
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.plan.chips import GIB, parse_chips  # noqa: E402
 from titan_tpu.plan.planner import Plan, make_plan  # noqa: E402
-from published_mfu import PUBLISHED, PublishedResult  # noqa: E402
 from titan_tpu.training.registered_names import check_registered_names  # noqa: E402
 
 README = ROOT / "README.md"
@@ -104,8 +105,10 @@ def published_table() -> list[str]:
         try:
             plan = _plan(result.model, result.chips, overrides)
         except ConfigError as error:  # e.g. a batch that does not divide over the devices
-            lines.append(f"| `{result.model}` | {result.chips} | {result.parallelism} | {result.seq_len} | "
-                         f"{result.mfu_percent:.1f}% | not planned: {error} | | | | |")  # fmt: skip
+            lines.append(
+                f"| `{result.model}` | {result.chips} | {result.parallelism} | {result.seq_len} | "
+                f"{result.mfu_percent:.1f}% | not planned: {error} | | | | |"
+            )
             continue
         lines.append(
             f"| `{result.model}` | {result.chips} | {result.parallelism} | {result.seq_len} | "

@@ -191,8 +191,7 @@ PUBLISHED: tuple[PublishedResult, ...] = (
         seq_len=8192,
         global_batch_tokens=4_194_304,
         parallelism="FSDP 256 (ICI) x FSDP 2 (DCN)",
-        source=_RECIPES
-        + "21efcc212df0744372b3bbba53d016b2cc01bf2a/training/trillium/Llama3.1-405B-MaxText/README.md",
+        source=_RECIPES + "21efcc212df0744372b3bbba53d016b2cc01bf2a/training/trillium/Llama3.1-405B-MaxText/README.md",
         tflops_per_chip=392.454,
     ),
     # ---- tpu-recipes, v5p: one device per chip (megacore). ----
@@ -206,8 +205,7 @@ PUBLISHED: tuple[PublishedResult, ...] = (
         seq_len=8192,
         global_batch_tokens=8_388_608,
         parallelism="FSDP 512",
-        source=_RECIPES
-        + "85bce68474c8e1d98b9c22fb3f93c11ed9e960dc/training/v5p/Llama3.1-405B-MaxText/README.md",
+        source=_RECIPES + "85bce68474c8e1d98b9c22fb3f93c11ed9e960dc/training/v5p/Llama3.1-405B-MaxText/README.md",
         tflops_per_chip=314.530,
     ),
     # ---- tpu-recipes, Ironwood summary table: "Number of chips | GBS | Sequence length |

@@ -26,9 +26,14 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "llama3_1": {
         "template": "llama3_1.jinja",
         "special": [
-            "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-            "<|eom_id|>", "<|python_tag|>",
-        ],  # fmt: skip
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|eom_id|>",
+            "<|python_tag|>",
+        ],
         "added": [],
         "config": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     },

@@ -11,8 +11,8 @@ torch_tpu itself import it explicitly. On a TPU host nothing changes.
 import os
 import tempfile
 
-from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
 from titan_tpu.autotune.cache import CACHE_ENV
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
 
 skip_tpu_backend_without_chips()
 

@@ -69,7 +69,5 @@ def lr_multiplier(step: int, total_steps: int, cfg: LRSchedulerConfig) -> float:
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_lr_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: LRSchedulerConfig, total_steps: int
-) -> LambdaLR:
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: LRSchedulerConfig, total_steps: int) -> LambdaLR:
     return LambdaLR(optimizer, lambda step: lr_multiplier(step, total_steps, cfg))

@@ -53,36 +53,79 @@ def run_phase(name: str, config: TrainConfig, out: Path) -> Path:
         records = trainer.train()
         folder = out / f"{name}_hf"
         files = tokenizer_export_files(config.data.tokenizer)
-        export_model_to_hf(trainer.model, folder, trainer.spec.state_dict_adapter, trainer.model_args, extra_files=files)
+        export_model_to_hf(
+            trainer.model, folder, trainer.spec.state_dict_adapter, trainer.model_args, extra_files=files
+        )
     finally:
         trainer.close()
-    print(f"{name}: {config.training.steps} steps, last loss {records[-1].loss:.4f}, {time.perf_counter() - start:.0f} s")
+    print(
+        f"{name}: {config.training.steps} steps, last loss {records[-1].loss:.4f}, {time.perf_counter() - start:.0f} s"
+    )
     return folder
 
 
 def configs(args: argparse.Namespace, data: RecipeData, extra: list[str]) -> dict[str, TrainConfig]:
     out, tokenizer = args.out, f"--data.tokenizer={data.tokenizer}"
-    pretrain = load_config("qwen3_debug", [
-        *MODEL, tokenizer, f"--job.dump_folder={out / 'pretrain'}", "--data.source=files",
-        f"--data.path={data.pretraining}", f"--training.steps={args.pretrain_steps}", "--training.seq_len=128",
-        "--training.global_batch_size=16", "--optimizer.lr=3e-3", "--lr_scheduler.warmup_steps=20",
-        f"--metrics.log_freq={max(1, args.pretrain_steps // 5)}",
-    ])  # fmt: skip
-    sft = load_config("sft_qwen3_debug", [
-        *MODEL, tokenizer, f"--job.dump_folder={out / 'sft'}", "--sft.dataset=data", "--data.source=files",
-        f"--data.path={data.sft}", f"--checkpoint.initial_load_path={out / 'pretrain_hf'}",
-        f"--training.steps={args.sft_steps}", "--training.seq_len=128", "--training.global_batch_size=16",
-        "--optimizer.lr=1e-3", "--lr_scheduler.warmup_steps=10", "--validation.enable=false",
-        "--sft.eval_generations=0", "--metrics.eval_freq=0", f"--metrics.log_freq={max(1, args.sft_steps // 5)}",
-    ])  # fmt: skip
-    grpo = load_config("grpo_qwen3_debug", [
-        *MODEL, tokenizer, f"--job.dump_folder={out / 'grpo'}", "--rl.task=data", "--data.source=files",
-        f"--data.path={data.prompts}", f"--rl.eval_path={data.held_out}", "--rl.prompt_field=question",
-        "--rl.reference_field=answer", '--rl.rewards=[{ fn = "math" }]', f"--rl.max_new_tokens={args.max_new_tokens}",
-        f"--rl.eval_prompts={args.eval_prompts}", f"--checkpoint.initial_load_path={out / 'sft_hf'}",
-        f"--training.steps={args.grpo_steps}", "--training.seq_len=96", "--metrics.eval_freq=0",
-        f"--metrics.log_freq={max(2, args.grpo_steps // 10)}", *extra,
-    ])  # fmt: skip
+    pretrain = load_config(
+        "qwen3_debug",
+        [
+            *MODEL,
+            tokenizer,
+            f"--job.dump_folder={out / 'pretrain'}",
+            "--data.source=files",
+            f"--data.path={data.pretraining}",
+            f"--training.steps={args.pretrain_steps}",
+            "--training.seq_len=128",
+            "--training.global_batch_size=16",
+            "--optimizer.lr=3e-3",
+            "--lr_scheduler.warmup_steps=20",
+            f"--metrics.log_freq={max(1, args.pretrain_steps // 5)}",
+        ],
+    )
+    sft = load_config(
+        "sft_qwen3_debug",
+        [
+            *MODEL,
+            tokenizer,
+            f"--job.dump_folder={out / 'sft'}",
+            "--sft.dataset=data",
+            "--data.source=files",
+            f"--data.path={data.sft}",
+            f"--checkpoint.initial_load_path={out / 'pretrain_hf'}",
+            f"--training.steps={args.sft_steps}",
+            "--training.seq_len=128",
+            "--training.global_batch_size=16",
+            "--optimizer.lr=1e-3",
+            "--lr_scheduler.warmup_steps=10",
+            "--validation.enable=false",
+            "--sft.eval_generations=0",
+            "--metrics.eval_freq=0",
+            f"--metrics.log_freq={max(1, args.sft_steps // 5)}",
+        ],
+    )
+    grpo = load_config(
+        "grpo_qwen3_debug",
+        [
+            *MODEL,
+            tokenizer,
+            f"--job.dump_folder={out / 'grpo'}",
+            "--rl.task=data",
+            "--data.source=files",
+            f"--data.path={data.prompts}",
+            f"--rl.eval_path={data.held_out}",
+            "--rl.prompt_field=question",
+            "--rl.reference_field=answer",
+            '--rl.rewards=[{ fn = "math" }]',
+            f"--rl.max_new_tokens={args.max_new_tokens}",
+            f"--rl.eval_prompts={args.eval_prompts}",
+            f"--checkpoint.initial_load_path={out / 'sft_hf'}",
+            f"--training.steps={args.grpo_steps}",
+            "--training.seq_len=96",
+            "--metrics.eval_freq=0",
+            f"--metrics.log_freq={max(2, args.grpo_steps // 10)}",
+            *extra,
+        ],
+    )
     return {"pretrain": pretrain, "sft": sft, "grpo": grpo}
 
 
@@ -92,10 +135,16 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--pretrain-steps", type=int, default=400)
     parser.add_argument("--sft-steps", type=int, default=200)
     parser.add_argument("--grpo-steps", type=int, default=100)
-    parser.add_argument("--error-rate", type=float, default=0.7, help="share of two-step demonstrations that stop one step early")
-    parser.add_argument("--vocab-size", type=int, default=DEBUG_VOCAB, help="BPE vocabulary, bytes and special tokens included")
+    parser.add_argument(
+        "--error-rate", type=float, default=0.7, help="share of two-step demonstrations that stop one step early"
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, default=DEBUG_VOCAB, help="BPE vocabulary, bytes and special tokens included"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--eval-prompts", type=int, default=256, help="held-out problems decoded greedily after each phase")
+    parser.add_argument(
+        "--eval-prompts", type=int, default=256, help="held-out problems decoded greedily after each phase"
+    )
     args, extra = parser.parse_known_args(argv)
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"--out {args.out} exists and is not empty; pick a new folder")
@@ -105,7 +154,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if not 0 <= args.error_rate <= 1:
         parser.error(f"--error-rate must be in [0, 1], got {args.error_rate}")
     if not SMALLEST_VOCAB <= args.vocab_size <= DEBUG_VOCAB:
-        parser.error(f"--vocab-size must be in [{SMALLEST_VOCAB}, {DEBUG_VOCAB}] (the debug flavor's vocabulary), got {args.vocab_size}")
+        parser.error(
+            f"--vocab-size must be in [{SMALLEST_VOCAB}, {DEBUG_VOCAB}] (the debug flavor's vocabulary), got {args.vocab_size}"
+        )
     start = time.perf_counter()
     data = write_recipe_data(args.out / "data", seed=0, error_rate=args.error_rate, held_out=args.eval_prompts)
     train_bpe(data.texts(), data.tokenizer, args.vocab_size)
@@ -115,15 +166,21 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         folder = run_phase(name, config, args.out)
         check: PhaseEvaluation = evaluate_export(folder, phases["grpo"])
         accuracies[name] = check.accuracy
-        print(f"{name}: held-out accuracy {100 * check.accuracy:.1f}% ({check.evaluated} problems); "
-              f"transformers decodes the same greedy tokens on {check.matching}/{check.compared} prompts")  # fmt: skip
+        print(
+            f"{name}: held-out accuracy {100 * check.accuracy:.1f}% ({check.evaluated} problems); "
+            f"transformers decodes the same greedy tokens on {check.matching}/{check.compared} prompts"
+        )
         if check.matching != check.compared:
-            raise SystemExit(f"{folder}: transformers' greedy tokens differ from our sampler's on "
-                             f"{check.compared - check.matching} of {check.compared} held-out prompts")  # fmt: skip
+            raise SystemExit(
+                f"{folder}: transformers' greedy tokens differ from our sampler's on "
+                f"{check.compared - check.matching} of {check.compared} held-out prompts"
+            )
     result: dict[str, object] = {"phases": accuracies, "seconds": time.perf_counter() - start}
     (args.out / "result.json").write_text(json.dumps(result, indent=1))
-    print(f"held-out accuracy: pretrain {100 * accuracies['pretrain']:.1f}%, SFT {100 * accuracies['sft']:.1f}%, "
-          f"GRPO {100 * accuracies['grpo']:.1f}% in {result['seconds']:.0f} s")  # fmt: skip
+    print(
+        f"held-out accuracy: pretrain {100 * accuracies['pretrain']:.1f}%, SFT {100 * accuracies['sft']:.1f}%, "
+        f"GRPO {100 * accuracies['grpo']:.1f}% in {result['seconds']:.0f} s"
+    )
     return result
 
 

@@ -12,9 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from titan_tpu.checkpoint import storage  # noqa: E402
-
 import train  # noqa: E402
+from titan_tpu.checkpoint import storage  # noqa: E402
 
 
 def main() -> int:

@@ -35,17 +35,17 @@ for path in (ROOT, HERE):
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from launch import fixed_kernels  # noqa: E402
+from parity import capture_states, full_state, train_and_capture  # noqa: E402
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
 
-from launch import fixed_kernels  # noqa: E402
-from parity import capture_states, full_state, train_and_capture  # noqa: E402
-from titan_tpu.checkpoint.hf_import import local_block  # noqa: E402
 from titan_tpu.checkpoint.hf_export import export_model_to_hf  # noqa: E402
+from titan_tpu.checkpoint.hf_import import local_block  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.training.trainer import Trainer  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
 
 LLAMA, MOE = "llama3_debug", "qwen3_moe_debug"
 # A constant learning rate after 2 warmup steps: a run told to stop at step 5 then takes exactly
@@ -95,9 +95,18 @@ def is_writer() -> bool:
 
 
 def trainer_for(config: str, dump: Path, stop: int, *extra: str) -> Trainer:
-    return Trainer(load_config(config, [
-        *ARGS, *fixed_kernels(config), f"--training.steps={stop}", f"--job.dump_folder={dump}", *extra,
-    ]))  # fmt: skip
+    return Trainer(
+        load_config(
+            config,
+            [
+                *ARGS,
+                *fixed_kernels(config),
+                f"--training.steps={stop}",
+                f"--job.dump_folder={dump}",
+                *extra,
+            ],
+        )
+    )
 
 
 def resume(config: str, source: Path, step: int, stop: int, dump: Path, *layout: str) -> tuple[Trainer, dict]:
@@ -128,8 +137,9 @@ def async_checkpoints(work: Path) -> None:
     """Saves of steps 2 and 4 written in the background by 4 processes while training goes on, each
     then loaded into a fresh trainer: the loaded state must be the state at the step saved."""
     dump = work / "async_fsdp4"
-    trainer = trainer_for(LLAMA, dump, ASYNC_STEPS[-1], *FSDP4, "--checkpoint.async_mode=async",
-                          f"--checkpoint.interval={ASYNC_STEPS[0]}")  # fmt: skip
+    trainer = trainer_for(
+        LLAMA, dump, ASYNC_STEPS[-1], *FSDP4, "--checkpoint.async_mode=async", f"--checkpoint.interval={ASYNC_STEPS[0]}"
+    )
     captured = capture_states(trainer, ASYNC_STEPS)
     run = train_and_capture(trainer)
     loaded = {}
@@ -144,11 +154,20 @@ def async_checkpoints(work: Path) -> None:
 def hf_import_export(work: Path, name: str) -> dict[str, Any]:
     config, tag, layout = HF_RUNS[name]
     READS.clear()
-    trainer = Trainer(load_config(config, [
-        *ARGS, *fixed_kernels(config), "--training.steps=1", "--checkpoint.enable=false",
-        f"--job.dump_folder={work / name}",
-        f"--checkpoint.initial_load_path={work / f'hf_{tag}'}", *layout,
-    ]))  # fmt: skip
+    trainer = Trainer(
+        load_config(
+            config,
+            [
+                *ARGS,
+                *fixed_kernels(config),
+                "--training.steps=1",
+                "--checkpoint.enable=false",
+                f"--job.dump_folder={work / name}",
+                f"--checkpoint.initial_load_path={work / f'hf_{tag}'}",
+                *layout,
+            ],
+        )
+    )
     mine: dict[str, Any] = {"reads": list(READS)}
     if tag == "moe":
         block = local_block(get_model_state_dict(trainer.model)[EXPERTS])
@@ -169,11 +188,14 @@ def hf_import_export(work: Path, name: str) -> dict[str, Any]:
 
 
 def main(work: Path) -> None:
-    run_cases(work / "result.json", [
-        *((f"{tag}_chain", functools.partial(chain, work, tag)) for tag in CHAINS),
-        ("async_fsdp4", functools.partial(async_checkpoints, work)),
-        *((name, functools.partial(hf_import_export, work, name)) for name in HF_RUNS),
-    ])  # fmt: skip
+    run_cases(
+        work / "result.json",
+        [
+            *((f"{tag}_chain", functools.partial(chain, work, tag)) for tag in CHAINS),
+            ("async_fsdp4", functools.partial(async_checkpoints, work)),
+            *((name, functools.partial(hf_import_export, work, name)) for name in HF_RUNS),
+        ],
+    )
 
 
 if __name__ == "__main__":

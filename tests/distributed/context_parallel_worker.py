@@ -36,7 +36,11 @@ for path in (ROOT, ROOT / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from titan_tpu.models.registry import get_model_spec  # noqa: E402
+from parallel_worker import layout_run  # noqa: E402
+from parity import RunResult, train_and_capture  # noqa: E402
+from plan_measure import LiveTensorPeak  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
+
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.context_parallel import (  # noqa: E402
     ContextParallelAttention,
@@ -46,25 +50,30 @@ from titan_tpu.distributed.context_parallel import (  # noqa: E402
 from titan_tpu.models.common.attention import Attention  # noqa: E402
 from titan_tpu.models.common.parallelize import apply_decoder_cp  # noqa: E402
 from titan_tpu.models.common.rope import RotaryEmbedding  # noqa: E402
+from titan_tpu.models.registry import get_model_spec  # noqa: E402
 from titan_tpu.plan.census import run_model_args  # noqa: E402
 from titan_tpu.plan.planner import plan_memory  # noqa: E402
-from plan_measure import LiveTensorPeak  # noqa: E402
-from parallel_worker import layout_run  # noqa: E402
-from parity import RunResult, train_and_capture  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
 
 CONFIG = "llama3_debug"
 BASE = layout_run(CONFIG, global_batch_size=4)
 LAYOUTS: dict[str, list[str]] = {
     "cp2": ["--parallelism.cp=2", "--parallelism.dp_shard=1"],
     # With per-block torch.compile (aot_eager), as the parallelism suite's TP 2 x FSDP 2.
-    "cp2_fsdp2": ["--parallelism.cp=2", "--parallelism.dp_shard=2", "--compile.enable=true",
-                  "--compile.backend=aot_eager"],  # fmt: skip
+    "cp2_fsdp2": [
+        "--parallelism.cp=2",
+        "--parallelism.dp_shard=2",
+        "--compile.enable=true",
+        "--compile.backend=aot_eager",
+    ],
     # HSDP: replicated over dp_replicate, sharded over dp_shard x cp (here cp alone).
     "cp2_replicate2": ["--parallelism.cp=2", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=1"],
     # TP inside CP, sequence parallel and full activation checkpointing (the recompute gathers again).
-    "cp2_tp2_ac": ["--parallelism.cp=2", "--parallelism.tp=2", "--parallelism.dp_shard=1",
-                   "--activation_checkpoint.mode=full"],  # fmt: skip
+    "cp2_tp2_ac": [
+        "--parallelism.cp=2",
+        "--parallelism.tp=2",
+        "--parallelism.dp_shard=1",
+        "--activation_checkpoint.mode=full",
+    ],
 }
 UNBALANCED_MASK = "cp2_unbalanced_mask"
 
@@ -117,8 +126,12 @@ def attention_case() -> dict[str, float]:
 
 # As tests/unit/test_plan_activations.py: activations (about 50 to 100 MB per rank here) dwarf anything
 # incidental. As many kv heads as query heads, so the gathered keys and values weigh (10% to 23%).
-ACTIVATION_RUN = ["--training.seq_len=512", "--training.global_batch_size=4", "--training.dtype=float32",
-                  "--model.overrides.n_kv_heads=8"]  # fmt: skip
+ACTIVATION_RUN = [
+    "--training.seq_len=512",
+    "--training.global_batch_size=4",
+    "--training.dtype=float32",
+    "--model.overrides.n_kv_heads=8",
+]
 
 
 def activations_case() -> dict[str, int]:

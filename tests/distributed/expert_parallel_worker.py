@@ -41,16 +41,17 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from titan_tpu.models.qwen3.moe import MoEFeedForward  # noqa: E402
+from parallel_worker import layout_run, single_process_init  # noqa: E402
+from parity import RunResult, train_and_capture  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
+
+from tests.ragged_reference import GlooRaggedAllToAll, ragged_dot  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.device.select import Device  # noqa: E402
 from titan_tpu.distributed import expert_parallel  # noqa: E402
 from titan_tpu.distributed.expert_parallel import ScaleGrad, apply_expert_parallel  # noqa: E402
-from tests.ragged_reference import GlooRaggedAllToAll, ragged_dot  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
-from parallel_worker import layout_run, single_process_init  # noqa: E402
-from parity import RunResult, train_and_capture  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
+from titan_tpu.models.qwen3.moe import MoEFeedForward  # noqa: E402
 
 CONFIG = "qwen3_moe_debug"
 BASE = layout_run(CONFIG, global_batch_size=8)
@@ -66,7 +67,10 @@ LAYOUTS: dict[str, list[str]] = {
     "ep4": ["--parallelism.dp_shard=4", "--parallelism.ep=4"],
     # Activation checkpointing recomputes the dispatch / combine all-to-alls inside backward.
     "tp2_ep2_ac": [
-        "--parallelism.tp=2", "--parallelism.dp_shard=2", "--parallelism.ep=2", "--activation_checkpoint.mode=full",
+        "--parallelism.tp=2",
+        "--parallelism.dp_shard=2",
+        "--parallelism.ep=2",
+        "--activation_checkpoint.mode=full",
     ],
     "hsdp2x2_ep2": ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--parallelism.ep=2"],
     # No expert parallelism: the aux loss must still see the global batch (sum_router_stats is set
@@ -76,9 +80,7 @@ LAYOUTS: dict[str, list[str]] = {
 # Must fail the parity check: ep2_fsdp2 (eager) whose experts' gradients lack the 1/ep correction.
 MISSCALED_LAYOUT = ("ep2_fsdp2_missing_1_over_ep", ["--parallelism.dp_shard=4", "--parallelism.ep=2"])
 # Not a parity layout: bf16 compute, compared loosely with the float32 ep2_fsdp2 run.
-BF16_LAYOUT = (
-    "ep2_fsdp2_bf16", ["--parallelism.dp_shard=4", "--parallelism.ep=2", "--training.dtype=bfloat16"]
-)
+BF16_LAYOUT = ("ep2_fsdp2_bf16", ["--parallelism.dp_shard=4", "--parallelism.ep=2", "--training.dtype=bfloat16"])
 # ep2_fsdp2 on TorchTPU's MoE path, eager, with the references of its two ops (`tpu_moe_ops_on_cpu`).
 RAGGED_LAYOUT = (
     "ep2_fsdp2_tpu_ragged",
@@ -231,12 +233,17 @@ def reference(dump: Path) -> RunResult:
 
 
 def main(out: Path) -> None:
-    run_cases(out, [
-        ("moe_layer", functools.partial(moe_layer, False)),
-        ("moe_layer_collapsed", functools.partial(moe_layer, True)),
-        *((name, functools.partial(run_layout, name, overrides, out.parent))
-          for name, overrides in [*LAYOUTS.items(), MISSCALED_LAYOUT, BF16_LAYOUT, RAGGED_LAYOUT]),
-    ])  # fmt: skip
+    run_cases(
+        out,
+        [
+            ("moe_layer", functools.partial(moe_layer, False)),
+            ("moe_layer_collapsed", functools.partial(moe_layer, True)),
+            *(
+                (name, functools.partial(run_layout, name, overrides, out.parent))
+                for name, overrides in [*LAYOUTS.items(), MISSCALED_LAYOUT, BF16_LAYOUT, RAGGED_LAYOUT]
+            ),
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ for path in (ROOT, HERE):
         sys.path.insert(0, str(path))
 
 from parity import train_and_capture  # noqa: E402
+
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.training.trainer import Trainer  # noqa: E402
 

@@ -25,16 +25,16 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from titan_tpu.models.registry import get_model_spec  # noqa: E402
+from parallel_worker import layout_run, max_diff  # noqa: E402
+from parity import RunResult, train_and_capture  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
+
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
 from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
 from titan_tpu.models.hf import parallelize as hf_parallelize  # noqa: E402
-
-from parallel_worker import layout_run, max_diff  # noqa: E402
-from parity import RunResult, train_and_capture  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
+from titan_tpu.models.registry import get_model_spec  # noqa: E402
 
 # case -> (architecture, layout). The six kinds, each under FSDP 4 and under TP 2 x FSDP 2 by
 # the model's own TP plan: Mistral (sliding window; FSDP with every block checkpointed), Gemma 2
@@ -100,8 +100,13 @@ def broken(case: str) -> Iterator[None]:
 
 def run_arguments(case: str, dump: Path) -> list[str]:
     architecture, _ = CASES[case]
-    return [*layout_run("hf", global_batch_size=4), "--model.name=hf", f"--hf.architecture={architecture}",
-            "--model.flavor=debug", f"--job.dump_folder={dump / case}"]  # fmt: skip
+    return [
+        *layout_run("hf", global_batch_size=4),
+        "--model.name=hf",
+        f"--hf.architecture={architecture}",
+        "--model.flavor=debug",
+        f"--job.dump_folder={dump / case}",
+    ]
 
 
 def single_process_init(config: Any) -> dict[str, torch.Tensor]:
@@ -128,7 +133,9 @@ def run_broken_case(case: str, dump: Path) -> dict[str, Any]:
     from titan_tpu.training.trainer import Trainer
 
     base = BROKEN[case][0]
-    config = load_config("llama3_debug", [*run_arguments(base, dump), *CASES[base][1], f"--job.dump_folder={dump / case}"])
+    config = load_config(
+        "llama3_debug", [*run_arguments(base, dump), *CASES[base][1], f"--job.dump_folder={dump / case}"]
+    )
     with broken(case):
         return save_run(Trainer(config), case, config, dump)
 

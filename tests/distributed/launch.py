@@ -31,9 +31,14 @@ def torchrun(nproc: int, script: Path, *args: str, timeout: float = 600) -> subp
     """Each process gets one thread: several processes share the cores, and oversubscribed OpenMP
     threads would make the run many times slower."""
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        str(script), *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(script),
+        *args,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
@@ -56,8 +61,10 @@ def launch_layout_worker(
         data[key]["run"] = RunResult.load(out_dir / f"{stem}.pt")
     start = time.perf_counter()
     data["single"] = reference(out_dir)
-    print(f"\n4-process launch {elapsed:.1f}s, single-process reference {time.perf_counter() - start:.1f}s; "
-          f"per part: { {k: round(v, 1) for k, v in data['timings_s'].items()} }")
+    print(
+        f"\n4-process launch {elapsed:.1f}s, single-process reference {time.perf_counter() - start:.1f}s; "
+        f"per part: { {k: round(v, 1) for k, v in data['timings_s'].items()} }"
+    )
     return data
 
 

@@ -14,9 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from titan_tpu.checkpoint import CheckpointManager  # noqa: E402
-
 import train  # noqa: E402
+from titan_tpu.checkpoint import CheckpointManager  # noqa: E402
 
 STALL_S = 600  # ends a forgotten process; a test kills the job long before
 

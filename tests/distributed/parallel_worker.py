@@ -37,22 +37,23 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from titan_tpu.models.registry import get_model_spec  # noqa: E402
-from titan_tpu.models.common.attention import Attention  # noqa: E402
-from titan_tpu.models.common.loss import cross_entropy_loss  # noqa: E402
-from titan_tpu.models.llama3.model import Llama3Model, build_llama3_block  # noqa: E402
-from titan_tpu.models.common.parallelize import apply_decoder_tp, decoder_block_plan  # noqa: E402
-from titan_tpu.distributed.tensor_parallel import loss_context  # noqa: E402
+from launch import fixed_kernels  # noqa: E402
+from parity import RunResult, train_and_capture  # noqa: E402
+from worker_cases import run_cases  # noqa: E402
+
+from tests.kernel_fakes import SHAPE, FakeArgs, FakeClock, FakeKernel, fake_tunable  # noqa: E402
+from titan_tpu.autotune.choose import choose_kernels  # noqa: E402
+from titan_tpu.autotune.measure import measure  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
 from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
-from launch import fixed_kernels  # noqa: E402
-from parity import RunResult, train_and_capture  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
-from tests.kernel_fakes import SHAPE, FakeArgs, FakeClock, FakeKernel, fake_tunable  # noqa: E402
-from titan_tpu.autotune.choose import choose_kernels  # noqa: E402
-from titan_tpu.autotune.measure import measure  # noqa: E402
+from titan_tpu.distributed.tensor_parallel import loss_context  # noqa: E402
+from titan_tpu.models.common.attention import Attention  # noqa: E402
+from titan_tpu.models.common.loss import cross_entropy_loss  # noqa: E402
+from titan_tpu.models.common.parallelize import apply_decoder_tp, decoder_block_plan  # noqa: E402
+from titan_tpu.models.llama3.model import Llama3Model, build_llama3_block  # noqa: E402
+from titan_tpu.models.registry import get_model_spec  # noqa: E402
 
 STEPS = 10
 
@@ -88,8 +89,13 @@ def write_held_out(folder: Path) -> None:
 
 def validation_run(folder: Path) -> list[str]:
     """train.py arguments that evaluate the held-out text in `folder` at steps 5 and 10."""
-    return ["--validation.enable=true", f"--validation.path={folder / HELD_OUT}", "--validation.batches=2",
-            "--metrics.eval_freq=5"]  # fmt: skip
+    return [
+        "--validation.enable=true",
+        f"--validation.path={folder / HELD_OUT}",
+        "--validation.batches=2",
+        "--metrics.eval_freq=5",
+    ]
+
 
 LAYOUTS: dict[str, list[str]] = {
     "fsdp4": ["--parallelism.dp_shard=4"],
@@ -246,8 +252,15 @@ def single_process_init(config: Any) -> dict[str, torch.Tensor]:
 
 @functools.cache
 def _single_process_init(model_name: str, flavor: str, seq_len: int, seed: int) -> dict[str, torch.Tensor]:
-    config = load_config("llama3_debug", [f"--model.name={model_name}", f"--model.flavor={flavor}",
-                                          f"--training.seq_len={seq_len}", f"--training.seed={seed}"])  # fmt: skip
+    config = load_config(
+        "llama3_debug",
+        [
+            f"--model.name={model_name}",
+            f"--model.flavor={flavor}",
+            f"--training.seq_len={seq_len}",
+            f"--training.seed={seed}",
+        ],
+    )
     spec = get_model_spec(model_name)
     args = dataclasses.replace(spec.flavor(flavor), max_seq_len=seq_len)
     with torch.device("meta"):
@@ -313,11 +326,17 @@ def reference(dump: Path) -> tuple[RunResult, int]:
 
 
 def main(out: Path) -> None:
-    run_cases(out, [
-        ("sharded_layers", sharded_layers),
-        ("kernel_picks", kernel_picks),
-        *((name, functools.partial(run_layout, name, overrides, out.parent)) for name, overrides in LAYOUTS.items()),
-    ])  # fmt: skip
+    run_cases(
+        out,
+        [
+            ("sharded_layers", sharded_layers),
+            ("kernel_picks", kernel_picks),
+            *(
+                (name, functools.partial(run_layout, name, overrides, out.parent))
+                for name, overrides in LAYOUTS.items()
+            ),
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -72,9 +72,12 @@ class RunResult:
         """This run's records up to `step`, with `state` (captured after `step`) as its end state."""
         keep = [i for i, s in enumerate(self.steps) if s <= step]
         return RunResult(
-            [self.steps[i] for i in keep], [self.losses[i] for i in keep], [self.grad_norms[i] for i in keep], state,
+            [self.steps[i] for i in keep],
+            [self.losses[i] for i in keep],
+            [self.grad_norms[i] for i in keep],
+            state,
             {s: v for s, v in self.validation_losses.items() if s <= step},
-        )  # fmt: skip
+        )
 
     def save(self, path: Path) -> None:
         torch.save(dataclasses.asdict(self), path)
@@ -132,7 +135,10 @@ def train_and_capture(trainer: Any) -> RunResult:
         raise AssertionError(f"a record for every step is needed (metrics.log_freq = 1); got steps {steps}")
     validation = {r.step: r.extras["validation/loss"] for r in records if "validation/loss" in r.extras}
     return RunResult(
-        steps, [r.loss for r in records], [r.grad_norm for r in records], full_state(trainer.model, trainer.optimizer),
+        steps,
+        [r.loss for r in records],
+        [r.grad_norm for r in records],
+        full_state(trainer.model, trainer.optimizer),
         validation,
     )
 

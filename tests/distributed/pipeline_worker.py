@@ -34,12 +34,13 @@ for path in (ROOT, ROOT / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from titan_tpu.config import load_config  # noqa: E402
-from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
 from checkpoint_layouts_worker import LINKS, trainer_for  # noqa: E402
 from parallel_worker import layout_run, max_diff, single_process_init  # noqa: E402
 from parity import RunResult, full_state  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
+
+from titan_tpu.config import load_config  # noqa: E402
+from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
 
 CONFIG = "llama3_debug"
 BASE = layout_run(CONFIG, global_batch_size=4)
@@ -58,15 +59,24 @@ LAYOUTS: dict[str, list[str]] = {
     "pp2_fsdp2_ac": ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--activation_checkpoint.mode=full"],
     # Tensor parallelism (sequence parallel: each stage gathers its output sequence, and the next
     # shards it again) with per-block torch.compile (aot_eager, as the parallelism suite's TP 2 x FSDP 2).
-    "pp2_tp2_gpipe_compiled": ["--parallelism.pp=2", "--parallelism.tp=2", "--parallelism.dp_shard=1",
-                               "--parallelism.pp_schedule=GPipe", "--compile.enable=true",
-                               "--compile.backend=aot_eager"],  # fmt: skip
+    "pp2_tp2_gpipe_compiled": [
+        "--parallelism.pp=2",
+        "--parallelism.tp=2",
+        "--parallelism.dp_shard=1",
+        "--parallelism.pp_schedule=GPipe",
+        "--compile.enable=true",
+        "--compile.backend=aot_eager",
+    ],
     # Context parallelism inside each stage: stages pass on this cp rank's part of the sequence, whose
     # rotary tables the next stage reads at the rank's true positions.
     "pp2_cp2": ["--parallelism.pp=2", "--parallelism.cp=2", "--parallelism.dp_shard=1"],
     # The zero-bubble schedule (input and weight gradients computed apart) with FSDP inside the stages.
-    "pp2_zero_bubble_fsdp2": ["--parallelism.pp=2", "--parallelism.pp_schedule=InterleavedZeroBubble",
-                              "--parallelism.pp_microbatches=2", "--parallelism.dp_shard=2"],  # fmt: skip
+    "pp2_zero_bubble_fsdp2": [
+        "--parallelism.pp=2",
+        "--parallelism.pp_schedule=InterleavedZeroBubble",
+        "--parallelism.pp_microbatches=2",
+        "--parallelism.dp_shard=2",
+    ],
 }
 DETACHED_BOUNDARY = "pp4_detached_boundary"
 MOE_CONFIG = "qwen3_moe_debug"
@@ -77,14 +87,25 @@ MOE_BASE = layout_run(MOE_CONFIG, global_batch_size=4)
 # out: compile alone moved a one-process MoE run by 9.3e-6 in loss and 1.2e-4 in grad norm, a
 # token's near-tied experts switching, which leaves the comparison no margin.)
 MOE_LAYOUTS: dict[str, list[str]] = {
-    "pp2_ep2_fsdp2_ac": ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--parallelism.ep=2",
-                         "--activation_checkpoint.mode=full",
-                         "--checkpoint.enable=true", "--checkpoint.interval=1000", "--checkpoint.keep_latest_k=0"],
+    "pp2_ep2_fsdp2_ac": [
+        "--parallelism.pp=2",
+        "--parallelism.dp_shard=2",
+        "--parallelism.ep=2",
+        "--activation_checkpoint.mode=full",
+        "--checkpoint.enable=true",
+        "--checkpoint.interval=1000",
+        "--checkpoint.keep_latest_k=0",
+    ],
     # Two stages per rank under the zero-bubble schedule, which computes input and weight gradients
     # apart and detaches each stage's outputs in place (a stage output that is a view fails there).
-    "pp2_ep2_zero_bubble": ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--parallelism.ep=2",
-                            "--parallelism.pp_schedule=InterleavedZeroBubble", "--parallelism.pp_microbatches=2"],
-}  # fmt: skip
+    "pp2_ep2_zero_bubble": [
+        "--parallelism.pp=2",
+        "--parallelism.dp_shard=2",
+        "--parallelism.ep=2",
+        "--parallelism.pp_schedule=InterleavedZeroBubble",
+        "--parallelism.pp_microbatches=2",
+    ],
+}
 # The one process the MoE layouts are compared with: two accumulated micro-batches of 2 samples.
 # Data-parallel rank r of 2 takes samples r, r + 2, ..., and the schedule's micro-batch i is sample
 # i of each rank's 2, so both runs form the aux loss over the same samples {2i, 2i + 1}.
@@ -96,8 +117,15 @@ CHECKPOINT_CHAIN = "checkpoint_chain"
 # The 4-process links of the chain, in order: (name, layout).
 CHAIN_LINKS = [
     # Two stages per rank: the checkpoint is saved and loaded through the stages' StageUnion.
-    ("pp2_fsdp2", ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--parallelism.pp_schedule=Interleaved1F1B",
-                   "--parallelism.pp_microbatches=2"]),  # fmt: skip
+    (
+        "pp2_fsdp2",
+        [
+            "--parallelism.pp=2",
+            "--parallelism.dp_shard=2",
+            "--parallelism.pp_schedule=Interleaved1F1B",
+            "--parallelism.pp_microbatches=2",
+        ],
+    ),
     ("pp4", ["--parallelism.pp=4", "--parallelism.dp_shard=1"]),
 ]
 
@@ -150,9 +178,11 @@ def trained(trainer: Any) -> RunResult:
     """Train to the end; the steps, losses, grad norms and the gathered final state (every stage's)."""
     records = trainer.train()
     return RunResult(
-        [r.step for r in records], [r.loss for r in records], [r.grad_norm for r in records],
+        [r.step for r in records],
+        [r.loss for r in records],
+        [r.grad_norm for r in records],
         gathered_state(trainer.model, trainer.optimizer),
-    )  # fmt: skip
+    )
 
 
 def checkpoint_chain(work: Path) -> None:
@@ -175,6 +205,7 @@ def checkpoint_chain(work: Path) -> None:
 def reference(dump: Path, moe: bool = False) -> RunResult:
     """The single process, same config (for the MoE layouts, with MOE_REFERENCE)."""
     from parity import train_and_capture
+
     from titan_tpu.training.trainer import Trainer
 
     args = [*MOE_BASE, *MOE_REFERENCE] if moe else BASE

@@ -22,6 +22,7 @@ for path in (ROOT, ROOT / "tests"):
 import torch  # noqa: E402
 from plan_measure import LiveTensorPeak, measure_state  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
+
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.training.trainer import Trainer  # noqa: E402
 
@@ -38,7 +39,8 @@ LAYOUTS: dict[str, tuple[str, list[str]]] = {
     # norm and the head, each sharded over its dp_shard pair.
     # Global batch 8: two micro-batches of 2 samples per pp rank, so rank 0 keeps two in flight.
     "llama3_pp2_fsdp2": (
-        "llama3_debug", ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--training.global_batch_size=8"]
+        "llama3_debug",
+        ["--parallelism.pp=2", "--parallelism.dp_shard=2", "--training.global_batch_size=8"],
     ),
 }
 # Layout name -> pp degree: global rank r is pp rank r // (processes / pp) (pp is the outermost mesh axis).
@@ -58,7 +60,9 @@ def step_total(trainer: Trainer) -> dict[str, int]:
     """State bytes, and the step's total: parameters + optimizer state + the live-tensor peak of one
     forward + backward from zeroed gradients (they are created in it, as in every step)."""
     trainer.optimizer.zero_grad(set_to_none=True)
-    state = [value for values in trainer.optimizer.state.values() for value in values.values() if torch.is_tensor(value)]
+    state = [
+        value for values in trainer.optimizer.state.values() for value in values.values() if torch.is_tensor(value)
+    ]
     counter = LiveTensorPeak([_local(t) for t in [*trainer.model.parameters(), *state]])
     with counter:
         trainer.forward_backward()

@@ -19,11 +19,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch.distributed as dist  # noqa: E402
-
-from titan_tpu.config import load_config  # noqa: E402
 from launch import fixed_kernels  # noqa: E402
 from parity import RunResult, train_and_capture  # noqa: E402
 from worker_cases import run_cases  # noqa: E402
+
+from titan_tpu.config import load_config  # noqa: E402
 
 STEPS = 6
 BASE = [
@@ -66,14 +66,18 @@ def reference(dump: Path) -> dict[str, RunResult]:
 
     runs = {}
     for name, overrides in REFERENCE_OF.items():
-        trainer = Trainer(load_config("sft_qwen3_debug", [*BASE, *overrides, f"--job.dump_folder={dump / ('single_' + name)}"]))
+        trainer = Trainer(
+            load_config("sft_qwen3_debug", [*BASE, *overrides, f"--job.dump_folder={dump / ('single_' + name)}"])
+        )
         runs[name] = train_and_capture(trainer)
         trainer.close()
     return runs
 
 
 def main(out: Path) -> None:
-    run_cases(out, [(name, functools.partial(run_layout, name, overrides, out.parent)) for name, overrides in LAYOUTS.items()])
+    run_cases(
+        out, [(name, functools.partial(run_layout, name, overrides, out.parent)) for name, overrides in LAYOUTS.items()]
+    )
 
 
 if __name__ == "__main__":

@@ -16,9 +16,8 @@ from titan_tpu.distributed.compile import resolve_backend
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import parallelize_model
 from titan_tpu.distributed.sharded_init import canonical_name
-
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.qwen3.moe import GroupedExperts
+from titan_tpu.models.registry import get_model_spec
 
 SEQ = 32
 
@@ -33,9 +32,7 @@ def build(*overrides: str, config_name: str = "llama3_debug") -> nn.Module:
     return parallelize_model(model, None, ctx, config, torch.device("cpu"), torch.float32)
 
 
-def loss_and_grads(
-    model: nn.Module, name: str = "llama3", steps: int = 1
-) -> tuple[float, dict[str, torch.Tensor]]:
+def loss_and_grads(model: nn.Module, name: str = "llama3", steps: int = 1) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients of the last of `steps` batches (several batches: routing, hence the
     experts' run lengths, change from one to the next, as they do in training)."""
     for step in range(steps):
@@ -96,12 +93,12 @@ def test_moe_compiles_its_traceable_parts_and_matches_eager(ac: str) -> None:
         for name, module in model.named_modules()
         if name.startswith("layers.0.") and isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
     )
-    assert compiled == [
-        "attention", "attention_norm", "feed_forward.experts.swiglu", "feed_forward.router", "ffn_norm"
-    ]
+    assert compiled == ["attention", "attention_norm", "feed_forward.experts.swiglu", "feed_forward.router", "ffn_norm"]
     loss, grads = loss_and_grads(model, "qwen3_moe", steps=3)
-    print(f"\nMoE compile (aot_eager, ac {ac}) vs eager: loss {loss:.6f} vs {ref_loss:.6f}, max grad diff "
-          f"{max(float((grads[n] - ref_grads[n]).abs().max()) for n in grads):.1e}")
+    print(
+        f"\nMoE compile (aot_eager, ac {ac}) vs eager: loss {loss:.6f} vs {ref_loss:.6f}, max grad diff "
+        f"{max(float((grads[n] - ref_grads[n]).abs().max()) for n in grads):.1e}"
+    )
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     assert grads.keys() == ref_grads.keys()
     for name, grad in grads.items():
@@ -122,8 +119,10 @@ def test_compiled_expert_matmuls_match_eager(impl: str, dtype: torch.dtype) -> N
         counts = torch.tensor(runs)
         x = torch.randn(int(counts.sum()), 32, dtype=dtype, requires_grad=True)
         outs = [module(x, counts) for module in (eager, compiled)]
-        grads = [torch.autograd.grad(out.float().square().sum(), [x, module.w1, module.w2])
-                 for out, module in zip(outs, (eager, compiled))]
+        grads = [
+            torch.autograd.grad(out.float().square().sum(), [x, module.w1, module.w2])
+            for out, module in zip(outs, (eager, compiled))
+        ]
         torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
         for got, want in zip(*grads[::-1]):
             torch.testing.assert_close(got, want, rtol=0, atol=0)

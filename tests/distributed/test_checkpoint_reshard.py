@@ -25,10 +25,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from tests.one_thread import one_intra_op_thread
+from titan_tpu.checkpoint.hf_import import hf_tensor_index
 from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
-from titan_tpu.checkpoint.hf_import import hf_tensor_index
-from tests.one_thread import one_intra_op_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("checkpoint_layouts_worker.py")
@@ -105,8 +105,10 @@ def _run_chains(work: Path) -> dict[str, Any]:
     start = time.perf_counter()
     for tag in CHAINS:
         out[f"{tag}_back"] = last_segment(work, tag)
-    print(f"\nlayouts: one-process runs {single_s + time.perf_counter() - start:.1f} s, 4-process launch "
-          f"{launch_s:.1f} s; per part: {out['result']['timings_s']}")
+    print(
+        f"\nlayouts: one-process runs {single_s + time.perf_counter() - start:.1f} s, 4-process launch "
+        f"{launch_s:.1f} s; per part: {out['result']['timings_s']}"
+    )
     return out
 
 

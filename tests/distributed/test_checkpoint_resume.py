@@ -80,9 +80,7 @@ def test_killed_during_save_resumes_from_previous_checkpoint(tmp_path: Path) -> 
     root = dump / "checkpoint"
     cmd = [sys.executable, str(KILL_WORKER), "10", *BASE, f"--job.dump_folder={dump}", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as many threads as the in-process runs below
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
         while not list(root.glob(".step-10.tmp-*/STALLED")):

@@ -100,8 +100,16 @@ def test_planned_activation_peak_matches_measured(results: dict[str, Any], cp: i
 
 
 def run_losses(dump: Path, *args: str) -> dict[int, float]:
-    run = [*DETERMINISTIC_DEBUG_RUN, "--parallelism.cp=2", "--parallelism.dp_shard=1", "--checkpoint.enable=true",
-           "--checkpoint.interval=5", "--training.steps=10", f"--job.dump_folder={dump}", *args]  # fmt: skip
+    run = [
+        *DETERMINISTIC_DEBUG_RUN,
+        "--parallelism.cp=2",
+        "--parallelism.dp_shard=1",
+        "--checkpoint.enable=true",
+        "--checkpoint.interval=5",
+        "--training.steps=10",
+        f"--job.dump_folder={dump}",
+        *args,
+    ]
     torchrun(2, HERE.parents[1] / "train.py", *run, timeout=300)
     records = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in records}

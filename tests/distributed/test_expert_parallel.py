@@ -33,14 +33,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import expert_parallel_worker  # noqa: E402
-from parallel_worker import STEPS  # noqa: E402
 from launch import launch_layout_worker  # noqa: E402
+from parallel_worker import STEPS  # noqa: E402
 from parity import assert_matches_single_process, compare  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    layouts = {layout: layout for layout in [*expert_parallel_worker.LAYOUTS, expert_parallel_worker.MISSCALED_LAYOUT[0]]}
+    layouts = {
+        layout: layout for layout in [*expert_parallel_worker.LAYOUTS, expert_parallel_worker.MISSCALED_LAYOUT[0]]
+    }
     layouts[expert_parallel_worker.BF16_LAYOUT[0]] = "ep2_fsdp2_bf16"
     layouts[expert_parallel_worker.RAGGED_LAYOUT[0]] = expert_parallel_worker.RAGGED_LAYOUT[0]
     return launch_layout_worker(
@@ -77,8 +79,10 @@ def test_parity_check_fails_for_misscaled_expert_gradients(results: dict[str, An
     name, _ = expert_parallel_worker.MISSCALED_LAYOUT
     run, single = results[name]["run"], results["single"]
     report = compare(run, single)
-    print(f"\n{name}: max relative differences {report.summary()}; {len(report.failures)} failures, "
-          f"e.g. {report.failures[:2]}")
+    print(
+        f"\n{name}: max relative differences {report.summary()}; {len(report.failures)} failures, "
+        f"e.g. {report.failures[:2]}"
+    )
     assert not report.ok
     failed_steps = {int(f.split()[1]) for f in report.failures if f.startswith("step ") and "grad_norm" in f}
     assert failed_steps == set(run.steps), failed_steps
@@ -115,8 +119,10 @@ def test_bf16_experts_are_gathered_in_bf16_and_train(results: dict[str, Any]) ->
     fp32 = results["ep2_fsdp2"]["run"].losses
     assert results[name]["expert_gather_dtypes"] == ["torch.bfloat16"]
     rel = [abs(a - b) / abs(b) for a, b in zip(bf16, fp32)]
-    print(f"\n{name}: losses {[round(x, 4) for x in bf16]}; float32 {[round(x, 4) for x in fp32]}; "
-          f"max relative difference {max(rel):.2e}")
+    print(
+        f"\n{name}: losses {[round(x, 4) for x in bf16]}; float32 {[round(x, 4) for x in fp32]}; "
+        f"max relative difference {max(rel):.2e}"
+    )
     assert len(rel) == STEPS and all(math.isfinite(x) for x in bf16)
     assert max(rel) <= 5e-2
     assert bf16[-1] < bf16[0]
@@ -137,9 +143,10 @@ def test_tpu_ragged_path_matches_the_all_to_all_path(results: dict[str, Any]) ->
     # 4 MoE layers x 10 steps, each forward: 3 ragged_dots and 2 exchanges (backward is not counted).
     assert calls["ragged_dot"] >= 3 * 4 * STEPS and calls["ragged_all_to_all"] >= 2 * 4 * STEPS, calls
     # Step 1, before the optimizer has amplified anything: the same loss and gradient norm to 1e-6.
-    first = [abs(a[0] - b[0]) / abs(b[0]) for a, b in (
-        (ragged["run"].losses, today["run"].losses), (ragged["run"].grad_norms, today["run"].grad_norms)
-    )]  # fmt: skip
+    first = [
+        abs(a[0] - b[0]) / abs(b[0])
+        for a, b in ((ragged["run"].losses, today["run"].losses), (ragged["run"].grad_norms, today["run"].grad_norms))
+    ]
     print(f"step 1 relative differences (loss, grad norm): {first[0]:.1e}, {first[1]:.1e}")
     assert max(first) <= 1e-6, first
     assert_matches_single_process(ragged["run"], results["single"], STEPS, name)

@@ -45,9 +45,13 @@ def tolerance(case: str) -> Tolerance:
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("hf_fsdp")
     layouts = {case: case for case in [*hf_fsdp_worker.CASES, *hf_fsdp_worker.BROKEN]}
-    data = launch_layout_worker(HERE / "hf_fsdp_worker.py", folder, layouts,
-                                lambda dump: {case: hf_fsdp_worker.reference(dump, case) for case in hf_fsdp_worker.CASES},
-                                timeout=900)  # fmt: skip
+    data = launch_layout_worker(
+        HERE / "hf_fsdp_worker.py",
+        folder,
+        layouts,
+        lambda dump: {case: hf_fsdp_worker.reference(dump, case) for case in hf_fsdp_worker.CASES},
+        timeout=900,
+    )
     return data
 
 

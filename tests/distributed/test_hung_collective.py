@@ -50,13 +50,26 @@ class Job:
         dump.mkdir(parents=True)
         self.err_path = dump / "torchrun.err"
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-            "--max-restarts=0", "train.py", "--config", "llama3_debug", "--training.seq_len=32",
-            "--training.global_batch_size=4", "--parallelism.dp_shard=2", "--training.steps=100000",
-            "--training.dtype=float32", "--metrics.log_freq=1", "--data.shuffle_buffer=16",
-            f"--comm.init_timeout_seconds={LONG_TIMEOUT_S}", f"--comm.train_timeout_seconds={train_timeout_s}",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "--max-restarts=0",
+            "train.py",
+            "--config",
+            "llama3_debug",
+            "--training.seq_len=32",
+            "--training.global_batch_size=4",
+            "--parallelism.dp_shard=2",
+            "--training.steps=100000",
+            "--training.dtype=float32",
+            "--metrics.log_freq=1",
+            "--data.shuffle_buffer=16",
+            f"--comm.init_timeout_seconds={LONG_TIMEOUT_S}",
+            f"--comm.train_timeout_seconds={train_timeout_s}",
             f"--job.dump_folder={dump}",
-        ]  # fmt: skip
+        ]
         # The CPU path needs no TPU backend; without loading torch_tpu each process starts in a third
         # of the time and memory, which four processes on a shared 2-core machine notice.
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
@@ -78,9 +91,10 @@ class Job:
         """rank -> pid of the agent's worker processes, from /proc (torchrun starts each in its own session)."""
         try:
             children = [
-                int(pid) for task in Path(f"/proc/{self.proc.pid}/task").iterdir()
+                int(pid)
+                for task in Path(f"/proc/{self.proc.pid}/task").iterdir()
                 for pid in (task / "children").read_text().split()
-            ]  # fmt: skip
+            ]
         except FileNotFoundError:  # the agent has exited
             return self.workers
         for pid in children:

@@ -79,9 +79,20 @@ class TwoHosts:
                 "JOB_COMPLETION_INDEX": str(worker),
             }
             command = [
-                sys.executable, "-m", "titan_tpu.launch", "--nproc-per-node", "2", "--rdzv-port", str(port),
-                "--max-restarts", str(max_restarts), "--dns-timeout", "10", str(script), *script_args,
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "titan_tpu.launch",
+                "--nproc-per-node",
+                "2",
+                "--rdzv-port",
+                str(port),
+                "--max-restarts",
+                str(max_restarts),
+                "--dns-timeout",
+                "10",
+                str(script),
+                *script_args,
+            ]
             with log.open("w") as out:  # a file, not a pipe: nobody reads it while training runs
                 self.procs.append(
                     subprocess.Popen(

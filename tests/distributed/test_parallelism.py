@@ -88,8 +88,14 @@ def test_init_is_identical_to_single_process(results: dict[str, Any], layout: st
 def test_sharded_layers_match_unsharded(results: dict[str, Any]) -> None:
     diffs = results["sharded_layers"]
     print("\nsharded layer max abs diffs: " + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
-    assert set(diffs) >= {"colwise_linear_forward", "rowwise_linear_backward", "attention_forward",
-                          "attention_backward", "sp_block_forward", "sp_block_backward"}
+    assert set(diffs) >= {
+        "colwise_linear_forward",
+        "rowwise_linear_backward",
+        "attention_forward",
+        "attention_backward",
+        "sp_block_forward",
+        "sp_block_backward",
+    }
     assert max(diffs.values()) <= 1e-5
 
 
@@ -103,6 +109,8 @@ def test_fsdp4_memory_is_a_quarter(results: dict[str, Any]) -> None:
     single = results["single_state_bytes"]
     per_rank = results["fsdp4"]["state_bytes_per_rank"]
     ratios = [b / single for b in per_rank]
-    print(f"\nparams+grads+optimizer state: single process {single} B, FSDP 4 per rank {per_rank} B, "
-          f"ratio max {max(ratios):.3f}")
+    print(
+        f"\nparams+grads+optimizer state: single process {single} B, FSDP 4 per rank {per_rank} B, "
+        f"ratio max {max(ratios):.3f}"
+    )
     assert max(ratios) <= 0.30

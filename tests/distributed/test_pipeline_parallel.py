@@ -50,9 +50,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import pipeline_worker as worker  # noqa: E402
+from checkpoint_layouts_worker import LINKS, resume, trainer_for  # noqa: E402
 from launch import torchrun  # noqa: E402
 from parallel_worker import STEPS  # noqa: E402
-from checkpoint_layouts_worker import LINKS, resume, trainer_for  # noqa: E402
 from parity import (  # noqa: E402
     EXACT,
     RunResult,
@@ -63,6 +63,7 @@ from parity import (  # noqa: E402
     compare_states,
     train_and_capture,
 )
+
 from tests.one_thread import one_intra_op_thread  # noqa: E402
 
 pytestmark = pytest.mark.slow

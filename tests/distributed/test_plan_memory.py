@@ -41,8 +41,12 @@ def estimates(layout: str, processes: int, tmp: Path, rank: int, extra: tuple[st
     config = load_config(LAYOUTS[layout][0], [*overrides(layout, tmp), *extra])
     pp = config.parallelism.pp
     memory = plan_memory(config, processes, pp_rank=rank // (processes // pp) if pp > 1 else None).memory
-    return {"parameters": memory.parameters, "gradients": memory.gradients, "optimizer": memory.optimizer,
-            "step_total": memory.total}  # fmt: skip
+    return {
+        "parameters": memory.parameters,
+        "gradients": memory.gradients,
+        "optimizer": memory.optimizer,
+        "step_total": memory.total,
+    }
 
 
 @pytest.mark.parametrize("processes", sorted(LAUNCHES))
@@ -52,15 +56,18 @@ def test_state_bytes_match_every_rank(processes: int, tmp_path: Path) -> None:
         for rank in range(processes):
             estimate = estimates(layout, processes, tmp_path, rank)
             measured = json.loads((tmp_path / f"{layout}.rank{rank}.json").read_text())
-            print(f"\n{layout} rank {rank}: planned / measured " + ", ".join(
-                f"{kind} {estimate[kind] / value:.3f}" for kind, value in measured.items()))  # fmt: skip
+            print(
+                f"\n{layout} rank {rank}: planned / measured "
+                + ", ".join(f"{kind} {estimate[kind] / value:.3f}" for kind, value in measured.items())
+            )
             for kind, value in measured.items():
                 assert within(estimate[kind], value, TOLERANCE), (layout, rank, kind, estimate[kind], value)
             if layout in PIPELINE_DEGREES:
                 # Negative control: the whole model on each pp rank (the same mesh without pp, FSDP over
                 # the rank's dp_shard pair) is far from either stage.
-                whole = estimates(layout, processes // PIPELINE_DEGREES[layout], tmp_path, rank,
-                                  ("--parallelism.pp=1",))  # fmt: skip
+                whole = estimates(
+                    layout, processes // PIPELINE_DEGREES[layout], tmp_path, rank, ("--parallelism.pp=1",)
+                )
                 assert not within(whole["parameters"], measured["parameters"], TOLERANCE)
                 assert not within(whole["step_total"], measured["step_total"], TOLERANCE)
             # Negative controls: the same comparison rejects a planner without AdamW's second moment

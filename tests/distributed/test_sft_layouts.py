@@ -30,9 +30,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return launch_layout_worker(
-        HERE / "sft_worker.py", tmp_path_factory.mktemp("sft"), {name: name for name in sft_worker.LAYOUTS},
-        sft_worker.reference, timeout=900,
-    )  # fmt: skip
+        HERE / "sft_worker.py",
+        tmp_path_factory.mktemp("sft"),
+        {name: name for name in sft_worker.LAYOUTS},
+        sft_worker.reference,
+        timeout=900,
+    )
 
 
 @pytest.mark.parametrize("layout", list(sft_worker.LAYOUTS))

@@ -12,11 +12,11 @@ import pytest
 import torch
 from diffusers import FluxTransformer2DModel
 
+from tests.flux_reference import diffusers_model, inputs, random_diffusers_model, randomize, run_diffusers, run_ours
 from titan_tpu.models.flux.args import FLUX_FLAVORS, FluxArgs
 from titan_tpu.models.flux.flops import flux_param_count
 from titan_tpu.models.flux.model import FluxModel
 from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
-from tests.flux_reference import diffusers_model, inputs, random_diffusers_model, randomize, run_diffusers, run_ours
 
 # Small but with every axis exercised: 3-axis rope with unequal axes, several heads, both block kinds.
 ARGS = FluxArgs(

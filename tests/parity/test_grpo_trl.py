@@ -59,11 +59,21 @@ class _Accelerator:
 def trl_loss(loss_type: str, beta: float, inputs: dict, logps: torch.Tensor) -> torch.Tensor:
     trainer = trl_grpo.GRPOTrainer.__new__(trl_grpo.GRPOTrainer)
     values = dict(
-        loss_type=loss_type, beta=beta, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH,
-        importance_sampling_level="token", top_entropy_quantile=1.0, off_policy_mask_threshold=None,
-        use_vllm=False, current_gradient_accumulation_steps=1, max_completion_length=T,
-        _entropy_bonus_enabled=False, aux_loss_enabled=False, accelerator=_Accelerator(),
-        model=nn.Linear(1, 1), _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+        loss_type=loss_type,
+        beta=beta,
+        epsilon_low=EPS_LOW,
+        epsilon_high=EPS_HIGH,
+        importance_sampling_level="token",
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        use_vllm=False,
+        current_gradient_accumulation_steps=1,
+        max_completion_length=T,
+        _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
+        accelerator=_Accelerator(),
+        model=nn.Linear(1, 1),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
         args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
     )
     trainer.__dict__.update(values)
@@ -118,8 +128,16 @@ def test_loss_equals_trl(loss_type: str, scale: bool, aggregation: str, beta: fl
     theirs = trl_loss(loss_type, beta, inputs, theirs_logps)
     ours_logps = batch["logps"].clone().requires_grad_(True)
     ours = grpo_loss(
-        ours_logps, batch["old"], ours_adv, batch["mask"], eps_low=EPS_LOW, eps_high=EPS_HIGH,
-        aggregation=aggregation, max_completion_tokens=T, beta=beta, ref_logps=batch["ref"],  # type: ignore[arg-type]
+        ours_logps,
+        batch["old"],
+        ours_adv,
+        batch["mask"],
+        eps_low=EPS_LOW,
+        eps_high=EPS_HIGH,
+        aggregation=aggregation,
+        max_completion_tokens=T,
+        beta=beta,
+        ref_logps=batch["ref"],  # type: ignore[arg-type]
     ).loss
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-6, abs=1e-12)
     # The gradients (what training uses) agree too.
@@ -138,11 +156,21 @@ def test_mismatched_aggregation_misses_trl(loss_type: str, scale: bool, aggregat
         "prompt_ids": torch.zeros(len(adv), 2, dtype=torch.int64),
         "prompt_mask": torch.ones(len(adv), 2, dtype=torch.int64),
         "completion_ids": torch.zeros(len(adv), T, dtype=torch.int64),
-        "completion_mask": batch["mask"], "advantages": adv, "old_per_token_logps": batch["old"],
+        "completion_mask": batch["mask"],
+        "advantages": adv,
+        "old_per_token_logps": batch["old"],
         "num_items_in_batch": batch["mask"].sum().to(torch.float64),
     }
     theirs = trl_loss(loss_type, 0.0, inputs, batch["logps"]).item()
     for other in {"token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"} - {aggregation}:
-        ours = grpo_loss(batch["logps"], batch["old"], adv, batch["mask"], eps_low=EPS_LOW, eps_high=EPS_HIGH,
-                         aggregation=other, max_completion_tokens=T).loss.item()  # type: ignore[arg-type]
+        ours = grpo_loss(
+            batch["logps"],
+            batch["old"],
+            adv,
+            batch["mask"],
+            eps_low=EPS_LOW,
+            eps_high=EPS_HIGH,
+            aggregation=other,
+            max_completion_tokens=T,
+        ).loss.item()  # type: ignore[arg-type]
         assert ours != pytest.approx(theirs, rel=1e-6)

@@ -21,12 +21,12 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from titan_tpu.checkpoint.hf_export import export_model_to_hf
+from titan_tpu.config import ConfigError, load_config
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
 from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER as ADAPTER
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
-from titan_tpu.checkpoint.hf_export import export_model_to_hf
-from titan_tpu.config import ConfigError, load_config
 from titan_tpu.training.trainer import Trainer
 
 ARGS = LLAMA3_FLAVORS["debug"]

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from titan_tpu.models.common.loss import IGNORE_INDEX
 from titan_tpu.checkpoint.hf_import import load_hf_weights
+from titan_tpu.models.common.loss import IGNORE_INDEX
 from titan_tpu.models.qwen3.args import Qwen3Args, Qwen3MoeArgs
 from titan_tpu.models.qwen3.model import Qwen3Model, Qwen3MoeModel, moe_loss
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
@@ -23,16 +23,37 @@ SEQ_LENS = (7, 64, 200)
 
 def _dense_args(tied: bool) -> Qwen3Args:
     return Qwen3Args(
-        dim=128, n_layers=3, n_heads=8, n_kv_heads=2, head_dim=32, vocab_size=320, ffn_hidden_dim=352,
-        norm_eps=1e-6, rope_theta=1_000_000.0, max_seq_len=256, tie_embeddings=tied,
+        dim=128,
+        n_layers=3,
+        n_heads=8,
+        n_kv_heads=2,
+        head_dim=32,
+        vocab_size=320,
+        ffn_hidden_dim=352,
+        norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        max_seq_len=256,
+        tie_embeddings=tied,
     )
 
 
 def _moe_args(norm_topk_prob: bool) -> Qwen3MoeArgs:
     return Qwen3MoeArgs(
-        dim=128, n_layers=3, n_heads=8, n_kv_heads=2, head_dim=32, vocab_size=320, ffn_hidden_dim=352,
-        norm_eps=1e-6, rope_theta=1_000_000.0, max_seq_len=256, num_experts=8, top_k=3,
-        moe_hidden_dim=64, norm_topk_prob=norm_topk_prob, router_aux_loss_coef=0.02,
+        dim=128,
+        n_layers=3,
+        n_heads=8,
+        n_kv_heads=2,
+        head_dim=32,
+        vocab_size=320,
+        ffn_hidden_dim=352,
+        norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        max_seq_len=256,
+        num_experts=8,
+        top_k=3,
+        moe_hidden_dim=64,
+        norm_topk_prob=norm_topk_prob,
+        router_aux_loss_coef=0.02,
     )
 
 
@@ -166,8 +187,11 @@ def test_moe_export_round_trips_to_the_saved_file(tmp_path: Path) -> None:
     torch.manual_seed(0)
     args = _moe_args(True)
     config = Qwen3MoeConfig(
-        **_common_config(args), num_experts=args.num_experts, num_experts_per_tok=args.top_k,
-        moe_intermediate_size=args.moe_hidden_dim, norm_topk_prob=True,
+        **_common_config(args),
+        num_experts=args.num_experts,
+        num_experts_per_tok=args.top_k,
+        moe_intermediate_size=args.moe_hidden_dim,
+        norm_topk_prob=True,
     )
     hf = Qwen3MoeForCausalLM(config)
     _randomize(hf)

@@ -54,8 +54,13 @@ def _logits_gap(ours: torch.nn.Module, theirs: torch.nn.Module, sequences: list[
 def test_the_debug_run_learns_the_format_and_its_export_chats_the_same_in_transformers(tmp_path: Path) -> None:
     run = tmp_path / "run"
     overrides = [f"--job.dump_folder={run}", "--checkpoint.enable=true"]
-    done = subprocess.run([sys.executable, "train.py", "--config", "sft_qwen3_debug", *overrides],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "train.py", "--config", "sft_qwen3_debug", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rates = _exact_answer_rates(run)
     assert rates[0][1] <= 0.1 and rates[-1][1] >= 0.8, rates

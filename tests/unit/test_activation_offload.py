@@ -13,8 +13,12 @@ import titan_tpu.distributed.activation_offload as offload
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.training.trainer import Trainer
 
-RUN = ["--training.dtype=float32", "--training.steps=1", "--metrics.plot_loss=false",
-       "--activation_checkpoint.mode=full"]  # fmt: skip
+RUN = [
+    "--training.dtype=float32",
+    "--training.steps=1",
+    "--metrics.plot_loss=false",
+    "--activation_checkpoint.mode=full",
+]
 
 
 def gradients(tmp_path: Path, *overrides: str) -> tuple[float, dict[str, torch.Tensor]]:
@@ -42,7 +46,9 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_offloaded_blocks_give_the_same_gradients(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool) -> None:
+def test_offloaded_blocks_give_the_same_gradients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiled: bool
+) -> None:
     """Forced copies: the loss and every gradient equal those without offload, bit for bit, and what
     was copied is each block's input (4 blocks x [batch, seq, dim]): no parameter, no rotary table. Catches a restore that returns another tensor (the negative control: zeros), a saved
     tensor copied twice or left out, and parameters or shared tables moved."""
@@ -62,8 +68,11 @@ def test_offloaded_blocks_give_the_same_gradients(tmp_path: Path, monkeypatch: p
     assert others == [] if not compiled else all(shape == (5056,) for shape in others)
     # Negative control: a restore that hands back zeros for the activations changes the gradients.
     restore = offload.OnHost.restore
-    monkeypatch.setattr(offload.OnHost, "restore",
-                        lambda self: torch.zeros_like(self.host) if self.host.is_floating_point() else restore(self))  # fmt: skip
+    monkeypatch.setattr(
+        offload.OnHost,
+        "restore",
+        lambda self: torch.zeros_like(self.host) if self.host.is_floating_point() else restore(self),
+    )
     _, broken = gradients(tmp_path / "broken", compile_flag, "--activation_checkpoint.offload=true")
     assert any(not torch.equal(broken[name], grad) for name, grad in grads.items())
 

@@ -11,29 +11,25 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-
 import pytest
 import torch
 
 from titan_tpu.models.common.attention import Attention
 from titan_tpu.models.common.attention_kernels import (
-    requested_attention,
     AutoAttention,
     BlockedAttention,
     SdpaAttention,
     SplashAttention,
     attention_kernel,
+    requested_attention,
 )
-from titan_tpu.config import ConfigError
-from titan_tpu.protocols.attention import AttentionKernel
 from titan_tpu.models.common.attention_tunable import ATTENTION
-from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+from titan_tpu.protocols.attention import AttentionKernel
+from titan_tpu.protocols.tunable import KernelShape
 
 
-def reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, future_visible: int = 0
-) -> torch.Tensor:
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, future_visible: int = 0) -> torch.Tensor:
     """Softmax(q k^T / sqrt(D) + causal mask) v in float64, kv heads repeated per group.
     `future_visible` > 0 lets each query see that many future keys: a wrong mask for negative controls."""
     n_rep = q.shape[1] // k.shape[1]
@@ -51,13 +47,20 @@ def splash_stand_in(calls: list[dict[str, Any]]) -> Callable[..., torch.Tensor]:
     computes the reference math, refusing a wrong enable_gqa the way the real op does."""
 
     def splash_sdpa(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
-        is_causal: bool = True, enable_gqa: bool = False, **blocks: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        scale: float | None = None,
+        is_causal: bool = True,
+        enable_gqa: bool = False,
+        **blocks: int,
     ) -> torch.Tensor:
         if enable_gqa != (q.shape[1] != k.shape[1]):
             raise ValueError("enable_gqa does not match inputs")
-        calls.append(dict(shapes=(q.shape, k.shape, v.shape), scale=scale, is_causal=is_causal,
-                          enable_gqa=enable_gqa, **blocks))
+        calls.append(
+            dict(shapes=(q.shape, k.shape, v.shape), scale=scale, is_causal=is_causal, enable_gqa=enable_gqa, **blocks)
+        )
         return reference_attention(q, k, v)
 
     return splash_sdpa
@@ -81,8 +84,9 @@ def _qkv(batch: int, heads: int, kv_heads: int, seqlen: int) -> tuple[torch.Tens
     return q, k, v
 
 
-def _forward_backward(fn: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      grad_out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _forward_backward(
+    fn: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
     out = fn(q, k, v)
     return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
 

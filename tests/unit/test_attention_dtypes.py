@@ -51,7 +51,12 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, future_visible:
 
 
 def _expected(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, compute: torch.dtype, grad_out: torch.Tensor, future_visible: int = 0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    compute: torch.dtype,
+    grad_out: torch.Tensor,
+    future_visible: int = 0,
 ) -> tuple[torch.Tensor, ...]:
     """Output and input gradients of the float64 reference on the inputs rounded to `compute`."""
     leaves = [t.detach().to(compute).double().requires_grad_() for t in (q, k, v)]
@@ -59,8 +64,9 @@ def _expected(
     return (out, *torch.autograd.grad(out, leaves, grad_out.double()))
 
 
-def _run(kernel: AttentionKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_dtype: torch.dtype,
-         autocast: bool) -> tuple[torch.Tensor, ...]:
+def _run(
+    kernel: AttentionKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_dtype: torch.dtype, autocast: bool
+) -> tuple[torch.Tensor, ...]:
     with torch.autocast("cpu", dtype=BF16, enabled=autocast):
         out = kernel(q, k, v)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(grad_dtype)

@@ -19,8 +19,14 @@ from titan_tpu.metrics.plot import draw_bench_chart, read_bench
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "scripts" / "bench.py"
 # One narrow layer and short sequences: the case's own start-up is most of the test's time.
-TINY_CASE = ["--training.seq_len=32", "--training.global_batch_size=2", "--model.overrides.n_layers=1",
-             "--model.overrides.dim=64", "--model.overrides.n_heads=2", "--model.overrides.n_kv_heads=2"]
+TINY_CASE = [
+    "--training.seq_len=32",
+    "--training.global_batch_size=2",
+    "--model.overrides.n_layers=1",
+    "--model.overrides.dim=64",
+    "--model.overrides.n_heads=2",
+    "--model.overrides.n_kv_heads=2",
+]
 _spec = importlib.util.spec_from_file_location("bench_script", BENCH)
 assert _spec is not None and _spec.loader is not None
 bench = importlib.util.module_from_spec(_spec)
@@ -69,8 +75,19 @@ def test_matrix_runs_a_case_and_skips_another_into_one_jsonl(tmp_path: Path) -> 
     both become lines of <out>/bench.jsonl that the benchmark chart reads."""
     out = tmp_path / "results"
     command = [
-        sys.executable, str(BENCH), "--matrix", "llama3_debug", "--layouts", "1,fsdp2xep4", "--steps", "1",
-        "--warmup", "0", "--out", str(out), *TINY_CASE,
+        sys.executable,
+        str(BENCH),
+        "--matrix",
+        "llama3_debug",
+        "--layouts",
+        "1,fsdp2xep4",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+        *TINY_CASE,
     ]
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1")

@@ -22,10 +22,18 @@ def test_mfu_is_the_median_of_steps_against_their_own_probes(monkeypatch: pytest
     # The last probe lands on a machine 1000x faster: alone it would divide the run by 1000 PEAK.
     probes = iter([PEAK, PEAK, 1000 * PEAK])
     monkeypatch.setattr(device, "host_peak_flops", lambda *args, **kwargs: next(probes))
-    record = bench.measure("llama3_debug", 3, 0, [
-        f"--job.dump_folder={tmp_path}", "--training.seq_len=64", "--training.global_batch_size=4",
-        "--training.dtype=float32", "--metrics.plot_loss=false",
-    ])  # fmt: skip
+    record = bench.measure(
+        "llama3_debug",
+        3,
+        0,
+        [
+            f"--job.dump_folder={tmp_path}",
+            "--training.seq_len=64",
+            "--training.global_batch_size=4",
+            "--training.dtype=float32",
+            "--metrics.plot_loss=false",
+        ],
+    )
     assert record is not None and next(probes, None) is None  # one probe per timed step
     assert record["peak_tflops"] == PEAK / 1e12
     # Two of three steps met PEAK; their step times differ, so the median is near the run's mean.

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from chat_fixtures import CONVERSATION, checkpoint_folder
+
 from titan_tpu.data.chat_masks import MaskedTokens, completion_tokens, conversation_tokens, end_of_turn
 from titan_tpu.data.chat_template import ChatTemplate, ChatTemplateError
 from titan_tpu.data.tokenizer import HFTokenizer
@@ -88,15 +88,36 @@ def test_prompt_completion_equals_trl_completion_only_loss(tmp_path: Path) -> No
         {"prompt": "The quick brown", "completion": " fox jumps over the lazy dog"},
     ]
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=reference.vocab_size + 8, hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))  # fmt: skip
-    config = SFTConfig(output_dir=str(tmp_path / "trl"), completion_only_loss=True, report_to=[], max_length=None,
-                       bf16=False, use_cpu=True)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=reference.vocab_size + 8,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
+    config = SFTConfig(
+        output_dir=str(tmp_path / "trl"),
+        completion_only_loss=True,
+        report_to=[],
+        max_length=None,
+        bf16=False,
+        use_cpu=True,
+    )
     trl = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(records), processing_class=reference)
     tokenizer = HFTokenizer(folder / "tokenizer.json")
     for i, (record, row) in enumerate(zip(records, trl.train_dataset)):
-        ours = completion_tokens(tokenizer, record["prompt"], record["completion"], "<|eot_id|>",
-                                 "<|begin_of_text|>", "completion", f"record {i}")  # fmt: skip
+        ours = completion_tokens(
+            tokenizer,
+            record["prompt"],
+            record["completion"],
+            "<|eot_id|>",
+            "<|begin_of_text|>",
+            "completion",
+            f"record {i}",
+        )
         assert ours.ids == row["input_ids"]
         # TRL folds the completion mask into unshifted labels: -100 where the loss does not count.
         trl_trained = [label != -100 for label in row["labels"]]
@@ -140,15 +161,30 @@ def test_conversational_prompt_completion_equals_trl(tmp_path: Path) -> None:
         {"prompt": CONVERSATION[:4], "completion": CONVERSATION[4:]},
     ]
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=reference.vocab_size + 8, hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))  # fmt: skip
-    config = SFTConfig(output_dir=str(tmp_path / "trl"), completion_only_loss=True, report_to=[], max_length=None,
-                       bf16=False, use_cpu=True)  # fmt: skip
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=reference.vocab_size + 8,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
+    config = SFTConfig(
+        output_dir=str(tmp_path / "trl"),
+        completion_only_loss=True,
+        report_to=[],
+        max_length=None,
+        bf16=False,
+        use_cpu=True,
+    )
     trl = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(records), processing_class=reference)
     template, tokenizer = ChatTemplate.from_folder(folder), HFTokenizer(folder / "tokenizer.json")
     for i, (record, row) in enumerate(zip(records, trl.train_dataset)):
-        ours = conversational_completion_tokens(template, tokenizer, record["prompt"], record["completion"],
-                                                "completion", f"record {i}")  # fmt: skip
+        ours = conversational_completion_tokens(
+            template, tokenizer, record["prompt"], record["completion"], "completion", f"record {i}"
+        )
         trl_trained = [label != -100 for label in row["labels"]]
         assert ours.ids == row["input_ids"] and ours.trained == trl_trained and any(trl_trained)
         assert [False, *ours.trained[:-1]] != trl_trained  # negative control

@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 
 import pytest
+from chat_fixtures import CONVERSATION, checkpoint_folder, published_template
 from transformers import AutoTokenizer
 
-from chat_fixtures import CONVERSATION, checkpoint_folder, published_template
 from titan_tpu.config import ConfigError
 from titan_tpu.data.chat_template import ChatTemplate, ChatTemplateError
 from titan_tpu.data.tokenizer import HFTokenizer
@@ -97,7 +97,10 @@ def test_a_folder_without_a_template_is_one_line_naming_it(tmp_path: Path) -> No
     # The override supplies one; the special tokens still come from the folder.
     override = tmp_path / "t.jinja"
     override.write_text(published_template("qwen3"))
-    assert ChatTemplate.from_folder(folder, override).tokens == {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    assert ChatTemplate.from_folder(folder, override).tokens == {
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+    }
 
 
 def test_broken_templates_and_refused_conversations_are_one_line(tmp_path: Path) -> None:

@@ -11,15 +11,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from titan_tpu.checkpoint import layout
+from titan_tpu.checkpoint.hf_export import export_model_to_hf
+from titan_tpu.checkpoint.storage import read_metadata_file
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
 from titan_tpu.models.llama3.model import Llama3Model
 from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER as ADAPTER
 from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.model import Qwen3MoeModel
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
-from titan_tpu.checkpoint import layout
-from titan_tpu.checkpoint.hf_export import export_model_to_hf
-from titan_tpu.checkpoint.storage import read_metadata_file
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("convert_checkpoint", ROOT / "scripts" / "convert_checkpoint.py")

@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from titan_tpu.models.registry import get_model_spec
+from titan_tpu.checkpoint.hf_export import HFFolderWriter, export_model_to_hf
+from titan_tpu.checkpoint.hf_import import load_hf_weights
+from titan_tpu.config import ConfigError
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
 from titan_tpu.models.llama3.model import Llama3Model
 from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER as ADAPTER
-from titan_tpu.checkpoint.hf_import import load_hf_weights
-from titan_tpu.checkpoint.hf_export import HFFolderWriter, export_model_to_hf
-from titan_tpu.config import ConfigError
+from titan_tpu.models.registry import get_model_spec
 
 ARGS = LLAMA3_FLAVORS["debug"]
 

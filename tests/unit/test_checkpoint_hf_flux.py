@@ -14,15 +14,15 @@ import torch
 from diffusers import FluxTransformer2DModel
 from safetensors.torch import load_file
 
+from tests import flux_reference
+from tests.flux_reference import random_diffusers_model, run_diffusers, run_ours
+from titan_tpu.checkpoint.hf_export import export_model_to_hf
+from titan_tpu.checkpoint.hf_import import load_hf_weights
+from titan_tpu.config import ConfigError, load_config
 from titan_tpu.models.flux.args import FLUX_FLAVORS, FluxArgs
 from titan_tpu.models.flux.model import FluxModel
 from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
-from titan_tpu.checkpoint.hf_import import load_hf_weights
-from titan_tpu.checkpoint.hf_export import export_model_to_hf
-from titan_tpu.config import ConfigError, load_config
 from titan_tpu.training.trainer import Trainer
-from tests import flux_reference
-from tests.flux_reference import random_diffusers_model, run_diffusers, run_ours
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("convert_checkpoint", ROOT / "scripts" / "convert_checkpoint.py")

@@ -12,14 +12,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from titan_tpu.checkpoint.hf_export import export_model_to_hf
+from titan_tpu.checkpoint.hf_format import HFParts
+from titan_tpu.checkpoint.hf_import import load_hf_weights, read_hf_blocks
+from titan_tpu.config import ConfigError
 from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
 from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.model import Qwen3MoeModel
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER as ADAPTER
-from titan_tpu.checkpoint.hf_format import HFParts
-from titan_tpu.checkpoint.hf_import import load_hf_weights, read_hf_blocks
-from titan_tpu.checkpoint.hf_export import export_model_to_hf
-from titan_tpu.config import ConfigError
 
 ARGS = QWEN3_MOE_FLAVORS["debug_moe"]
 EXPERTS = "layers.1.feed_forward.experts.w2"

@@ -58,9 +58,7 @@ def train_step(parts, data: Stateful) -> float:  # type: ignore[no-untyped-def]
 def manager(root: Path, parts, data: Stateful, **cfg) -> CheckpointManager:  # type: ignore[no-untyped-def]
     model, optimizer, scheduler = parts
     config = CheckpointConfig(**{"enable": True, "interval": 2, "keep_latest_k": 0, **cfg})
-    return CheckpointManager(
-        config, root, model=model, optimizer=optimizer, lr_scheduler=scheduler, dataloader=data
-    )
+    return CheckpointManager(config, root, model=model, optimizer=optimizer, lr_scheduler=scheduler, dataloader=data)
 
 
 def run(root: Path, steps: int, **cfg) -> list[float]:  # type: ignore[no-untyped-def]
@@ -119,9 +117,12 @@ def test_a_checkpoint_with_positional_param_groups_still_resumes(
 
     model, optimizer, scheduler = build()[:3]
     staged = CheckpointManager(
-        CheckpointConfig(enable=True, load_step=4), tmp_path / "old", model=model, optimizer=optimizer,
+        CheckpointConfig(enable=True, load_step=4),
+        tmp_path / "old",
+        model=model,
+        optimizer=optimizer,
         pipeline_stages=True,
-    )  # fmt: skip
+    )
     with pytest.raises(ConfigError, match=r"keeps the optimizer's param groups by position .* parallelism.pp = 1 once"):
         staged.load()
 
@@ -329,7 +330,11 @@ def _truncate(path: Path) -> None:
     ids=["flipped", "truncated", "appended", "deleted", "bad_manifest"],
 )
 def test_fallback_moves_the_damaged_newest_aside_under_its_reason(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage, target: str, why: str  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    damage,
+    target: str,
+    why: str,  # type: ignore[no-untyped-def]
 ) -> None:
     """Each kind of damage to the newest checkpoint: it is moved to step-4.damaged-<why> with its files
     as they were and a note of what was found, one warning says so, and step 2 loads. Catches a damaged
@@ -340,7 +345,10 @@ def test_fallback_moves_the_damaged_newest_aside_under_its_reason(
     with caplog.at_level("WARNING"):
         assert _load(tmp_path) == 2
     aside = tmp_path / "checkpoint" / f"step-4.damaged-{why}"
-    assert not folder.exists() and {p.name: p.read_bytes() for p in aside.iterdir() if p.name != layout.DAMAGE_NOTE} == before
+    assert (
+        not folder.exists()
+        and {p.name: p.read_bytes() for p in aside.iterdir() if p.name != layout.DAMAGE_NOTE} == before
+    )
     assert target in (aside / layout.DAMAGE_NOTE).read_text()
     assert layout.complete_steps(tmp_path / "checkpoint") == [2]
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]

@@ -16,9 +16,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from plan_measure import LiveTensorPeak  # noqa: E402
+
 from titan_tpu.models.common.chunked_cross_entropy import ChunkedCrossEntropy, chunk_tokens, chunked_cross_entropy  # noqa: E402
 from titan_tpu.models.common.loss import IGNORE_INDEX, cross_entropy_loss  # noqa: E402
-from plan_measure import LiveTensorPeak  # noqa: E402
 
 TOKENS, VOCAB = 100, 64
 
@@ -183,7 +184,9 @@ def _within_bounds(loss_fn: Any) -> bool:
     kept, forward_peak, peak = _tally(loss_fn)
     # Kept: the gradient, made in forward (the logits themselves are not needed by backward). Peaks: that
     # and one float32 chunk.
-    return kept <= grad + slack and forward_peak <= grad + float32_chunk + slack and peak <= grad + float32_chunk + slack
+    return (
+        kept <= grad + slack and forward_peak <= grad + float32_chunk + slack and peak <= grad + float32_chunk + slack
+    )
 
 
 def test_memory_is_the_gradient_and_one_float32_chunk() -> None:

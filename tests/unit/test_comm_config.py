@@ -27,10 +27,15 @@ from titan_tpu.training.trainer import Trainer
 
 INIT_S, TRAIN_S = 77, 33
 SMALL = [
-    "--config", "llama3_debug", "--training.seq_len=32", "--training.global_batch_size=2",
-    "--training.steps=3", "--model.overrides.n_layers=1", f"--comm.init_timeout_seconds={INIT_S}",
+    "--config",
+    "llama3_debug",
+    "--training.seq_len=32",
+    "--training.global_batch_size=2",
+    "--training.steps=3",
+    "--model.overrides.n_layers=1",
+    f"--comm.init_timeout_seconds={INIT_S}",
     f"--comm.train_timeout_seconds={TRAIN_S}",
-]  # fmt: skip
+]
 # What gloo raised when a peer stopped, copied from a run of this torch.
 GLOO_TIMEOUT = (
     "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
@@ -51,9 +56,12 @@ def init_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list
     def init_one_process(backend: str, info: ProcessInfo, timeout_s: float) -> None:
         calls.append(timeout_s)
         dist.init_process_group(
-            backend, init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+            backend,
+            init_method=f"file://{tmp_path / 'store'}",
+            rank=0,
+            world_size=1,
             timeout=datetime.timedelta(seconds=timeout_s),
-        )  # fmt: skip
+        )
 
     monkeypatch.setattr("titan_tpu.training.trainer.process_group.init_process_group", init_one_process)
     try:
@@ -83,10 +91,15 @@ def test_defaults_and_help() -> None:
     [
         ("--comm.init_timeout_seconds=0", "error: comm.init_timeout_seconds: must be > 0 seconds, got 0"),
         ("--comm.train_timeout_seconds=-5", "error: comm.train_timeout_seconds: must be > 0 seconds, got -5"),
-        ("--comm.train_timeout_seconds=5m",
-         "error: command line: comm.train_timeout_seconds: got '5m', expected an integer"),
-        ("--comm.timeout=5", "error: command line: comm.timeout: unknown key in [comm]; valid keys: "
-                             "init_timeout_seconds, train_timeout_seconds"),
+        (
+            "--comm.train_timeout_seconds=5m",
+            "error: command line: comm.train_timeout_seconds: got '5m', expected an integer",
+        ),
+        (
+            "--comm.timeout=5",
+            "error: command line: comm.timeout: unknown key in [comm]; valid keys: "
+            "init_timeout_seconds, train_timeout_seconds",
+        ),
     ],
 )
 def test_bad_values_get_one_line(arg: str, expected: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -179,8 +192,10 @@ def test_timed_out_set_up_names_the_init_timeout(
 ) -> None:
     # The first set-up step after the process group exists (mesh creation is collective).
     monkeypatch.setattr(Trainer, "_setup_parallelism", raising(RuntimeError(GLOO_TIMEOUT)))
-    with pytest.raises(CollectiveTimeout, match=f"^rank 0: a collective did not complete within "
-                                                f"comm.init_timeout_seconds = {INIT_S} s;"):
+    with pytest.raises(
+        CollectiveTimeout,
+        match=f"^rank 0: a collective did not complete within comm.init_timeout_seconds = {INIT_S} s;",
+    ):
         Trainer(load_config(None, small_args(tmp_path)[2:]))
 
 

@@ -8,25 +8,23 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import train
 from titan_tpu.config import ConfigError, help_text, load_config, to_toml
 from titan_tpu.config.loader import CONFIG_DIR
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.plan.__main__ import main as plan_main
 from titan_tpu.training.registered_names import check_registered_names
-from titan_tpu.models.registry import get_model_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def main_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
@@ -67,9 +65,7 @@ def test_new_keys_have_their_defaults() -> None:
 
 def test_model_overrides_from_toml_table_inline_table_and_command_line(tmp_path: Path) -> None:
     table = tmp_path / "table.toml"
-    table.write_text(
-        '[model]\nname = "llama3"\nflavor = "debug"\n[model.overrides]\nn_layers = 2\ndim = 128\n'
-    )
+    table.write_text('[model]\nname = "llama3"\nflavor = "debug"\n[model.overrides]\nn_layers = 2\ndim = 128\n')
     inline = tmp_path / "inline.toml"
     inline.write_text('[model]\nflavor = "debug"\noverrides = { n_layers = 2, dim = 128 }\n')
     expected = {"n_layers": 2, "dim": 128}
@@ -91,8 +87,12 @@ def test_model_overrides_from_toml_table_inline_table_and_command_line(tmp_path:
 def test_resolved_config_round_trips_through_toml(tmp_path: Path) -> None:
     config = load_config(
         "llama3_debug",
-        ["--job.description=with \"quotes\" and \\ slash", "--model.overrides.n_layers=2",
-         "--model.overrides.head_dim=none", "--model.overrides.rope_theta=1e4"],
+        [
+            '--job.description=with "quotes" and \\ slash',
+            "--model.overrides.n_layers=2",
+            "--model.overrides.head_dim=none",
+            "--model.overrides.rope_theta=1e4",
+        ],
     )
     path = tmp_path / "resolved.toml"
     path.write_text(to_toml(config))
@@ -104,10 +104,17 @@ def test_resolved_config_round_trips_through_toml(tmp_path: Path) -> None:
 
 def test_help_lists_every_key_with_type_default_and_doc() -> None:
     text = help_text()
-    for needle in ("[training]", "steps (int, default 200)", "Number of optimizer steps",
-                   'dtype ("auto" | "bfloat16" | "float32", default "auto")', "task (str, default \"auto\")",
-                   "overrides (table, default {})", "eval_freq (int, default 0)", "[parallelism]",
-                   "dp_shard"):
+    for needle in (
+        "[training]",
+        "steps (int, default 200)",
+        "Number of optimizer steps",
+        'dtype ("auto" | "bfloat16" | "float32", default "auto")',
+        'task (str, default "auto")',
+        "overrides (table, default {})",
+        "eval_freq (int, default 0)",
+        "[parallelism]",
+        "dp_shard",
+    ):
         assert needle in text
 
 
@@ -117,12 +124,13 @@ def test_help_lists_every_key_with_type_default_and_doc() -> None:
         (["--training.steps=0"], "training.steps: must be >= 1"),
         (["--training.dtype=fp16"], "expected one of 'auto', 'bfloat16', 'float32'"),
         (["--data.source=files"], "data.path: is required"),
-        (["--training.local_batch_size=4", "--training.global_batch_size=6"],
-         "multiple of training.local_batch_size"),
+        (["--training.local_batch_size=4", "--training.global_batch_size=6"], "multiple of training.local_batch_size"),
         (["--training.global_batch_size=0"], "training.global_batch_size: must be >= 1, got 0"),
         (["--training.global_batch_size=-8"], "training.global_batch_size: must be >= 1, got -8"),
-        (["--data.path=corpus.txt"], "data.path: 'corpus.txt' is not read when data.source = 'embedded'; "
-                                     "set data.source = 'files'"),
+        (
+            ["--data.path=corpus.txt"],
+            "data.path: 'corpus.txt' is not read when data.source = 'embedded'; set data.source = 'files'",
+        ),
         (["--metrics.eval_freq=-1"], "metrics.eval_freq: must be >= 0"),
         (["--activation_checkpoint.selective_option=x"], "'op' or a positive integer"),
         (["--training.steps.x=1"], "training.steps.x: training.steps is not a table"),
@@ -143,27 +151,34 @@ def test_bad_values_name_key_and_allowed_values(args: list[str], expected: str) 
         (["--config", "llama3_debug", "--trainin.steps=3"], "did you mean 'training'"),
         (["--config", "llama3_debug", "stray"], "stray: unrecognised argument"),
         # Registry names: a lookup failure used to be a ValueError traceback with exit status 1.
-        (["--model.name=lama3"], "model.name: unknown model 'lama3'; did you mean 'llama3'? valid: flux, hf, llama3, "
-                                 "qwen3, qwen3_moe"),
-        (["--model.flavor=nope"],
-         "model.flavor: unknown flavor 'nope' for model 'llama3'; valid: debug, 100M"),
-        (["--training.task=languag_model"], "training.task: unknown task 'languag_model'; did you mean "
-                                            "'language_model'? valid: auto, grpo, language_model, rectified_flow"),
+        (
+            ["--model.name=lama3"],
+            "model.name: unknown model 'lama3'; did you mean 'llama3'? valid: flux, hf, llama3, qwen3, qwen3_moe",
+        ),
+        (["--model.flavor=nope"], "model.flavor: unknown flavor 'nope' for model 'llama3'; valid: debug, 100M"),
+        (
+            ["--training.task=languag_model"],
+            "training.task: unknown task 'languag_model'; did you mean "
+            "'language_model'? valid: auto, grpo, language_model, rectified_flow",
+        ),
         # Model overrides, checked against the flavor's dataclass.
-        (["--model.overrides.n_layer=2"], "model.overrides.n_layer is not a field of Llama3Args; did you mean "
-                                          "'n_layers'? valid fields: dim, n_layers, n_heads"),
+        (
+            ["--model.overrides.n_layer=2"],
+            "model.overrides.n_layer is not a field of Llama3Args; did you mean "
+            "'n_layers'? valid fields: dim, n_layers, n_heads",
+        ),
         (["--model.overrides.n_layers=two"], "model.overrides.n_layers: got 'two', expected an integer"),
         (["--model.overrides.n_layers=0"], "model.overrides.n_layers: must be >= 1, got 0"),
-        (["--model.overrides.n_heads=6"], "model.overrides { n_heads = 6 } on llama3 debug: n_heads (6) must "
-                                          "be a multiple of n_kv_heads (4)"),
+        (
+            ["--model.overrides.n_heads=6"],
+            "model.overrides { n_heads = 6 } on llama3 debug: n_heads (6) must be a multiple of n_kv_heads (4)",
+        ),
         (["--model.overrides.dim=100"], "dim (100) must be divisible by n_heads (8)"),
         (["--model.overrides.max_seq_len=64"], "model.overrides.max_seq_len: set from training.seq_len"),
         (["--model.overrides.rope_scaling=none"], "model.overrides.rope_scaling is a nested structure"),
     ],
 )
-def test_cli_errors_are_one_line_and_exit_2(
-    args: list[str], expected: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_errors_are_one_line_and_exit_2(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert expected in main_error(capsys, *args)
 
 
@@ -182,9 +197,7 @@ def test_moe_overrides_are_checked_against_the_moe_dataclass(capsys: pytest.Capt
     assert "model.overrides.expert_impl: set from model.moe_impl on every run; set that instead" in twice
     dense = main_error(capsys, "--model.moe_impl=loop")
     assert "model.moe_impl = 'loop': model llama3 has no expert kernels to choose; leave it 'auto'" in dense
-    assert "top_k must be in [1, num_experts=1], got 2" in main_error(
-        capsys, *base, "--model.overrides.num_experts=1"
-    )
+    assert "top_k must be in [1, num_experts=1], got 2" in main_error(capsys, *base, "--model.overrides.num_experts=1")
 
 
 def test_toml_errors_name_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -240,8 +253,10 @@ def test_loading_leaves_registry_names_to_the_entry_points() -> None:
     "args, expected",
     [
         (["--model.name=lama3"], "error: model.name: unknown model 'lama3'; did you mean 'llama3'? valid: "),
-        (["--model.flavor=Debug"], "error: model.flavor: unknown flavor 'Debug' for model 'llama3'; did you mean "
-                                   "'debug'? valid: "),
+        (
+            ["--model.flavor=Debug"],
+            "error: model.flavor: unknown flavor 'Debug' for model 'llama3'; did you mean 'debug'? valid: ",
+        ),
         (["--training.task=grp"], "error: training.task: unknown task 'grp'; did you mean 'grpo'? valid: auto, "),
     ],
 )

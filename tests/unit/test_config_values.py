@@ -4,11 +4,11 @@ errors, their `--help` names and their TOML rendering. These used to raise KeyEr
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 import typing
 from typing import Any, Literal
 
 import pytest
+import tomllib
 
 from titan_tpu.config import ConfigError
 from titan_tpu.config.loader import TrainConfig, field_types, section_types
@@ -28,7 +28,7 @@ Choice = Literal["a", "b"]
         ('["x,y", "z"]', list[str], ["x,y", "z"]),
         ("a,b", list[Choice], ["a", "b"]),
         ("none", int | None, None),
-        ("NONE", typing.Optional[float], None),
+        ("NONE", typing.Optional[float], None),  # noqa: UP045 (the older spelling is parsed too)
         ("7", int | None, 7),
         ("2.5", float | None, 2.5),
         ("b", Choice | None, "b"),
@@ -61,17 +61,28 @@ def test_toml_values_are_checked_not_converted() -> None:
     assert check([1, 2], list[float], "s.k") == [1.0, 2.0]
     assert check("none", int | None, "s.k") is None
     assert check(3, int | None, "s.k") == 3
-    for value, tp in [("1", list[int]), (["1"], list[int]), (True, int | None), ("3", int | None),
-                      ([1], dict[str, Any]), (1, Choice)]:
+    for value, tp in [
+        ("1", list[int]),
+        (["1"], list[int]),
+        (True, int | None),
+        ("3", int | None),
+        ([1], dict[str, Any]),
+        (1, Choice),
+    ]:
         with pytest.raises(ConfigError, match=r"^s\.k(\[0\])?: got "):
             check(value, tp, "s.k")
 
 
 @pytest.mark.parametrize(
     "value, tp",
-    [([1, 2], list[int]), ([], list[str]), (["a", 'q"uote'], list[str]), (None, int | None),
-     (2.5, float | None),
-     ({"n_layers": 2, "odd key": [1, 2], "eps": 1e-5, "off": False}, dict[str, Any])],
+    [
+        ([1, 2], list[int]),
+        ([], list[str]),
+        (["a", 'q"uote'], list[str]),
+        (None, int | None),
+        (2.5, float | None),
+        ({"n_layers": 2, "odd key": [1, 2], "eps": 1e-5, "off": False}, dict[str, Any]),
+    ],
 )
 def test_rendered_values_read_back_as_the_same_value(value: Any, tp: Any) -> None:
     rendered = tomllib.loads(f"k = {to_toml_value(value)}")["k"]

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import load_config
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import ParallelismConfig
@@ -20,6 +19,7 @@ from titan_tpu.distributed.context_parallel import (
     split_for_rank,
 )
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.tasks.base import TaskContext
 
 
@@ -144,10 +144,18 @@ def test_cp_1_leaves_the_config_as_it_was() -> None:
 def cp_task_context(config_name: str, overrides: list[str]) -> TaskContext:
     config = load_config(config_name, overrides)
     return TaskContext(
-        config=config, spec=get_model_spec(config.model.name), device=torch.device("cpu"),
-        compute_dtype=torch.float32, parallel=ParallelContext(dims(2, cp=2)), dp_rank=0, dp_world=1,
-        local_batch_size=2, grad_accum_steps=1, dump_folder=Path("."), is_writer=True,
-    )  # fmt: skip
+        config=config,
+        spec=get_model_spec(config.model.name),
+        device=torch.device("cpu"),
+        compute_dtype=torch.float32,
+        parallel=ParallelContext(dims(2, cp=2)),
+        dp_rank=0,
+        dp_world=1,
+        local_batch_size=2,
+        grad_accum_steps=1,
+        dump_folder=Path("."),
+        is_writer=True,
+    )
 
 
 def test_families_and_tasks_without_context_parallel_are_refused() -> None:

@@ -33,11 +33,17 @@ RUNS = {
     "qwen3_debug": ["--model.overrides={ n_layers = 2 }", "--training.seq_len=64", "--training.global_batch_size=2"],
     "flux_debug": ["--training.global_batch_size=4", "--metrics.eval_freq=0"],
     "grpo_qwen3_debug": [
-        "--model.overrides={ n_layers = 2 }", "--training.global_batch_size=8", "--rl.prompts_per_step=2",
-        "--rl.group_size=4", "--rl.max_new_tokens=4", "--rl.max_operand=9", "--rl.eval_prompts=4",
-        "--metrics.eval_freq=2", REWARDS,  # from random weights the arithmetic reward is always 0
+        "--model.overrides={ n_layers = 2 }",
+        "--training.global_batch_size=8",
+        "--rl.prompts_per_step=2",
+        "--rl.group_size=4",
+        "--rl.max_new_tokens=4",
+        "--rl.max_operand=9",
+        "--rl.eval_prompts=4",
+        "--metrics.eval_freq=2",
+        REWARDS,  # from random weights the arithmetic reward is always 0
     ],
-}  # fmt: skip
+}
 EXPECTED = {"fp32": (torch.float32, "sdpa"), "bf16": (torch.bfloat16, "blocked:128")}
 FORCED_ATTENTION = {"fp32": "--model.attention_block=0", "bf16": "--model.attention_block=128"}
 # Cosine similarity of the first step's gradient, bf16 decision against float32, every parameter.
@@ -48,9 +54,12 @@ GRADIENT_COSINE = 0.99
 def _trainer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str, decision: str, *extra: str) -> Trainer:
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: DECISIONS[decision])
     overrides = [
-        *RUNS[config], FORCED_ATTENTION[decision], f"--job.dump_folder={tmp_path / decision}", "--metrics.log_freq=1",
+        *RUNS[config],
+        FORCED_ATTENTION[decision],
+        f"--job.dump_folder={tmp_path / decision}",
+        "--metrics.log_freq=1",
         *extra,
-    ]  # fmt: skip
+    ]
     trainer = Trainer(load_config(config, overrides))
     dtype, kernel = EXPECTED[decision]
     assert trainer.compute_dtype == dtype
@@ -71,8 +80,11 @@ def _cosines(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str
     assert a.keys() == b.keys()
     zero = {n for n in b if not b[n].any()}
     assert all(not a[n].any() for n in zero), sorted(n for n in zero if a[n].any())[:3]
-    cosines = {n: float(torch.cosine_similarity(a[n].flatten().double(), b[n].flatten().double(), dim=0))
-               for n in b if n not in zero}  # fmt: skip
+    cosines = {
+        n: float(torch.cosine_similarity(a[n].flatten().double(), b[n].flatten().double(), dim=0))
+        for n in b
+        if n not in zero
+    }
     assert cosines
     return cosines
 

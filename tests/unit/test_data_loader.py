@@ -36,7 +36,12 @@ def cfg_for(folder: Path, **kw) -> DataConfig:
 
 
 def make(
-    cfg: DataConfig, batch: int = 4, rank: int = 0, world: int = 1, seed: int = 0, seq: int = SEQ,
+    cfg: DataConfig,
+    batch: int = 4,
+    rank: int = 0,
+    world: int = 1,
+    seed: int = 0,
+    seq: int = SEQ,
     tokenizer=None,
 ):
     return build_dataloader(cfg, tokenizer or ByteTokenizer(), seq, batch, rank, world, seed)
@@ -51,9 +56,7 @@ def take(iterator, count: int) -> list[torch.Tensor]:
     return [rows(next(iterator)) for _ in range(count)]
 
 
-def global_samples(
-    cfg: DataConfig, count: int, seed: int = 0, seq: int = SEQ, tokenizer=None
-) -> torch.Tensor:
+def global_samples(cfg: DataConfig, count: int, seed: int = 0, seq: int = SEQ, tokenizer=None) -> torch.Tensor:
     """The first `count` samples of the global sequence (one rank, batches of one)."""
     return torch.cat(take(iter(make(cfg, batch=1, seed=seed, seq=seq, tokenizer=tokenizer)), count))
 
@@ -107,9 +110,7 @@ def test_rank_r_of_w_gets_every_wth_global_sample(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("world", "local_batch"), [(4, 2), (2, 2), (8, 1)])
-def test_every_layout_sees_the_same_global_batches(
-    tmp_path: Path, world: int, local_batch: int
-) -> None:
+def test_every_layout_sees_the_same_global_batches(tmp_path: Path, world: int, local_batch: int) -> None:
     write_corpus(tmp_path)
     cfg = cfg_for(tmp_path, shuffle_buffer=5)
     global_batch, steps = 8, 5
@@ -204,8 +205,10 @@ def test_hf_tokenizer_without_bos_packs_eos_separated_documents(tmp_path: Path) 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    bpe.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+    )
     bpe.add_special_tokens(["<|endoftext|>"])
     bpe.save(str(tmp_path / "tokenizer.json"))
     tok = build_tokenizer(str(tmp_path))

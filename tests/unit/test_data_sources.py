@@ -40,9 +40,7 @@ def test_embedded_source_is_sorted_stdlib_without_tests() -> None:
     rel = [p.relative_to(source.root).as_posix() for p in source.files]
     assert rel == sorted(rel) and len(rel) > 100
     assert "os.py" in rel and "json/__init__.py" in rel
-    assert not any(
-        part in {"test", "tests", "site-packages", "__pycache__"} for r in rel for part in r.split("/")
-    )
+    assert not any(part in {"test", "tests", "site-packages", "__pycache__"} for r in rel for part in r.split("/"))
     docs = source.documents()
     first_cursor, first_text = next(docs)
     assert first_text == source.files[first_cursor[0]].read_text("utf-8")
@@ -252,9 +250,7 @@ def test_real_datasets_offline_only_while_loading(tmp_path: Path, monkeypatch) -
 
 def test_huggingface_load_error_becomes_one_line(monkeypatch) -> None:
     def load_dataset(path, split, streaming):
-        raise FileNotFoundError(
-            f"Couldn't find a dataset script at {path}\nor any data file in the same directory."
-        )
+        raise FileNotFoundError(f"Couldn't find a dataset script at {path}\nor any data file in the same directory.")
 
     _fake_datasets(monkeypatch, load_dataset)
     with pytest.raises(ConfigError) as err:

@@ -7,12 +7,12 @@ tests/distributed/test_doctor_processes.py.
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+import tomllib
 import torch
 
 from tests.one_thread import one_intra_op_thread

@@ -57,9 +57,7 @@ def test_auto_on_cuda_asks_for_hardware_bf16_without_emulation(
     monkeypatch: pytest.MonkeyPatch, native: bool, expected: torch.dtype
 ) -> None:
     """A pre-Ampere GPU reports bf16 as supported when emulation counts (torch's default)."""
-    monkeypatch.setattr(
-        torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation or native
-    )
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation or native)
     assert native_bf16("cuda") is native
     assert resolve_compute_dtype("auto", Device("cuda", 0)) == expected
 

@@ -8,10 +8,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS, Llama3Args
 from titan_tpu.models.llama3.flops import llama3_flops_per_token, llama3_param_count
-
+from titan_tpu.models.registry import get_model_spec
 
 # The analytic count leaves out what is not a matmul (norms, softmax, rotary); those
 # are a fraction of a percent here, so 1% is tight enough to see a missing attention term (3.8% of
@@ -19,7 +18,7 @@ from titan_tpu.models.llama3.flops import llama3_flops_per_token, llama3_param_c
 TOLERANCE = 0.01
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def counted_flops_per_token(args: Llama3Args, batch: int, seq_len: int) -> float:
     """FLOPs per token FlopCounterMode sees on a forward + backward of the model the registry builds."""
     torch.manual_seed(0)

@@ -9,13 +9,13 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from titan_tpu.models.registry import get_model_spec
+from tests.flux_reference import inputs, run_ours
+from titan_tpu.distributed.parallelize import blocks
 from titan_tpu.models.flux.args import FLUX_FLAVORS
 from titan_tpu.models.flux.flops import flux_param_count, flux_training_flops_per_sample
 from titan_tpu.models.flux.model import FluxModel
 from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
-from tests.flux_reference import inputs, run_ours
-from titan_tpu.distributed.parallelize import blocks
+from titan_tpu.models.registry import get_model_spec
 
 
 def build(flavor: str = "debug", **changes: object) -> FluxModel:

@@ -13,12 +13,12 @@ import pytest
 import torch
 from PIL import Image
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.loader import load_config
-from titan_tpu.tasks.rectified_flow.config import FluxConfig
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.tasks.base import TaskContext
+from titan_tpu.tasks.rectified_flow.config import FluxConfig
 from titan_tpu.tasks.rectified_flow.data import (
     COLORS,
     POSITIONS,
@@ -180,10 +180,18 @@ def _task(tmp_path: Path, *overrides: str) -> tuple[RectifiedFlowTask, torch.nn.
     config = load_config("flux_debug", [f"--job.dump_folder={tmp_path}", *overrides])
     spec = get_model_spec("flux")
     ctx = TaskContext(
-        config=config, spec=spec, device=torch.device("cpu"), compute_dtype=torch.float32,
-        parallel=ParallelContext(ParallelDims.from_config(config.parallelism, 1)), dp_rank=0, dp_world=1, local_batch_size=4, grad_accum_steps=1, dump_folder=tmp_path,
+        config=config,
+        spec=spec,
+        device=torch.device("cpu"),
+        compute_dtype=torch.float32,
+        parallel=ParallelContext(ParallelDims.from_config(config.parallelism, 1)),
+        dp_rank=0,
+        dp_world=1,
+        local_batch_size=4,
+        grad_accum_steps=1,
+        dump_folder=tmp_path,
         is_writer=True,
-    )  # fmt: skip
+    )
     task = RectifiedFlowTask(ctx)
     args = task.model_args(spec.flavor(config.model.flavor))
     torch.manual_seed(0)
@@ -224,9 +232,15 @@ def test_autoencoder_from_a_diffusers_folder(tmp_path: Path) -> None:
     from diffusers import AutoencoderKL
 
     vae = AutoencoderKL(
-        latent_channels=3, down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-        block_out_channels=(32, 32), layers_per_block=1, norm_num_groups=8, scaling_factor=0.5, shift_factor=0.2,
-    )  # fmt: skip
+        latent_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(32, 32),
+        layers_per_block=1,
+        norm_num_groups=8,
+        scaling_factor=0.5,
+        shift_factor=0.2,
+    )
     vae.save_pretrained(tmp_path / "vae")
     loaded = Autoencoder(FluxConfig(image_size=16, autoencoder=str(tmp_path / "vae")), latent_channels=3, seed=0)
     pixels = torch.rand(1, 3, 16, 16) * 2 - 1

@@ -27,10 +27,19 @@ from tests.token_sum_reward import REWARDS
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDES = [
-    "--training.steps=2", "--training.global_batch_size=16", "--rl.prompts_per_step=8", "--rl.group_size=4",
-    "--rl.max_new_tokens=4", "--rl.max_operand=9", "--metrics.eval_freq=0", "--rl.beta=0.04",
-    "--model.overrides={ n_layers = 2 }", "--metrics.log_freq=1", "--optimizer.lr=1e-2", REWARDS,
-]  # fmt: skip
+    "--training.steps=2",
+    "--training.global_batch_size=16",
+    "--rl.prompts_per_step=8",
+    "--rl.group_size=4",
+    "--rl.max_new_tokens=4",
+    "--rl.max_operand=9",
+    "--metrics.eval_freq=0",
+    "--rl.beta=0.04",
+    "--model.overrides={ n_layers = 2 }",
+    "--metrics.log_freq=1",
+    "--optimizer.lr=1e-2",
+    REWARDS,
+]
 
 
 TP_2_FSDP_2 = ["--parallelism.tp=2", "--parallelism.sequence_parallel=false"]
@@ -74,8 +83,10 @@ def _assert_layouts_match_one_process(tmp_path: Path, model: list[str], layouts:
     assert abs(one_next["loss"]) > 1e-5
     for nproc, layout in layouts:
         first, second = _run(tmp_path, nproc, "fp32", *model, *layout)
-        print(f"{nproc} processes {layout}: rollout tokens/s {first['rollout_tokens_per_sec']:.1f} "
-              f"(1 process {one['rollout_tokens_per_sec']:.1f})")
+        print(
+            f"{nproc} processes {layout}: rollout tokens/s {first['rollout_tokens_per_sec']:.1f} "
+            f"(1 process {one['rollout_tokens_per_sec']:.1f})"
+        )
         assert first["reward_mean"] == pytest.approx(one["reward_mean"], rel=1e-12)  # the same completions
         assert first["completion_length"] == pytest.approx(one["completion_length"], rel=1e-12)
         assert first["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)

@@ -22,7 +22,9 @@ from titan_tpu.tasks.grpo.task import GRPOTask
 def _task(dims: ParallelDims, sequence_parallel: bool = False, loss_parallel: bool = False) -> GRPOTask:
     parallel = ParallelContext(dims, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
     config = load_config("grpo_qwen3_debug", [])
-    ctx = SimpleNamespace(config=config, spec=get_model_spec(config.model.name), parallel=parallel, device=torch.device("cpu"))
+    ctx = SimpleNamespace(
+        config=config, spec=get_model_spec(config.model.name), parallel=parallel, device=torch.device("cpu")
+    )
     return GRPOTask(ctx)  # type: ignore[arg-type]
 
 
@@ -30,10 +32,13 @@ def test_tensor_parallelism_without_sequence_or_loss_parallelism_is_accepted() -
     assert _task(ParallelDims(1, 1, 2, 1, 2)).rows > 0  # one tp group: no data-parallel mesh to build
 
 
-@pytest.mark.parametrize(("options", "dims", "message"), [
-    ({"sequence_parallel": True}, ParallelDims(1, 2, 2, 1, 4), "parallelism.sequence_parallel = false"),
-    ({"loss_parallel": True}, ParallelDims(1, 2, 2, 1, 4), "parallelism.loss_parallel = false"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("options", "dims", "message"),
+    [
+        ({"sequence_parallel": True}, ParallelDims(1, 2, 2, 1, 4), "parallelism.sequence_parallel = false"),
+        ({"loss_parallel": True}, ParallelDims(1, 2, 2, 1, 4), "parallelism.loss_parallel = false"),
+    ],
+)
 def test_a_layout_grpo_cannot_run_is_one_line(options: dict, dims: ParallelDims, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as error:
         _task(dims, **options)

@@ -42,8 +42,13 @@ def test_pretrain_then_grpo_records_reward_and_accuracy(
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: DECISIONS[decision])
     # lr 1e-12 is below half an ulp of every weight, so the policy stays the pretrained one and the
     # held-out accuracy after the steps must equal the one measured before them.
-    result = grpo(tmp_path, pretrained, steps=2, max_operand=99,
-                  extra=["--optimizer.lr=1e-12", "--metrics.log_freq=1", "--rl.eval_prompts=64"])  # fmt: skip
+    result = grpo(
+        tmp_path,
+        pretrained,
+        steps=2,
+        max_operand=99,
+        extra=["--optimizer.lr=1e-12", "--metrics.log_freq=1", "--rl.eval_prompts=64"],
+    )
     records = result["records"]
     assert [r["step"] for r in records] == [1, 2]
     assert 0.0 <= records[0]["reward_mean"] <= 1.1  # exact match 1 + format 0.1 at most

@@ -18,13 +18,26 @@ from titan_tpu.training.trainer import Trainer
 
 
 def test_grpo_trains_a_moe_policy(tmp_path: Path) -> None:
-    config = load_config("grpo_qwen3_debug", [
-        "--model.name=qwen3_moe", "--model.flavor=debug_moe", "--model.overrides={ n_layers = 2 }",
-        f"--job.dump_folder={tmp_path / 'run'}", "--training.steps=2", "--rl.prompts_per_step=2",
-        "--rl.group_size=4", "--training.global_batch_size=8", "--rl.max_new_tokens=4", "--rl.max_operand=9",
-        "--training.dtype=float32", "--metrics.log_freq=1", "--metrics.eval_freq=0", "--optimizer.lr=1e-2",
-        REWARDS,
-    ])  # fmt: skip
+    config = load_config(
+        "grpo_qwen3_debug",
+        [
+            "--model.name=qwen3_moe",
+            "--model.flavor=debug_moe",
+            "--model.overrides={ n_layers = 2 }",
+            f"--job.dump_folder={tmp_path / 'run'}",
+            "--training.steps=2",
+            "--rl.prompts_per_step=2",
+            "--rl.group_size=4",
+            "--training.global_batch_size=8",
+            "--rl.max_new_tokens=4",
+            "--rl.max_operand=9",
+            "--training.dtype=float32",
+            "--metrics.log_freq=1",
+            "--metrics.eval_freq=0",
+            "--optimizer.lr=1e-2",
+            REWARDS,
+        ],
+    )
     trainer = Trainer(config)
     try:
         experts = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "experts" in n}
@@ -45,13 +58,24 @@ def test_the_routers_load_balancing_loss_is_part_of_the_grpo_loss(tmp_path: Path
     changes the routers' gradient) or weighted otherwise."""
 
     def router_grads(coef: float) -> tuple[float, float, dict[str, torch.Tensor], dict[str, float]]:
-        config = load_config("grpo_qwen3_debug", [
-            "--model.name=qwen3_moe", "--model.flavor=debug_moe",
-            f"--model.overrides={{ n_layers = 2, router_aux_loss_coef = {coef} }}",
-            f"--job.dump_folder={tmp_path / str(coef)}", "--training.steps=1", "--rl.prompts_per_step=2",
-            "--rl.group_size=4", "--training.global_batch_size=8", "--rl.max_new_tokens=4", "--rl.max_operand=9",
-            "--training.dtype=float32", "--metrics.eval_freq=0", REWARDS,
-        ])  # fmt: skip
+        config = load_config(
+            "grpo_qwen3_debug",
+            [
+                "--model.name=qwen3_moe",
+                "--model.flavor=debug_moe",
+                f"--model.overrides={{ n_layers = 2, router_aux_loss_coef = {coef} }}",
+                f"--job.dump_folder={tmp_path / str(coef)}",
+                "--training.steps=1",
+                "--rl.prompts_per_step=2",
+                "--rl.group_size=4",
+                "--training.global_batch_size=8",
+                "--rl.max_new_tokens=4",
+                "--rl.max_operand=9",
+                "--training.dtype=float32",
+                "--metrics.eval_freq=0",
+                REWARDS,
+            ],
+        )
         trainer = Trainer(config)
         try:
             task, model = trainer.task, trainer.model

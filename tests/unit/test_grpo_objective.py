@@ -100,17 +100,31 @@ def test_k3_is_nonnegative_and_zero_at_equal_policies() -> None:
 def test_loss_matches_hand_computed_reference(aggregation: str, beta: float) -> None:
     advantages = reference_advantages(REWARDS, 3, True, 1e-4)
     terms = grpo_loss(
-        tensor(LOGPS), tensor(OLD_LOGPS), tensor(advantages), tensor(MASK),
-        eps_low=EPS_LOW, eps_high=EPS_HIGH, aggregation=aggregation,  # type: ignore[arg-type]
-        max_completion_tokens=MAX_TOKENS, beta=beta, ref_logps=tensor(REF_LOGPS),
+        tensor(LOGPS),
+        tensor(OLD_LOGPS),
+        tensor(advantages),
+        tensor(MASK),
+        eps_low=EPS_LOW,
+        eps_high=EPS_HIGH,
+        aggregation=aggregation,  # type: ignore[arg-type]
+        max_completion_tokens=MAX_TOKENS,
+        beta=beta,
+        ref_logps=tensor(REF_LOGPS),
     )
     expected = reference_loss(advantages, beta, aggregation)
     assert terms.loss.item() == pytest.approx(expected, rel=1e-12, abs=1e-14)
     # Negative control: swapping the two clip ranges changes which ratios are clipped and the loss.
     swapped = grpo_loss(
-        tensor(LOGPS), tensor(OLD_LOGPS), tensor(advantages), tensor(MASK),
-        eps_low=EPS_HIGH, eps_high=EPS_LOW, aggregation=aggregation,  # type: ignore[arg-type]
-        max_completion_tokens=MAX_TOKENS, beta=beta, ref_logps=tensor(REF_LOGPS),
+        tensor(LOGPS),
+        tensor(OLD_LOGPS),
+        tensor(advantages),
+        tensor(MASK),
+        eps_low=EPS_HIGH,
+        eps_high=EPS_LOW,
+        aggregation=aggregation,  # type: ignore[arg-type]
+        max_completion_tokens=MAX_TOKENS,
+        beta=beta,
+        ref_logps=tensor(REF_LOGPS),
     )
     assert swapped.loss.item() != pytest.approx(expected, rel=1e-6)
 
@@ -118,8 +132,15 @@ def test_loss_matches_hand_computed_reference(aggregation: str, beta: float) -> 
 def test_kl_and_clip_fraction_are_masked_means() -> None:
     advantages = reference_advantages(REWARDS, 3, True, 1e-4)
     terms = grpo_loss(
-        tensor(LOGPS), tensor(OLD_LOGPS), tensor(advantages), tensor(MASK), eps_low=EPS_LOW,
-        eps_high=EPS_HIGH, aggregation="token_mean", max_completion_tokens=MAX_TOKENS, beta=BETA,
+        tensor(LOGPS),
+        tensor(OLD_LOGPS),
+        tensor(advantages),
+        tensor(MASK),
+        eps_low=EPS_LOW,
+        eps_high=EPS_HIGH,
+        aggregation="token_mean",
+        max_completion_tokens=MAX_TOKENS,
+        beta=BETA,
         ref_logps=tensor(REF_LOGPS),
     )
     kls, clipped, count = 0.0, 0, 0
@@ -149,8 +170,14 @@ def test_token_normaliser_gives_the_mini_batch_token_mean() -> None:
 
     def averaged(normaliser: torch.Tensor | None) -> torch.Tensor:
         parts = [
-            grpo_loss(tensor(LOGPS)[s], tensor(OLD_LOGPS)[s], advantages[s], tensor(MASK)[s],
-                      token_normaliser=normaliser, **args).loss  # type: ignore[arg-type]
+            grpo_loss(
+                tensor(LOGPS)[s],
+                tensor(OLD_LOGPS)[s],
+                advantages[s],
+                tensor(MASK)[s],
+                token_normaliser=normaliser,
+                **args,
+            ).loss  # type: ignore[arg-type]
             for s in halves
         ]
         return sum(parts) / len(parts)
@@ -162,8 +189,16 @@ def test_token_normaliser_gives_the_mini_batch_token_mean() -> None:
 def test_gradient_pushes_toward_positive_advantage() -> None:
     logps = tensor(LOGPS).requires_grad_(True)
     advantages = tensor([1.0, -1.0, 0.0, 0.0, 0.0, 0.0])
-    grpo_loss(logps, logps.detach(), advantages, tensor(MASK), eps_low=EPS_LOW, eps_high=EPS_HIGH,
-              aggregation="seq_mean_token_mean", max_completion_tokens=MAX_TOKENS).loss.backward()
+    grpo_loss(
+        logps,
+        logps.detach(),
+        advantages,
+        tensor(MASK),
+        eps_low=EPS_LOW,
+        eps_high=EPS_HIGH,
+        aggregation="seq_mean_token_mean",
+        max_completion_tokens=MAX_TOKENS,
+    ).loss.backward()
     assert logps.grad is not None
     assert (logps.grad[0][tensor(MASK)[0] > 0] < 0).all()  # descent raises the good completion's logps
     assert (logps.grad[1][tensor(MASK)[1] > 0] > 0).all()

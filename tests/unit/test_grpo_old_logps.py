@@ -17,9 +17,17 @@ from titan_tpu.tasks.grpo.task import GRPOTask
 from titan_tpu.training.trainer import Trainer
 
 # One prompt x 4 completions in two mini-batches of 2 (two optimizer steps per rollout), float32.
-SMALL = ["--model.overrides={ n_layers = 1 }", "--training.dtype=float32", "--rl.max_new_tokens=4",
-         "--rl.max_operand=9", "--metrics.eval_freq=0", "--rl.prompts_per_step=1", "--rl.group_size=4",
-         "--training.global_batch_size=2", REWARDS]  # fmt: skip
+SMALL = [
+    "--model.overrides={ n_layers = 1 }",
+    "--training.dtype=float32",
+    "--rl.max_new_tokens=4",
+    "--rl.max_operand=9",
+    "--metrics.eval_freq=0",
+    "--rl.prompts_per_step=1",
+    "--rl.group_size=4",
+    "--training.global_batch_size=2",
+    REWARDS,
+]
 
 
 def grpo_trainer(tmp_path: Path, *overrides: str) -> Trainer:

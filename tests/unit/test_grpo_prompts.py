@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from chat_fixtures import checkpoint_folder
+
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.tasks.grpo.prompts import prompt_set
@@ -25,9 +25,11 @@ transformers = pytest.importorskip("transformers")
 
 QUESTIONS = [
     {"question": "What is 2 + 3?", "answer": "5"},
-    {"question": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "What is 4 + 4?"}],
-     "answer": "8"},
-] + [{"question": f"What is {a} + {a}?", "answer": str(2 * a)} for a in range(10, 30)]  # fmt: skip
+    {
+        "question": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "What is 4 + 4?"}],
+        "answer": "8",
+    },
+] + [{"question": f"What is {a} + {a}?", "answer": str(2 * a)} for a in range(10, 30)]
 
 
 def _records(path: Path, records: list[dict]) -> Path:
@@ -36,18 +38,31 @@ def _records(path: Path, records: list[dict]) -> Path:
 
 
 def _config(tmp_path: Path, tokenizer: str, *extra: str):
-    return load_config("grpo_qwen3_debug", [
-        f"--job.dump_folder={tmp_path / 'run'}", "--rl.task=data", "--data.source=files",
-        f"--data.path={_records(tmp_path / 'train.jsonl', QUESTIONS)}", f"--data.tokenizer={tokenizer}",
-        "--rl.prompt_field=question", '--rl.rewards=[{ fn = "math" }]', *extra,
-    ])  # fmt: skip
+    return load_config(
+        "grpo_qwen3_debug",
+        [
+            f"--job.dump_folder={tmp_path / 'run'}",
+            "--rl.task=data",
+            "--data.source=files",
+            f"--data.path={_records(tmp_path / 'train.jsonl', QUESTIONS)}",
+            f"--data.tokenizer={tokenizer}",
+            "--rl.prompt_field=question",
+            '--rl.rewards=[{ fn = "math" }]',
+            *extra,
+        ],
+    )
 
 
 def test_prompts_are_rendered_as_transformers_renders_them(tmp_path: Path) -> None:
     folder = checkpoint_folder(tmp_path, "qwen3")
     system = "You are a careful calculator."
-    config = _config(tmp_path, str(folder), f"--rl.system_prompt={system}", "--rl.template_switches={ enable_thinking = false }",
-                     "--rl.held_out_fraction=0.1")  # fmt: skip
+    config = _config(
+        tmp_path,
+        str(folder),
+        f"--rl.system_prompt={system}",
+        "--rl.template_switches={ enable_thinking = false }",
+        "--rl.held_out_fraction=0.1",
+    )
     prompts = prompt_set(config, build_tokenizer(str(folder)))
     reference = transformers.AutoTokenizer.from_pretrained(folder)
     by_answer = {p.record["answer"]: p for p in [*prompts.train, *prompts.held_out]}
@@ -56,8 +71,9 @@ def test_prompts_are_rendered_as_transformers_renders_them(tmp_path: Path) -> No
         "8": QUESTIONS[1]["question"],  # brings its own system turn: the configured one is not added
     }
     for answer, messages in expected.items():
-        ids = reference.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False,
-                                            tokenize=True, return_dict=False)  # fmt: skip
+        ids = reference.apply_chat_template(
+            messages, add_generation_prompt=True, enable_thinking=False, tokenize=True, return_dict=False
+        )
         assert by_answer[answer].ids == list(ids)
         assert by_answer[answer].text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     # Negative control: without the switch the template leaves the thinking block to the model.
@@ -81,12 +97,17 @@ def test_an_eval_file_is_the_held_out_set(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("record", "message"),
     [
-        ({"prompt": "What is 2 + 3?", "answer": "5"},
-         r"train.jsonl:3: rl.prompt_field 'question' must be a non-empty string or list of turns \(the record has answer, prompt\)"),
+        (
+            {"prompt": "What is 2 + 3?", "answer": "5"},
+            r"train.jsonl:3: rl.prompt_field 'question' must be a non-empty string or list of turns \(the record has answer, prompt\)",
+        ),
         ({"question": "What is 2 + 3?"}, r"train.jsonl:3: no 'answer' field \(rl.reference_field\)"),
-        ({"question": [{"role": "bot", "content": "hi"}], "answer": "1"}, r"train.jsonl:3: turn 0 has unknown role 'bot'"),
+        (
+            {"question": [{"role": "bot", "content": "hi"}], "answer": "1"},
+            r"train.jsonl:3: turn 0 has unknown role 'bot'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_prompt_record_is_one_line_with_its_place(tmp_path: Path, record: dict, message: str) -> None:
     config = _config(tmp_path, "chatml_bytes")
     _records(tmp_path / "train.jsonl", [*QUESTIONS[:2], record])
@@ -107,11 +128,21 @@ def test_a_grpo_run_on_records_logs_each_reward(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "grpo_user_reward.py").write_text(REWARD_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     config = _config(
-        tmp_path, "chatml_bytes", '--rl.rewards=[{ fn = "math" }, { fn = "grpo_user_reward:short", weight = 0.5 }]',
-        "--training.steps=2", "--rl.prompts_per_step=2", "--rl.group_size=4", "--training.global_batch_size=8",
-        "--rl.max_new_tokens=8", "--training.seq_len=128", "--model.overrides={ n_layers = 1 }",
-        "--training.dtype=float32", "--metrics.log_freq=1", "--metrics.eval_freq=2", "--rl.eval_prompts=2",
-    )  # fmt: skip
+        tmp_path,
+        "chatml_bytes",
+        '--rl.rewards=[{ fn = "math" }, { fn = "grpo_user_reward:short", weight = 0.5 }]',
+        "--training.steps=2",
+        "--rl.prompts_per_step=2",
+        "--rl.group_size=4",
+        "--training.global_batch_size=8",
+        "--rl.max_new_tokens=8",
+        "--training.seq_len=128",
+        "--model.overrides={ n_layers = 1 }",
+        "--training.dtype=float32",
+        "--metrics.log_freq=1",
+        "--metrics.eval_freq=2",
+        "--rl.eval_prompts=2",
+    )
     trainer = Trainer(config)
     try:
         records = [r.to_dict() for r in trainer.train()]
@@ -139,9 +170,9 @@ def test_a_shipped_grpo_config_runs_on_a_checkpoint_folder(
     rewards and records that do not fit each other."""
     import torch
 
-    from titan_tpu.models.registry import get_model_spec
     from titan_tpu.checkpoint.hf_export import export_model_to_hf
     from titan_tpu.data.chat_tokenizer import tokenizer_export_files
+    from titan_tpu.models.registry import get_model_spec
 
     folder = tmp_path / "checkpoint"
     # One process: no room for the 30B-A3B's ep 8 (expert-parallel GRPO: test_grpo_fsdp.py).
@@ -154,14 +185,27 @@ def test_a_shipped_grpo_config_runs_on_a_checkpoint_folder(
     tokenizer_files = tokenizer_export_files(str(checkpoint_folder(tmp_path / "tokenizer", "qwen3")))
     export_model_to_hf(model, folder, spec.state_dict_adapter, args, extra_files=tokenizer_files)
     problems = [{"question": q["question"], "answer": f"Add them.\n#### {q['answer']}"} for q in QUESTIONS]
-    config = load_config(config_name, [
-        *small, f"--job.dump_folder={tmp_path / 'run'}", f"--checkpoint.initial_load_path={folder}",
-        f"--data.tokenizer={folder}", f"--data.path={_records(tmp_path / 'train.jsonl', problems)}",
-        f"--rl.eval_path={_records(tmp_path / 'test.jsonl', problems[:2])}", "--checkpoint.enable=false",
-        "--training.steps=1", "--rl.prompts_per_step=2", "--rl.group_size=4", "--training.global_batch_size=8",
-        "--training.local_batch_size=4", "--rl.max_new_tokens=8", "--training.dtype=float32",
-        "--metrics.eval_freq=1", "--activation_checkpoint.mode=none",
-    ])  # fmt: skip
+    config = load_config(
+        config_name,
+        [
+            *small,
+            f"--job.dump_folder={tmp_path / 'run'}",
+            f"--checkpoint.initial_load_path={folder}",
+            f"--data.tokenizer={folder}",
+            f"--data.path={_records(tmp_path / 'train.jsonl', problems)}",
+            f"--rl.eval_path={_records(tmp_path / 'test.jsonl', problems[:2])}",
+            "--checkpoint.enable=false",
+            "--training.steps=1",
+            "--rl.prompts_per_step=2",
+            "--rl.group_size=4",
+            "--training.global_batch_size=8",
+            "--training.local_batch_size=4",
+            "--rl.max_new_tokens=8",
+            "--training.dtype=float32",
+            "--metrics.eval_freq=1",
+            "--activation_checkpoint.mode=none",
+        ],
+    )
     assert config.model.name == model_name
     trainer = Trainer(config)
     try:

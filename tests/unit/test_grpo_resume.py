@@ -37,15 +37,32 @@ def _run(tmp_path: Path, dump: Path, steps: int) -> tuple[int, dict[int, dict], 
     module = sys.modules.get("resume_reward")
     if module is not None:
         module.calls.clear()
-    config = load_config("grpo_qwen3_debug", [
-        f"--job.dump_folder={dump}", "--rl.task=data", "--data.source=files", f"--data.path={records}",
-        "--data.tokenizer=chatml_bytes", '--rl.rewards=[{ fn = "resume_reward:token_sum" }]',
-        f"--training.steps={steps}", "--rl.prompts_per_step=2", "--rl.group_size=4",
-        "--training.global_batch_size=8", "--rl.max_new_tokens=4", "--training.seq_len=96",
-        "--model.overrides={ n_layers = 1 }", "--training.dtype=float32", "--training.deterministic=true",
-        "--metrics.log_freq=1", "--metrics.eval_freq=0", "--optimizer.lr=1e-2", "--rl.beta=0.04",
-        "--checkpoint.enable=true", "--checkpoint.interval=2",
-    ])  # fmt: skip
+    config = load_config(
+        "grpo_qwen3_debug",
+        [
+            f"--job.dump_folder={dump}",
+            "--rl.task=data",
+            "--data.source=files",
+            f"--data.path={records}",
+            "--data.tokenizer=chatml_bytes",
+            '--rl.rewards=[{ fn = "resume_reward:token_sum" }]',
+            f"--training.steps={steps}",
+            "--rl.prompts_per_step=2",
+            "--rl.group_size=4",
+            "--training.global_batch_size=8",
+            "--rl.max_new_tokens=4",
+            "--training.seq_len=96",
+            "--model.overrides={ n_layers = 1 }",
+            "--training.dtype=float32",
+            "--training.deterministic=true",
+            "--metrics.log_freq=1",
+            "--metrics.eval_freq=0",
+            "--optimizer.lr=1e-2",
+            "--rl.beta=0.04",
+            "--checkpoint.enable=true",
+            "--checkpoint.interval=2",
+        ],
+    )
     trainer = Trainer(config)
     start = trainer.step
     try:
@@ -69,5 +86,7 @@ def test_a_resumed_grpo_run_sees_the_same_prompts_and_rewards(tmp_path: Path, mo
     assert straight_prompts[2] != straight_prompts[0]  # the stream moved on: a restart at 0 would show
     for step in (3, 4):
         for key in COMPARED:
-            assert resumed[step][key] == straight[step][key], f"step {step} {key}: {resumed[step][key]!r} != {straight[step][key]!r}"
+            assert resumed[step][key] == straight[step][key], (
+                f"step {step} {key}: {resumed[step][key]!r} != {straight[step][key]!r}"
+            )
     assert any(straight[s]["reward_std"] > 0 for s in (3, 4)), "the test reward must vary, or nothing is compared"

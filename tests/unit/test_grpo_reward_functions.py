@@ -105,16 +105,24 @@ def test_a_user_reward_is_called_once_per_batch_with_prompts_completions_and_rec
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("def score(p, c, r):\n    raise ValueError('no answer field')\n",
-         r"^reward {m}:score raised ValueError: no answer field \(on 3 completions\)$"),
-        ("def score(p, c, r):\n    return [1.0, 0.0]\n",
-         r"^reward {m}:score returned 2 values for 3 completions; it must return one per completion$"),
-        ("def score(p, c, r):\n    return [1.0, float('nan'), 0.0]\n",
-         r"^reward {m}:score returned nan for completion 1 \(data.jsonl:2\); each value must be a finite number$"),
-        ("def score(p, c, r):\n    return [1.0, 0.0, None]\n",
-         r"^reward {m}:score returned None for completion 2 \(data.jsonl:3\); each value must be a finite number$"),
+        (
+            "def score(p, c, r):\n    raise ValueError('no answer field')\n",
+            r"^reward {m}:score raised ValueError: no answer field \(on 3 completions\)$",
+        ),
+        (
+            "def score(p, c, r):\n    return [1.0, 0.0]\n",
+            r"^reward {m}:score returned 2 values for 3 completions; it must return one per completion$",
+        ),
+        (
+            "def score(p, c, r):\n    return [1.0, float('nan'), 0.0]\n",
+            r"^reward {m}:score returned nan for completion 1 \(data.jsonl:2\); each value must be a finite number$",
+        ),
+        (
+            "def score(p, c, r):\n    return [1.0, 0.0, None]\n",
+            r"^reward {m}:score returned None for completion 2 \(data.jsonl:3\); each value must be a finite number$",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_failing_user_reward_is_one_line_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, message: str
 ) -> None:
@@ -128,12 +136,18 @@ def test_a_failing_user_reward_is_one_line_naming_it(
 @pytest.mark.parametrize(
     ("fn", "message"),
     [
-        ("no_such_module_here:score", r"rl.rewards\[0\].fn: cannot import 'no_such_module_here:score': ModuleNotFoundError"),
+        (
+            "no_such_module_here:score",
+            r"rl.rewards\[0\].fn: cannot import 'no_such_module_here:score': ModuleNotFoundError",
+        ),
         ("json:no_such_function", r"rl.rewards\[0\].fn: cannot import 'json:no_such_function': AttributeError"),
         ("json:__doc__", r"rl.rewards\[0\].fn: 'json:__doc__' is a str, not a function"),
-        ("exactly", r"rl.rewards\[0\].fn: 'exactly' is neither a built-in reward \(exact, math, format\) nor 'module:function'"),
+        (
+            "exactly",
+            r"rl.rewards\[0\].fn: 'exactly' is neither a built-in reward \(exact, math, format\) nor 'module:function'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_reward_that_cannot_be_imported_is_refused_at_start_up(fn: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_rewards([{"fn": fn}], "answer", "\n")
@@ -144,13 +158,13 @@ def test_a_reward_that_cannot_be_imported_is_refused_at_start_up(fn: str, messag
     [
         ("[]", r"rl.rewards: must name at least one reward"),
         ('[{ fn = "exact", wieght = 2 }]', r"rl.rewards\[0\]: unknown key 'wieght'; allowed: fn, weight, pattern"),
-        ('[{ weight = 2 }]', r"rl.rewards\[0\].fn: must be a reward name or 'module:function', got None"),
+        ("[{ weight = 2 }]", r"rl.rewards\[0\].fn: must be a reward name or 'module:function', got None"),
         ('[{ fn = "exact", weight = "high" }]', r"rl.rewards\[0\].weight: must be a finite number, got 'high'"),
         ('[{ fn = "format" }]', r"rl.rewards\[0\].pattern: is required for fn = 'format'"),
         ('[{ fn = "format", pattern = "(" }]', r"rl.rewards\[0\].pattern: not a regular expression"),
         ('[{ fn = "math", pattern = "x" }]', r"rl.rewards\[0\].pattern: applies to fn = 'format' only, not 'math'"),
     ],
-)  # fmt: skip
+)
 def test_a_malformed_rewards_entry_is_refused_by_the_config(rewards: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config("grpo_qwen3_debug", [f"--rl.rewards={rewards}"])
@@ -159,13 +173,28 @@ def test_a_malformed_rewards_entry_is_refused_by_the_config(rewards: str, messag
 def test_a_failing_reward_stops_train_py_with_exit_2_and_one_line(tmp_path: Path) -> None:
     (tmp_path / "broken_reward.py").write_text("def score(p, c, r):\n    return [0.0]\n")
     done = subprocess.run(
-        [sys.executable, "train.py", "--config", "grpo_qwen3_debug", f"--job.dump_folder={tmp_path / 'run'}",
-         "--rl.rewards=[{ fn = \"broken_reward:score\" }]", "--training.steps=1", "--rl.prompts_per_step=2",
-         "--rl.group_size=4", "--training.global_batch_size=8", "--model.overrides={ n_layers = 1 }",
-         "--training.dtype=float32"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "grpo_qwen3_debug",
+            f"--job.dump_folder={tmp_path / 'run'}",
+            '--rl.rewards=[{ fn = "broken_reward:score" }]',
+            "--training.steps=1",
+            "--rl.prompts_per_step=2",
+            "--rl.group_size=4",
+            "--training.global_batch_size=8",
+            "--model.overrides={ n_layers = 1 }",
+            "--training.dtype=float32",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-    assert errors == ["error: reward broken_reward:score returned 1 value for 8 completions; it must return one "
-                      "per completion"], done.stderr[-2000:]  # fmt: skip
+    assert errors == [
+        "error: reward broken_reward:score returned 1 value for 8 completions; it must return one per completion"
+    ], done.stderr[-2000:]

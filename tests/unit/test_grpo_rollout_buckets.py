@@ -16,9 +16,16 @@ from titan_tpu.tasks.grpo.rollout import MicroBatch
 from titan_tpu.training.trainer import Trainer
 
 # Two-digit operands, so the "a+b=" prompts differ in length (4 to 6 tokens).
-SMALL = ["--model.overrides={ n_layers = 1 }", "--training.dtype=float32", "--rl.max_new_tokens=6",
-         "--rl.prompts_per_step=4", "--rl.group_size=2", "--training.global_batch_size=8",
-         "--metrics.eval_freq=0", REWARDS]  # fmt: skip
+SMALL = [
+    "--model.overrides={ n_layers = 1 }",
+    "--training.dtype=float32",
+    "--rl.max_new_tokens=6",
+    "--rl.prompts_per_step=4",
+    "--rl.group_size=2",
+    "--training.global_batch_size=8",
+    "--metrics.eval_freq=0",
+    REWARDS,
+]
 GENERATE = sampler.generate  # the sampler's own, whatever a test has patched in
 
 

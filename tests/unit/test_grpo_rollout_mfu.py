@@ -8,7 +8,6 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -19,8 +18,15 @@ from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
 from titan_tpu.training.trainer import Trainer
 
 # One layer, plain SDPA (what the counter sees through the math backend), float32.
-SMALL = ["--model.overrides={ n_layers = 1 }", "--model.attention_block=0", "--training.dtype=float32",
-         "--rl.max_new_tokens=4", "--rl.max_operand=9", "--metrics.eval_freq=0", REWARDS]  # fmt: skip
+SMALL = [
+    "--model.overrides={ n_layers = 1 }",
+    "--model.attention_block=0",
+    "--training.dtype=float32",
+    "--rl.max_new_tokens=4",
+    "--rl.max_operand=9",
+    "--metrics.eval_freq=0",
+    REWARDS,
+]
 
 
 def grpo_trainer(tmp_path: Path, *overrides: str) -> Trainer:
@@ -34,8 +40,9 @@ def test_the_rollout_is_charged_what_it_computes(tmp_path: Path) -> None:
     Catches a pass left out (the reference's: a negative control) or charged where none runs (the
     policy's: the other), a row's prompt or completion length miscounted, and a rollout_tflops not
     made of that count over the rollout's time."""
-    trainer = grpo_trainer(tmp_path, "--rl.prompts_per_step=1", "--rl.group_size=4",
-                           "--training.global_batch_size=2", "--rl.beta=0.04")  # fmt: skip
+    trainer = grpo_trainer(
+        tmp_path, "--rl.prompts_per_step=1", "--rl.group_size=4", "--training.global_batch_size=2", "--rl.beta=0.04"
+    )
     try:
         task = trainer.task
         task.params = dataclasses.replace(task.params, stop_ids=())  # every row runs to max_new_tokens
@@ -69,8 +76,14 @@ def test_the_record_carries_the_rollout_mfu_beside_the_training_mfu(
     or scale, one above 100% (wrong accounting), and a number written where no peak is known."""
     if not peak_known:
         monkeypatch.setattr(trainer_module, "host_peak_flops", lambda device, dtype: None)
-    trainer = grpo_trainer(tmp_path, "--training.steps=2", "--rl.prompts_per_step=2", "--rl.group_size=4",
-                           "--training.global_batch_size=8", "--metrics.log_freq=1")  # fmt: skip
+    trainer = grpo_trainer(
+        tmp_path,
+        "--training.steps=2",
+        "--rl.prompts_per_step=2",
+        "--rl.group_size=4",
+        "--training.global_batch_size=8",
+        "--metrics.log_freq=1",
+    )
     try:
         records = [r.to_dict() for r in trainer.train()]
         peak = trainer.peak_flops
@@ -89,8 +102,14 @@ def test_a_low_peak_is_measured_again_when_the_rollout_beats_it(tmp_path: Path) 
     """A start-up CPU probe taken on a busy host reads low; when only the rollout's rate beats it (the
     training rate is held far below here), the peak is measured again, so rollout_mfu stays a share.
     Catches a trainer that checks its peak against the training rate alone (thousands of percent)."""
-    trainer = grpo_trainer(tmp_path, "--training.steps=1", "--rl.prompts_per_step=2", "--rl.group_size=4",
-                           "--training.global_batch_size=8", "--metrics.log_freq=1")  # fmt: skip
+    trainer = grpo_trainer(
+        tmp_path,
+        "--training.steps=1",
+        "--rl.prompts_per_step=2",
+        "--rl.group_size=4",
+        "--training.global_batch_size=8",
+        "--metrics.log_freq=1",
+    )
     trainer.peak_flops = 1e6  # what a probe starved of CPU could read
     trainer.flops_per_item = 1e-6  # the training window's FLOP/s stay below that peak
     try:

@@ -7,12 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from titan_tpu.models.common.kv_cache import KVCache
-from titan_tpu.models.qwen3.args import QWEN3_FLAVORS
-from titan_tpu.models.qwen3.model import Qwen3Model
 from titan_tpu.generation import sampler
-from titan_tpu.models.common.decode_step import DECODER_DECODING
-from titan_tpu.protocols.model_spec import Decoding
 from titan_tpu.generation.sampler import (
     generate,
     generate_by_length,
@@ -20,7 +15,11 @@ from titan_tpu.generation.sampler import (
     pick_tokens,
     row_uniforms,
 )
-
+from titan_tpu.models.common.decode_step import DECODER_DECODING
+from titan_tpu.models.common.kv_cache import KVCache
+from titan_tpu.models.qwen3.args import QWEN3_FLAVORS
+from titan_tpu.models.qwen3.model import Qwen3Model
+from titan_tpu.protocols.model_spec import Decoding
 from titan_tpu.protocols.rollout import SamplingParams
 
 PAD = 0
@@ -29,8 +28,17 @@ PROMPTS = [[5, 9, 23, 7, 11], [42, 8], [100, 3, 17], [64]]
 
 def tiny_model() -> Qwen3Model:
     torch.manual_seed(0)
-    args = dataclasses.replace(QWEN3_FLAVORS["debug"], dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                               head_dim=16, ffn_hidden_dim=128, vocab_size=128, max_seq_len=64)
+    args = dataclasses.replace(
+        QWEN3_FLAVORS["debug"],
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        ffn_hidden_dim=128,
+        vocab_size=128,
+        max_seq_len=64,
+    )
     model = Qwen3Model(args)
     model.init_weights()
     # A larger init than the training default, so the greedy choice is decided by clear margins
@@ -73,7 +81,9 @@ def test_cached_greedy_equals_uncached_greedy() -> None:
 
 def test_stop_tokens_end_a_row_and_mask_the_rest() -> None:
     model = tiny_model()
-    free = generate(model, DECODER_DECODING, PROMPTS, SamplingParams(max_new_tokens=12, temperature=0.0), PAD, torch.device("cpu"))
+    free = generate(
+        model, DECODER_DECODING, PROMPTS, SamplingParams(max_new_tokens=12, temperature=0.0), PAD, torch.device("cpu")
+    )
     stop = int(free.tokens[1, 3])  # the 4th token of row 1 becomes a stop token
     params = SamplingParams(max_new_tokens=12, temperature=0.0, stop_ids=(stop,))
     got = generate(model, DECODER_DECODING, PROMPTS, params, PAD, torch.device("cpu"))
@@ -89,11 +99,17 @@ def test_a_rows_sample_does_not_depend_on_its_batch() -> None:
     model = tiny_model()
     params = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9)
     seeds = [11, 12, 13, 14]
-    together = generate(model, DECODER_DECODING, PROMPTS, params, PAD, torch.device("cpu"), uniforms=row_uniforms(seeds, 10))
-    alone = generate(model, DECODER_DECODING, PROMPTS[2:3], params, PAD, torch.device("cpu"), uniforms=row_uniforms(seeds[2:3], 10))
+    together = generate(
+        model, DECODER_DECODING, PROMPTS, params, PAD, torch.device("cpu"), uniforms=row_uniforms(seeds, 10)
+    )
+    alone = generate(
+        model, DECODER_DECODING, PROMPTS[2:3], params, PAD, torch.device("cpu"), uniforms=row_uniforms(seeds[2:3], 10)
+    )
     assert together.lists()[2] == alone.lists()[0]
     # Negative control: another seed for that row gives another completion.
-    other = generate(model, DECODER_DECODING, PROMPTS[2:3], params, PAD, torch.device("cpu"), uniforms=row_uniforms([99], 10))
+    other = generate(
+        model, DECODER_DECODING, PROMPTS[2:3], params, PAD, torch.device("cpu"), uniforms=row_uniforms([99], 10)
+    )
     assert other.lists()[0] != alone.lists()[0]
 
 
@@ -136,7 +152,9 @@ def test_the_moe_model_decodes_the_same_tokens_cached_and_uncached() -> None:
             tokens.append(int(model(torch.tensor([tokens])).logits[0, -1].argmax()))
         return tokens[len(prompt) :]
 
-    got = generate(model, DECODER_DECODING, PROMPTS, SamplingParams(max_new_tokens=10, temperature=0.0), PAD, torch.device("cpu"))
+    got = generate(
+        model, DECODER_DECODING, PROMPTS, SamplingParams(max_new_tokens=10, temperature=0.0), PAD, torch.device("cpu")
+    )
     expected = [uncached(p, 10) for p in PROMPTS]
     assert got.tokens.tolist() == expected
     # Negative control: the prompts as if their left padding were real tokens decode otherwise, so a
@@ -153,15 +171,30 @@ def test_dropping_finished_rows_from_the_batch_changes_no_completion(monkeypatch
     monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", 1)  # a chance to compact after every token
     model = tiny_model()
     prompts = [[5 + i, 9, 23 + i] for i in range(8)]
-    free = generate(model, DECODER_DECODING, prompts, SamplingParams(12, temperature=1.0), PAD, torch.device("cpu"),
-                    uniforms=row_uniforms(list(range(8)), 12))  # fmt: skip
+    free = generate(
+        model,
+        DECODER_DECODING,
+        prompts,
+        SamplingParams(12, temperature=1.0),
+        PAD,
+        torch.device("cpu"),
+        uniforms=row_uniforms(list(range(8)), 12),
+    )
     # Stop on tokens some rows sample early: rows finish at different steps.
     stops = tuple({int(free.tokens[i, 2 + i % 5]) for i in range(0, 8, 2)})
     params = SamplingParams(12, temperature=1.0, stop_ids=stops)
     results = {}
     for share in (0.0, 1.0):  # never compact; compact at every step where a row has finished
         monkeypatch.setattr(sampler, "COMPACT_BELOW", share)
-        got = generate(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 12))
+        got = generate(
+            model,
+            DECODER_DECODING,
+            prompts,
+            params,
+            PAD,
+            torch.device("cpu"),
+            uniforms=row_uniforms(list(range(8)), 12),
+        )
         results[share] = (got.lists(), got.stopped.tolist())
     assert results[1.0] == results[0.0]
     lengths = {len(ids) for ids in results[0.0][0]}
@@ -183,7 +216,11 @@ def test_a_rank_in_lockstep_decodes_until_every_rank_has_stopped(monkeypatch: py
     # Every cached forward (the prefill, each decode step, through the modules or the fused decoder)
     # records its tokens' slots in the cache first.
     advance = KVCache.advance
-    monkeypatch.setattr(KVCache, "advance", lambda cache, start, tokens, mask: (batches.append(tokens.shape[0]), advance(cache, start, tokens, mask))[1])
+    monkeypatch.setattr(
+        KVCache,
+        "advance",
+        lambda cache, start, tokens, mask: (batches.append(tokens.shape[0]), advance(cache, start, tokens, mask))[1],
+    )
     alone = generate(model, DECODER_DECODING, PROMPTS, params, PAD, torch.device("cpu"))
     alone_forwards = len(batches)
     batches.clear()
@@ -210,7 +247,9 @@ def test_the_host_looks_at_the_stopped_rows_every_few_tokens_only(monkeypatch: p
     params = greedy_stopping_at_the_second_token(model)
     looks: list[int] = []
     all_stopped = sampler._all_stopped
-    monkeypatch.setattr(sampler, "_all_stopped", lambda stopped, group: (looks.append(1), all_stopped(stopped, group))[1])
+    monkeypatch.setattr(
+        sampler, "_all_stopped", lambda stopped, group: (looks.append(1), all_stopped(stopped, group))[1]
+    )
     results = {}
     for every in (1, 4):
         monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", every)
@@ -233,10 +272,14 @@ def test_the_sampled_log_probs_are_a_training_forwards(monkeypatch: pytest.Monke
     model = tiny_model()
     prompts = [[5 + i, 9, 23 + i, 7][: 1 + i % 4] for i in range(8)]
     params = SamplingParams(10, temperature=0.7, top_p=0.9)
-    free = generate(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    free = generate(
+        model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10)
+    )
     stops = tuple({int(free.tokens[i, 2 + i % 5]) for i in range(0, 8, 2)})
     params = dataclasses.replace(params, stop_ids=stops)
-    got = generate(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    got = generate(
+        model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10)
+    )
     assert len({len(ids) for ids in got.lists()}) > 1, "rows must stop at different steps for this to test anything"
     assert (got.logps[~got.mask] == 0).all()
     tempered = []
@@ -247,7 +290,7 @@ def test_the_sampled_log_probs_are_a_training_forwards(monkeypatch: pytest.Monke
         torch.testing.assert_close(logps, expected, rtol=1e-5, atol=1e-5)
         tempered.append(torch.log_softmax(logits / 0.7, dim=-1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1))
     # Negative control: the tempered distribution's log-probs are not within the tolerance.
-    assert any(not torch.allclose(t, l, rtol=1e-5, atol=1e-5) for t, l in zip(tempered, got.logp_lists()))
+    assert any(not torch.allclose(t, g, rtol=1e-5, atol=1e-5) for t, g in zip(tempered, got.logp_lists()))
 
 
 def test_compiled_blocks_decode_the_same_tokens_and_stop_recompiling(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -269,12 +312,24 @@ def test_compiled_blocks_decode_the_same_tokens_and_stop_recompiling(monkeypatch
     compiled = copy.deepcopy(model)
     apply_compile(block_containers(compiled), "inductor")
     prompts = [[5 + i, 9, 23 + i, 7][: 1 + i % 4] for i in range(8)]
-    free = generate(model, DECODER_DECODING, prompts, SamplingParams(10), PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    free = generate(
+        model,
+        DECODER_DECODING,
+        prompts,
+        SamplingParams(10),
+        PAD,
+        torch.device("cpu"),
+        uniforms=row_uniforms(list(range(8)), 10),
+    )
     params = SamplingParams(10, stop_ids=tuple({int(free.tokens[i, 2 + i % 5]) for i in range(0, 8, 2)}))
-    eager = generate(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    eager = generate(
+        model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10)
+    )
     torch._dynamo.reset()
     counters.clear()
-    got = generate(compiled, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10))
+    got = generate(
+        compiled, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(8)), 10)
+    )
     assert len({len(ids) for ids in eager.lists()}) > 1, "rows must stop at different steps for this to test anything"
     assert got.lists() == eager.lists()
     torch.testing.assert_close(got.logps, eager.logps, rtol=1e-5, atol=1e-5)
@@ -283,7 +338,15 @@ def test_compiled_blocks_decode_the_same_tokens_and_stop_recompiling(monkeypatch
     for width, rows in ((6, 6), (3, 5)):
         others = [[3, 1, 4, 1, 5, 9][: 1 + i % width] for i in range(rows)]
         before = counters["stats"]["unique_graphs"]
-        generate(compiled, DECODER_DECODING, others, params, PAD, torch.device("cpu"), uniforms=row_uniforms(list(range(rows)), 10))
+        generate(
+            compiled,
+            DECODER_DECODING,
+            others,
+            params,
+            PAD,
+            torch.device("cpu"),
+            uniforms=row_uniforms(list(range(rows)), 10),
+        )
     assert counters["stats"]["unique_graphs"] == before
 
 
@@ -322,5 +385,7 @@ def test_sampling_in_length_buckets_changes_no_completion(buckets: int, monkeypa
     # Each batch is padded to its own longest prompt only: the shortest prompts' batch to 2 tokens.
     assert len(widths) == buckets and widths[0] == 2 and widths[-1] == 7
     # Negative control: the same rows under other uniforms are other completions, so a mix-up shows.
-    other = generate_by_length(model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), buckets, uniforms.roll(1, 0))
+    other = generate_by_length(
+        model, DECODER_DECODING, prompts, params, PAD, torch.device("cpu"), buckets, uniforms.roll(1, 0)
+    )
     assert other.lists() != one.lists()

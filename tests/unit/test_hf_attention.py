@@ -13,18 +13,19 @@ import torch
 
 from scripts import hf_parity as parity
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.common.attention_kernels import BlockedAttention, attention_kernel
-from titan_tpu.models.hf.model import HFCausalLM
 from titan_tpu.models.hf import attention as hf_attention
+from titan_tpu.models.hf.model import HFCausalLM
+from titan_tpu.models.registry import get_model_spec
 
 SEQ = 24
 
 
 def mistral(kernel: str, *overrides: str) -> HFCausalLM:
     """A debug Mistral built as a run builds it, attending through `kernel`."""
-    config = load_config("llama3_debug", ["--model.name=hf", "--hf.architecture=MistralForCausalLM",
-                                           "--model.flavor=debug", *overrides])  # fmt: skip
+    config = load_config(
+        "llama3_debug", ["--model.name=hf", "--hf.architecture=MistralForCausalLM", "--model.flavor=debug", *overrides]
+    )
     args = dataclasses.replace(get_model_spec("hf").args_for(config), attention=attention_kernel(kernel))
     return parity.built_like_a_run(args, SEQ)
 
@@ -65,17 +66,26 @@ def test_a_sliding_window_goes_to_sdpa_with_its_mask() -> None:
 def test_attention_block_refused_for_a_class_without_the_registry() -> None:
     """Bloom's attention (ALiBi) is its own code, not a registry call: a block size is refused at start."""
     with pytest.raises(ConfigError, match=r"model.attention_block: BloomForCausalLM does not take its attention"):
-        get_model_spec("hf").args_for(load_config("llama3_debug", [
-            "--model.name=hf", "--hf.architecture=BloomForCausalLM", "--model.flavor=debug",
-            "--model.attention_block=64"]))  # fmt: skip
+        get_model_spec("hf").args_for(
+            load_config(
+                "llama3_debug",
+                [
+                    "--model.name=hf",
+                    "--hf.architecture=BloomForCausalLM",
+                    "--model.flavor=debug",
+                    "--model.attention_block=64",
+                ],
+            )
+        )
 
 
 def test_auto_is_measured_only_where_the_class_takes_our_kernels() -> None:
     from titan_tpu.models.hf.spec import HF_ATTENTION
 
     def args(architecture: str) -> object:
-        config = load_config("llama3_debug", ["--model.name=hf", f"--hf.architecture={architecture}",
-                                               "--model.flavor=debug"])  # fmt: skip
+        config = load_config(
+            "llama3_debug", ["--model.name=hf", f"--hf.architecture={architecture}", "--model.flavor=debug"]
+        )
         return dataclasses.replace(get_model_spec("hf").args_for(config), attention=attention_kernel("auto"))
 
     assert HF_ATTENTION.is_auto(args("MistralForCausalLM"))

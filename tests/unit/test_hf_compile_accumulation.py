@@ -17,10 +17,10 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import load_config
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import block_containers, parallelize_model
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.training.trainer import Trainer
 
 SEQ = 32
@@ -33,15 +33,19 @@ def build(*overrides: str) -> nn.Module:
     torch.manual_seed(0)
     with torch.device("meta"):
         model = spec.model_cls(spec.args_for(config))
-    return parallelize_model(model, None, ParallelContext(ParallelDims(1, 1, 1, 1, 1)), config, torch.device("cpu"), torch.float32)
+    return parallelize_model(
+        model, None, ParallelContext(ParallelDims(1, 1, 1, 1, 1)), config, torch.device("cpu"), torch.float32
+    )
 
 
 def loss_and_grads(model: nn.Module) -> tuple[float, dict[str, torch.Tensor]]:
     tokens = torch.randint(0, 512, (2, SEQ + 1), generator=torch.Generator().manual_seed(0))
     loss = get_model_spec("hf").loss_fn(model(tokens[:, :-1]), tokens[:, 1:], -1)
     loss.backward()
-    return float(loss.detach()), {name.replace("._orig_mod", "").replace("._checkpoint_wrapped_module", ""): p.grad
-                                  for name, p in model.named_parameters()}  # fmt: skip
+    return float(loss.detach()), {
+        name.replace("._orig_mod", "").replace("._checkpoint_wrapped_module", ""): p.grad
+        for name, p in model.named_parameters()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +60,11 @@ def layers(model: nn.Module) -> list[nn.Module]:
 @pytest.mark.parametrize("compiled, mode", [(False, "full"), (True, "none"), (True, "full")])
 def test_compiled_and_checkpointed_layers_match_eager(plain, compiled: bool, mode: str) -> None:  # type: ignore[no-untyped-def]
     torch._dynamo.reset()
-    model = build(f"--compile.enable={str(compiled).lower()}", "--compile.backend=aot_eager", f"--activation_checkpoint.mode={mode}")
+    model = build(
+        f"--compile.enable={str(compiled).lower()}",
+        "--compile.backend=aot_eager",
+        f"--activation_checkpoint.mode={mode}",
+    )
     units = layers(model)
     assert len(units) == 2
     if compiled:
@@ -75,9 +83,18 @@ def train(tmp_path: Path, local: int, summed: bool = False) -> tuple[list[float]
     """3 steps of 4 sequences in micro-batches of `local`: per-step losses and gradient norms, final
     weights. `summed` breaks the accumulation on purpose: each micro-batch's loss is scaled back up
     by the accumulation count, so the step's gradient is their sum, not their mean."""
-    config = load_config(CONFIG, [f"--job.dump_folder={tmp_path / f'{local}{summed}'}", f"--training.seq_len={SEQ}",
-                                  "--training.global_batch_size=4", f"--training.local_batch_size={local}",
-                                  "--training.steps=3", "--metrics.log_freq=1", "--training.dtype=float32"])  # fmt: skip
+    config = load_config(
+        CONFIG,
+        [
+            f"--job.dump_folder={tmp_path / f'{local}{summed}'}",
+            f"--training.seq_len={SEQ}",
+            "--training.global_batch_size=4",
+            f"--training.local_batch_size={local}",
+            "--training.steps=3",
+            "--metrics.log_freq=1",
+            "--training.dtype=float32",
+        ],
+    )
     trainer = Trainer(config)
     assert trainer.grad_accum_steps == 4 // local
     if summed:

@@ -13,9 +13,9 @@ import torch
 
 from scripts import hf_parity as parity
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.hf.flops import hf_flops_per_token, hf_param_count
 from titan_tpu.models.hf.model import HFCausalLM
+from titan_tpu.models.registry import get_model_spec
 
 ARCHITECTURES = [
     "MistralForCausalLM",
@@ -120,7 +120,7 @@ def test_params_and_flops_count_the_built_model(architecture: str) -> None:
         assert count.active_non_embedding == count.total - embedding + tied
     per_key = 3 * 4 * config.num_attention_heads * (getattr(config, "head_dim", None) or 16)
     short = 3 * 2 * count.active_non_embedding + per_key * sum(s for s, _ in KEYS_PER_LAYER[architecture])
-    long = 3 * 2 * count.active_non_embedding + per_key * sum(l for _, l in KEYS_PER_LAYER[architecture])
+    long = 3 * 2 * count.active_non_embedding + per_key * sum(keys for _, keys in KEYS_PER_LAYER[architecture])
     assert hf_flops_per_token(model.args, 64) == pytest.approx(short)
     assert hf_flops_per_token(model.args, 4096) == pytest.approx(long)
 
@@ -145,7 +145,9 @@ def test_folder_config_values_are_kept_and_overrides_checked(tmp_path: Any) -> N
     with pytest.raises(ConfigError, match="not a causal language model"):
         hf_args(config_of("--hf.architecture=BertModel"))
     (tmp_path / "remote").mkdir()
-    (tmp_path / "remote" / "config.json").write_text('{"architectures": ["X"], "auto_map": {"AutoModelForCausalLM": "m.X"}}')
+    (tmp_path / "remote" / "config.json").write_text(
+        '{"architectures": ["X"], "auto_map": {"AutoModelForCausalLM": "m.X"}}'
+    )
     with pytest.raises(ConfigError, match="trust_remote_code"):
         hf_args(config_of(f"--hf.config={tmp_path / 'remote'}"))
     with pytest.raises(ConfigError, match="exactly one of hf.config"):
@@ -275,12 +277,19 @@ def test_decoder_layers_are_found_where_the_class_names_no_unsplit_modules() -> 
         ("llama3_debug", ["--data.document_mask=true"], "data.document_mask: model hf attends across packed documents"),
     ],
 )
-def test_what_the_family_cannot_do_yet_is_refused_at_start(config: str, overrides: list[str], message: str, tmp_path: Any) -> None:
+def test_what_the_family_cannot_do_yet_is_refused_at_start(
+    config: str, overrides: list[str], message: str, tmp_path: Any
+) -> None:
     """One line before anything is built, instead of a TypeError at the first decode or forward."""
     from titan_tpu.training.trainer import Trainer
 
-    hf = ["--model.name=hf", "--hf.architecture=Qwen3ForCausalLM", "--model.flavor=debug",
-          "--model.overrides={ vocab_size = 1024 }", f"--job.dump_folder={tmp_path}"]  # fmt: skip
+    hf = [
+        "--model.name=hf",
+        "--hf.architecture=Qwen3ForCausalLM",
+        "--model.flavor=debug",
+        "--model.overrides={ vocab_size = 1024 }",
+        f"--job.dump_folder={tmp_path}",
+    ]
     with pytest.raises(ConfigError, match=message):
         Trainer(load_config(config, [*hf, *overrides]))
 
@@ -293,8 +302,12 @@ def test_the_planner_plans_an_hf_config_from_the_command_line() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-m", "titan_tpu.plan", "--config", "hf_mistral_debug", "--chips", "v6e-8"],
-                          cwd=root, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "titan_tpu.plan", "--config", "hf_mistral_debug", "--chips", "v6e-8"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "hf debug" in done.stdout and "fits:" in done.stdout and "MFU" in done.stdout, done.stdout
 

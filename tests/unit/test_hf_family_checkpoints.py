@@ -18,8 +18,8 @@ from tests.unit.test_hf_family import SEQ, built_like_a_run
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import ConfigError
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.hf.model import HFCausalLM
+from titan_tpu.models.registry import get_model_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTER = get_model_spec("hf").state_dict_adapter
@@ -74,12 +74,28 @@ def test_a_training_checkpoint_converts_to_a_folder_transformers_loads(tmp_path:
     dcp-to-hf --config: the folder's logits are the trained weights' (loaded back through our
     reader into a fresh model). Catches the converter building the flavor's model instead of the
     config's (an override lost) and a checkpoint name that does not map."""
-    run = ["--config", "hf_mistral_debug", f"--job.dump_folder={tmp_path / 'run'}", "--training.steps=4",
-           "--training.seq_len=32", "--training.dtype=float32", "--checkpoint.enable=true", "--checkpoint.interval=4",
-           "--model.overrides={ num_hidden_layers = 3 }", "--metrics.log_freq=4"]  # fmt: skip
+    run = [
+        "--config",
+        "hf_mistral_debug",
+        f"--job.dump_folder={tmp_path / 'run'}",
+        "--training.steps=4",
+        "--training.seq_len=32",
+        "--training.dtype=float32",
+        "--checkpoint.enable=true",
+        "--checkpoint.interval=4",
+        "--model.overrides={ num_hidden_layers = 3 }",
+        "--metrics.log_freq=4",
+    ]
     subprocess.run([sys.executable, "train.py", *run], cwd=ROOT, check=True, capture_output=True)
-    convert = [sys.executable, "scripts/convert_checkpoint.py", "dcp-to-hf", str(tmp_path / "hf"), *run[:2], *run[2:3],
-               "--model.overrides={ num_hidden_layers = 3 }"]  # fmt: skip
+    convert = [
+        sys.executable,
+        "scripts/convert_checkpoint.py",
+        "dcp-to-hf",
+        str(tmp_path / "hf"),
+        *run[:2],
+        *run[2:3],
+        "--model.overrides={ num_hidden_layers = 3 }",
+    ]
     done = subprocess.run(convert, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
@@ -105,11 +121,21 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bitwise(tmp_path: Path) -> Non
     from titan_tpu.training.trainer import Trainer
 
     def train(dump: Path) -> dict[int, float]:
-        config = load_config("hf_mistral_debug", [
-            f"--job.dump_folder={dump}", "--training.steps=8", "--training.seq_len=32", "--training.global_batch_size=4",
-            "--training.dtype=float32", "--training.deterministic=true", "--checkpoint.enable=true",
-            "--checkpoint.interval=4", "--metrics.log_freq=1", "--data.shuffle_buffer=16",
-        ])  # fmt: skip
+        config = load_config(
+            "hf_mistral_debug",
+            [
+                f"--job.dump_folder={dump}",
+                "--training.steps=8",
+                "--training.seq_len=32",
+                "--training.global_batch_size=4",
+                "--training.dtype=float32",
+                "--training.deterministic=true",
+                "--checkpoint.enable=true",
+                "--checkpoint.interval=4",
+                "--metrics.log_freq=1",
+                "--data.shuffle_buffer=16",
+            ],
+        )
         trainer = Trainer(config)
         try:
             return {record.step: record.loss for record in trainer.train()}

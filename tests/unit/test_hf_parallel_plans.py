@@ -9,14 +9,15 @@ import dataclasses
 import pytest
 import torch
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.models.hf.parallelize import check_plan, expert_modules, tp_plan_for
+from titan_tpu.models.registry import get_model_spec
 
 
 def meta_model(architecture: str, *overrides: str) -> torch.nn.Module:
-    config = load_config("llama3_debug", ["--model.name=hf", f"--hf.architecture={architecture}",
-                                          "--model.flavor=debug", *overrides])  # fmt: skip
+    config = load_config(
+        "llama3_debug", ["--model.name=hf", f"--hf.architecture={architecture}", "--model.flavor=debug", *overrides]
+    )
     spec = get_model_spec("hf")
     args = dataclasses.replace(spec.args_for(config), max_seq_len=32)
     with torch.device("meta"):
@@ -34,9 +35,7 @@ def test_plan_covers_every_layer_the_embedding_and_the_head() -> None:
     assert plan["model.embed_tokens"] == "embedding_rowwise"
 
 
-@pytest.mark.parametrize(
-    ("tp", "field"), [(3, "num_attention_heads"), (4, "num_key_value_heads")]
-)  # fmt: skip
+@pytest.mark.parametrize(("tp", "field"), [(3, "num_attention_heads"), (4, "num_key_value_heads")])
 def test_tp_that_does_not_divide_the_heads_is_refused(tp: int, field: str) -> None:
     """Debug sizes: 4 query heads, 2 key-value heads. Catches a rank handed part of a head."""
     with pytest.raises(ConfigError, match=rf"parallelism.tp = {tp} does not divide MistralForCausalLM's {field}"):
@@ -46,8 +45,14 @@ def test_tp_that_does_not_divide_the_heads_is_refused(tp: int, field: str) -> No
 def test_tp_that_does_not_divide_a_split_width_is_refused() -> None:
     """An MLP width of 130 over 4 ranks (heads divide): catches uneven shards reaching the model."""
     with pytest.raises(ConfigError, match=r"does not divide the width 130 of model.layers.0.mlp.gate_proj"):
-        tp_plan_for(meta_model("MistralForCausalLM", "--model.overrides.intermediate_size=130",
-                               "--model.overrides.num_key_value_heads=4"), tp=4)  # fmt: skip
+        tp_plan_for(
+            meta_model(
+                "MistralForCausalLM",
+                "--model.overrides.intermediate_size=130",
+                "--model.overrides.num_key_value_heads=4",
+            ),
+            tp=4,
+        )
 
 
 def test_architecture_without_a_plan_is_refused() -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.models.hf.parallelize import HFTensorParallelPlan
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.plan.chips import parse_chips
 from titan_tpu.plan.planner import MemoryPlan, plan_memory
 from titan_tpu.plan.search import search
@@ -29,8 +29,13 @@ LAYOUTS = {
     "tp2_fsdp2": ["--parallelism.dp_shard=2", "--parallelism.tp=2"],
     "ep2_fsdp4": ["--parallelism.dp_shard=4", "--parallelism.ep=2"],
 }
-CASES = [("qwen3_debug", "fsdp4"), ("qwen3_debug", "tp2_fsdp2"), ("qwen3_moe_debug", "fsdp4"),
-         ("qwen3_moe_debug", "tp2_fsdp2"), ("qwen3_moe_debug", "ep2_fsdp4")]  # fmt: skip
+CASES = [
+    ("qwen3_debug", "fsdp4"),
+    ("qwen3_debug", "tp2_fsdp2"),
+    ("qwen3_moe_debug", "fsdp4"),
+    ("qwen3_moe_debug", "tp2_fsdp2"),
+    ("qwen3_moe_debug", "ep2_fsdp4"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +93,9 @@ def test_hf_layouts_the_trainer_refuses(folders: dict[str, Path]) -> None:
 
 def test_search_over_a_dense_hf_model_keeps_ep_1(folders: dict[str, Path]) -> None:
     hf = ["--model.name=hf", "--model.flavor=config", f"--hf.config={folders['qwen3_debug']}"]
-    fitting, _ = search(load_config("qwen3_debug", [*SEQ, *hf, "--training.global_batch_size=8"]), parse_chips("v5p-8"), 0.75)
+    fitting, _ = search(
+        load_config("qwen3_debug", [*SEQ, *hf, "--training.global_batch_size=8"]), parse_chips("v5p-8"), 0.75
+    )
     assert fitting
     assert all("--parallelism.ep=1" in candidate.overrides for candidate in fitting)
     assert any("--parallelism.tp=2" in candidate.overrides for candidate in fitting)

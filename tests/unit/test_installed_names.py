@@ -53,7 +53,18 @@ def test_a_wheel_holds_the_tree_and_imports_from_its_own_files(tmp_path: Path) -
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(source),
+        ],
         capture_output=True,
         text=True,
     )

@@ -107,8 +107,13 @@ def _request(**changes: Any) -> JobSetRequest:
 
 V6E_TWO_SLICES = _request()
 TPU7X_ONE_SLICE = _request(
-    name="qwen3-debug", accelerator="tpu7x", topology="2x2x2", slices=1, config="qwen3_debug",
-    dump_folder="/mnt/shared/qwen3", overrides=(),
+    name="qwen3-debug",
+    accelerator="tpu7x",
+    topology="2x2x2",
+    slices=1,
+    config="qwen3_debug",
+    dump_folder="/mnt/shared/qwen3",
+    overrides=(),
 )
 
 
@@ -150,7 +155,10 @@ def test_v6e_two_slices_numbers_and_command() -> None:
     assert replicated["replicas"] == 2
     job = replicated["template"]["spec"]
     assert (job["completionMode"], job["parallelism"], job["completions"], job["backoffLimit"]) == (
-        "Indexed", 4, 4, 0,
+        "Indexed",
+        4,
+        4,
+        0,
     )
     pod = job["template"]["spec"]
     assert pod["nodeSelector"] == {
@@ -160,8 +168,15 @@ def test_v6e_two_slices_numbers_and_command() -> None:
     (container,) = pod["containers"]
     assert container["resources"] == {"requests": {"google.com/tpu": 4}, "limits": {"google.com/tpu": 4}}
     assert container["command"] == [
-        "titan-launch", "--max-restarts", "2", "train.py", "--config", "llama3_70b",
-        "--job.dump_folder=/gcs/my-bucket/runs/70b", "--training.steps=1000", "--parallelism.tp=4",
+        "titan-launch",
+        "--max-restarts",
+        "2",
+        "train.py",
+        "--config",
+        "llama3_70b",
+        "--job.dump_folder=/gcs/my-bucket/runs/70b",
+        "--training.steps=1000",
+        "--parallelism.tp=4",
     ]
     assert pod["restartPolicy"] == "Never"
     assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
@@ -271,8 +286,20 @@ def test_cli_prints_the_manifest(capsys: pytest.CaptureFixture[str]) -> None:
     """Catches a flag that does not reach the manifest, overrides that are dropped, or output that
     kubectl cannot read."""
     argv = [
-        "--accelerator", "tpu-v6e-slice", "--topology", "4x4", "--slices", "2", "--image", "img:1",
-        "--config", "llama3_70b", "--dump-folder", "gs://my-bucket/run", "--max-restarts", "7",
+        "--accelerator",
+        "tpu-v6e-slice",
+        "--topology",
+        "4x4",
+        "--slices",
+        "2",
+        "--image",
+        "img:1",
+        "--config",
+        "llama3_70b",
+        "--dump-folder",
+        "gs://my-bucket/run",
+        "--max-restarts",
+        "7",
         "--training.steps=10",
     ]
     assert _cli().main(argv) == 0
@@ -287,8 +314,16 @@ def test_cli_prints_the_manifest(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_bad_topology_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
-        "--accelerator", "tpu-v6e-slice", "--topology", "2x2x2", "--image", "img:1",
-        "--config", "llama3_70b", "--dump-folder", "gs://my-bucket/run",
+        "--accelerator",
+        "tpu-v6e-slice",
+        "--topology",
+        "2x2x2",
+        "--image",
+        "img:1",
+        "--config",
+        "llama3_70b",
+        "--dump-folder",
+        "gs://my-bucket/run",
     ]
     assert _cli().main(argv) == 2
     captured = capsys.readouterr()

@@ -24,17 +24,23 @@ from titan_tpu.autotune.choose import KernelChoice, choose_kernels
 from titan_tpu.autotune.measure import BUDGET_S, MAX_ROUNDS, MIN_ROUNDS
 from titan_tpu.models.common.attention_kernels import AutoAttention, SdpaAttention, attention_kernel
 from titan_tpu.models.common.attention_tunable import ATTENTION
-from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
 from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.experts_tunable import EXPERTS
+from titan_tpu.protocols.tunable import KernelShape
 
 
 def choose(kernels: dict[str, FakeKernel], clock: FakeClock, cache: KernelCache | None = None, **kw):
     return choose_kernels(
-        [fake_tunable(kernels, clock)], FakeArgs(), SHAPE, "fake cpu", deterministic=False, cache=cache,
-        timer=clock, **kw,
-    )  # fmt: skip
+        [fake_tunable(kernels, clock)],
+        FakeArgs(),
+        SHAPE,
+        "fake cpu",
+        deterministic=False,
+        cache=cache,
+        timer=clock,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("slow", ["a", "b"])
@@ -71,8 +77,15 @@ def test_a_second_run_reads_the_cache_and_measures_nothing(tmp_path: Path) -> No
     others = [dataclasses.replace(SHAPE, seq_len=16), bf16, dataclasses.replace(bf16, autocast=True)]
     for entries, other in enumerate(others):
         clock = FakeClock()
-        choose_kernels([fake_tunable(kernels, clock)], FakeArgs(), other, "fake cpu", deterministic=False,
-                       cache=KernelCache(tmp_path), timer=clock)  # fmt: skip
+        choose_kernels(
+            [fake_tunable(kernels, clock)],
+            FakeArgs(),
+            other,
+            "fake cpu",
+            deterministic=False,
+            cache=KernelCache(tmp_path),
+            timer=clock,
+        )
         assert clock.reads > 0 and len(json.loads((tmp_path / FILE_NAME).read_text())) == 2 + entries
 
 
@@ -101,16 +114,18 @@ def test_a_corrupt_cache_is_ignored_with_one_line_and_kept_aside(
 def test_deterministic_runs_take_the_fallback_without_timing() -> None:
     clock = FakeClock()
     kernels = {"a": FakeKernel(0.009), "b": FakeKernel(0.001)}
-    args, [choice] = choose_kernels([fake_tunable(kernels, clock)], FakeArgs(), SHAPE, "fake cpu",
-                                    deterministic=True, cache=None, timer=clock)  # fmt: skip
+    args, [choice] = choose_kernels(
+        [fake_tunable(kernels, clock)], FakeArgs(), SHAPE, "fake cpu", deterministic=True, cache=None, timer=clock
+    )
     assert (choice.pick, choice.source, clock.reads) == ("a", "deterministic", 0)
 
 
 def test_a_forced_field_and_a_single_candidate_are_not_measured() -> None:
     clock = FakeClock()
     forced = FakeArgs(kernel="b")
-    args, choices = choose_kernels([fake_tunable({"a": FakeKernel(1.0)}, clock)], forced, SHAPE, "x",
-                                   deterministic=False, cache=None, timer=clock)  # fmt: skip
+    args, choices = choose_kernels(
+        [fake_tunable({"a": FakeKernel(1.0)}, clock)], forced, SHAPE, "x", deterministic=False, cache=None, timer=clock
+    )
     # The log still says what runs, and why.
     assert choices == [KernelChoice("kernel", "b", "forced by the config", {})]
     assert args is forced and clock.reads == 0
@@ -150,7 +165,9 @@ def test_expert_candidates_agree_with_the_loop(autocast: bool) -> None:
     from titan_tpu.autotune.measure import check
 
     for dtype in (torch.float32, torch.bfloat16):
-        shape = KernelShape(torch.device("cpu"), dtype, batch=1, seq_len=64, autocast=autocast and dtype != torch.float32)
+        shape = KernelShape(
+            torch.device("cpu"), dtype, batch=1, seq_len=64, autocast=autocast and dtype != torch.float32
+        )
         candidates = EXPERTS.candidates(args, shape)
         assert ("grouped_mm" in candidates) == (dtype == torch.bfloat16)
         assert check(EXPERTS, args, shape, candidates) == {}
@@ -205,6 +222,4 @@ def test_an_autocast_run_is_measured_under_autocast_with_its_inputs_dtype() -> N
         t = dataclasses.replace(tunable, workload=recording, float32_inputs_under_autocast=float32_inputs)
         in_run_precision(t, FakeArgs(), bf16)(FakeKernel(0.0))
         in_run_precision(t, FakeArgs(), dataclasses.replace(bf16, autocast=True))(FakeKernel(0.0))
-    assert seen == [
-        (torch.bfloat16, False), (torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)
-    ]  # fmt: skip
+    assert seen == [(torch.bfloat16, False), (torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)]

@@ -61,9 +61,7 @@ def test_single_slice_host() -> None:
     }
     placement = read_placement(env)
     assert (placement.node_rank, placement.num_hosts, placement.chips_per_host) == (2, 4, 4)
-    assert placement.describe() == (
-        "GKE v6e-16 slice 0 of 1 (4 hosts x 4 chips), worker 2 (job-2.job): host 2 of 4"
-    )
+    assert placement.describe() == ("GKE v6e-16 slice 0 of 1 (4 hosts x 4 chips), worker 2 (job-2.job): host 2 of 4")
     assert torchrun_argv(placement, options(max_restarts=3), nproc_per_node=4, node_rank=placement.node_rank) == [
         "--nnodes=4",
         "--nproc-per-node=4",
@@ -165,8 +163,20 @@ def test_node_rank_outside_the_job_is_refused() -> None:
 
 
 def test_script_and_its_arguments_pass_verbatim() -> None:
-    parsed = cli.parse_args(["--max-restarts", "2", "--nproc-per-node", "auto", "train.py", "--config", "x",
-                             "--max-restarts=5", "--rdzv-port", "1"])  # fmt: skip
+    parsed = cli.parse_args(
+        [
+            "--max-restarts",
+            "2",
+            "--nproc-per-node",
+            "auto",
+            "train.py",
+            "--config",
+            "x",
+            "--max-restarts=5",
+            "--rdzv-port",
+            "1",
+        ]
+    )
     assert (parsed.max_restarts, parsed.nproc_per_node, parsed.rdzv_port) == (2, None, None)
     assert parsed.script == "train.py"
     assert parsed.script_args == ("--config", "x", "--max-restarts=5", "--rdzv-port", "1")
@@ -304,10 +314,16 @@ def test_operator_set_node_rank_is_kept(monkeypatch: pytest.MonkeyPatch, tpu_hos
 def test_tpu_multislice_gives_torch_tpu_the_slice(monkeypatch: pytest.MonkeyPatch, tpu_host: FakeTorchTpu) -> None:
     """TorchTPU checks nnodes against TPU_WORKER_HOSTNAMES, which lists this slice's hosts, and its
     NODE_RANK counts within the slice: host 0 of slice 1 at NODE_RANK 1 is host 3 of the job."""
-    set_env(monkeypatch, {
-        "TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1", "TPU_WORKER_ID": "0", "MEGASCALE_NUM_SLICES": "2",
-        "MEGASCALE_SLICE_ID": "1", "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1",
-    })  # fmt: skip
+    set_env(
+        monkeypatch,
+        {
+            "TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1",
+            "TPU_WORKER_ID": "0",
+            "MEGASCALE_NUM_SLICES": "2",
+            "MEGASCALE_SLICE_ID": "1",
+            "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1",
+        },
+    )
     tpu_host.node_rank = "1"
     argv = cli.prepare(options(nproc_per_node=2))
     assert tpu_host.calls == [{"nnodes": 2, "nproc_per_node": 2}]
@@ -324,9 +340,12 @@ def test_tpu_multislice_gives_torch_tpu_the_slice(monkeypatch: pytest.MonkeyPatc
     ],
 )
 def test_bad_torch_tpu_node_rank_is_one_error_line(
-    monkeypatch: pytest.MonkeyPatch, tpu_host: FakeTorchTpu, capsys: pytest.CaptureFixture[str],
-    node_rank: str | None, message: str,
-) -> None:  # fmt: skip
+    monkeypatch: pytest.MonkeyPatch,
+    tpu_host: FakeTorchTpu,
+    capsys: pytest.CaptureFixture[str],
+    node_rank: str | None,
+    message: str,
+) -> None:
     set_env(monkeypatch, LOCAL_SLICE)
     tpu_host.node_rank = node_rank
     assert cli.launch(list(SCRIPT)) == 2
@@ -355,13 +374,16 @@ def test_cpu_host_runs_one_process_and_leaves_torch_tpu_alone(
     """The same path without GKE variables or a TPU: one local host, one process."""
     monkeypatch.setattr(devices, "visible_accelerator", lambda: None)
     argv = cli.prepare(options())
-    assert argv[:4] == ["--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d-node-rank", "--rdzv-endpoint=localhost:0"]
+    assert argv[:4] == [
+        "--nnodes=1",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d-node-rank",
+        "--rdzv-endpoint=localhost:0",
+    ]
     assert tpu_host.calls == []
 
 
-def test_cpu_hosts_take_their_place_in_the_host_list(
-    tpu_host: FakeTorchTpu, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cpu_hosts_take_their_place_in_the_host_list(tpu_host: FakeTorchTpu, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without TorchTPU the rank is the host list's, whatever NODE_RANK the environment holds."""
     monkeypatch.setattr(devices, "visible_accelerator", lambda: None)
     set_env(monkeypatch, {**LOCAL_SLICE, "NODE_RANK": "3"})

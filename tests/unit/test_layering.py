@@ -282,8 +282,7 @@ def imports_of(source: str, module: str, is_package: bool = False) -> list[tuple
             found.extend((node.lineno, target, alias.name) for alias in node.names)
         elif (
             isinstance(node, ast.Call)
-            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None))
-            in ("import_module", "__import__")
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) in ("import_module", "__import__")
             and node.args
             and isinstance(node.args[0], ast.Constant)
             and isinstance(node.args[0].value, str)
@@ -305,9 +304,7 @@ def _private(target: str, name: str, own_package: str) -> bool:
 def rule_files(rule: Rule, root: Path) -> list[Path]:
     files = {path for pattern in rule.files for path in root.glob(pattern) if path.is_file()}
     return sorted(
-        path
-        for path in files
-        if not any(fnmatch.fnmatch(path.relative_to(root).as_posix(), e) for e in rule.exempt)
+        path for path in files if not any(fnmatch.fnmatch(path.relative_to(root).as_posix(), e) for e in rule.exempt)
     )
 
 
@@ -450,7 +447,7 @@ def test_every_titan_tpu_import_resolves_to_a_file() -> None:
     for pattern in ("titan_tpu/**/*.py", "train.py", "scripts/**/*.py", "tests/**/*.py"):
         for path in REPO.glob(pattern):
             module = module_name(path, REPO)
-            for line, target, name in imports_of(path.read_text("utf-8"), module, path.name == "__init__.py"):
+            for line, target, _name in imports_of(path.read_text("utf-8"), module, path.name == "__init__.py"):
                 if _within(target, "titan_tpu") and target not in modules:
                     unresolved.append(f"{path.relative_to(REPO)}:{line}: {target}")
     assert unresolved == []
@@ -467,7 +464,11 @@ def _runtime_imports(path: Path, module: str) -> set[tuple[str, str]]:
     }
     return {
         (target, name)
-        for line, target, name in imports_of(ast.unparse(ast.Module([n for n in tree.body if id(n) not in typing_only], [])), module, path.name == "__init__.py")
+        for line, target, name in imports_of(
+            ast.unparse(ast.Module([n for n in tree.body if id(n) not in typing_only], [])),
+            module,
+            path.name == "__init__.py",
+        )
     }
 
 

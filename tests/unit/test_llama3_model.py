@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.common.attention import Attention
 from titan_tpu.models.common.loss import IGNORE_INDEX, cross_entropy_loss
 from titan_tpu.models.common.rope import RotaryEmbedding
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS, Llama3Args
 from titan_tpu.models.llama3.flops import llama3_param_count
 from titan_tpu.models.llama3.model import Llama3Model
+from titan_tpu.models.registry import get_model_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,15 +17,15 @@ import pytest
 import torch
 
 from tests.cpu_kinds import DECISIONS
-from titan_tpu.models.registry import get_model_spec
-from titan_tpu.config import load_config
 from titan_tpu.autotune.measure import check
+from titan_tpu.config import load_config
 from titan_tpu.models.common import loss as loss_module
 from titan_tpu.models.common import loss_tunable
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS, chunked_cross_entropy
 from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
-from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+from titan_tpu.models.registry import get_model_spec
+from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.training.trainer import Trainer
 
 ARGS = LLAMA3_FLAVORS["debug"]  # vocab 512
@@ -51,8 +51,11 @@ def test_a_compiling_run_measures_its_loss_chunk_and_runs_the_loss_eagerly(
     """Under either CPU decision (float32, or bf16 under autocast)."""
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: DECISIONS[decision])
     overrides = [
-        "--training.steps=1", "--model.attention_block=0", "--compile.enable=true", f"--job.dump_folder={tmp_path}",
-    ]  # fmt: skip
+        "--training.steps=1",
+        "--model.attention_block=0",
+        "--compile.enable=true",
+        f"--job.dump_folder={tmp_path}",
+    ]
     trainer = Trainer(load_config("llama3_debug", overrides))
     try:
         [choice] = [c for c in trainer.kernels if c.field == "loss_chunk_elements"]
@@ -92,9 +95,11 @@ def test_a_forced_chunk_reaches_the_training_loss(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(loss_module, "chunked_cross_entropy", recording)
     overrides = [
-        "--model.overrides.loss_chunk_elements=65536", "--training.steps=1", "--model.attention_block=0",
+        "--model.overrides.loss_chunk_elements=65536",
+        "--training.steps=1",
+        "--model.attention_block=0",
         f"--job.dump_folder={tmp_path}",
-    ]  # fmt: skip
+    ]
     trainer = Trainer(load_config("llama3_debug", overrides))
     try:
         assert trainer.model_args.loss_chunk_elements == 65536

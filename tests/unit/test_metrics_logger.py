@@ -13,8 +13,17 @@ from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 
 def record(step: int, unit: str = "tokens", extras: dict[str, float] | None = None) -> StepRecord:
     return StepRecord(
-        step=step, loss=2.5, grad_norm=1.0, lr=1e-3, unit=unit, items_per_sec=100.0, tflops=0.1, mfu=None,
-        memory_gib=0.5, step_time_s=0.2, extras=extras or {},
+        step=step,
+        loss=2.5,
+        grad_norm=1.0,
+        lr=1e-3,
+        unit=unit,
+        items_per_sec=100.0,
+        tflops=0.1,
+        mfu=None,
+        memory_gib=0.5,
+        step_time_s=0.2,
+        extras=extras or {},
     )
 
 
@@ -38,9 +47,7 @@ def test_only_the_writer_writes(tmp_path: Path) -> None:
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-def test_tensorboard_and_offline_wandb_receive_each_record(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_tensorboard_and_offline_wandb_receive_each_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg = MetricsConfig(enable_tensorboard=True, enable_wandb=True, wandb_project="unit")

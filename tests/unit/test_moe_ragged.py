@@ -21,15 +21,15 @@ import pytest
 import torch
 
 from tests.ragged_reference import exchange_every_rank, operand_gradients, ragged_dot
-from titan_tpu.config.errors import ConfigError
-from titan_tpu.distributed.ragged_exchange import RaggedExchange
 from titan_tpu.autotune.for_run import choose_run_kernels
 from titan_tpu.autotune.measure import check
-from titan_tpu.protocols.tunable import KernelShape
+from titan_tpu.config.errors import ConfigError
+from titan_tpu.distributed.ragged_exchange import RaggedExchange
 from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.experts_tunable import EXPERTS
 from titan_tpu.models.qwen3.model import Qwen3MoeModel
 from titan_tpu.models.qwen3.moe import GroupedExperts, MoEFeedForward
+from titan_tpu.protocols.tunable import KernelShape
 
 # ---------------------------------------------------------------- the references, by hand
 
@@ -99,9 +99,7 @@ def test_exchange_delivers_what_all_to_all_delivers_and_brings_it_back(ep: int, 
     arrived = _run_every_rank([_recorded(e.dispatch, x) for e, x in zip(exchanges, rows)])
     for rank in range(ep):
         # all_to_all_single's order: by source rank, each source's rows for this rank's experts.
-        expected = torch.cat([
-            x.split(c.view(ep, local_experts).sum(1).tolist())[rank] for x, c in zip(rows, counts)
-        ])  # fmt: skip
+        expected = torch.cat([x.split(c.view(ep, local_experts).sum(1).tolist())[rank] for x, c in zip(rows, counts)])
         assert torch.equal(arrived[rank], expected), rank
         mine = counts[:, rank * local_experts : (rank + 1) * local_experts]
         assert exchanges[rank].received_matrix.tolist() == mine.tolist()

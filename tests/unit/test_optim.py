@@ -30,7 +30,9 @@ def test_constant_schedule_stays_at_peak() -> None:
 def test_scheduler_drives_optimizer_lr() -> None:
     model = nn.Linear(4, 4)
     optimizer = build_optimizer(model, OptimizerConfig(lr=1e-2))
-    scheduler = build_lr_scheduler(optimizer, LRSchedulerConfig(warmup_steps=1, decay_type="linear", min_lr_ratio=0.0), 3)
+    scheduler = build_lr_scheduler(
+        optimizer, LRSchedulerConfig(warmup_steps=1, decay_type="linear", min_lr_ratio=0.0), 3
+    )
     seen = []
     for _ in range(3):
         seen.append(scheduler.get_last_lr()[0])

@@ -3,7 +3,6 @@ fake process group, so one process can stand in for 16)."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
@@ -52,12 +51,13 @@ def test_replication_only_is_still_fsdp_wrapped() -> None:
 
 
 def test_fsdp_policy_from_config() -> None:
-    cfg = ParallelismConfig(
-        fsdp_reduce_dtype="bfloat16", fsdp_reshard_after_forward="default", fsdp_cpu_offload=True
-    )
+    cfg = ParallelismConfig(fsdp_reduce_dtype="bfloat16", fsdp_reshard_after_forward="default", fsdp_cpu_offload=True)
     bf16 = FSDPPolicy.from_config(cfg, torch.bfloat16, "cuda", sharded=True)
     assert (bf16.param_dtype, bf16.reduce_dtype, bf16.cpu_offload, bf16.pin_memory) == (
-        torch.bfloat16, torch.bfloat16, True, True,
+        torch.bfloat16,
+        torch.bfloat16,
+        True,
+        True,
     )
     kwargs = bf16.shard_kwargs(is_last_block=False)
     last = bf16.shard_kwargs(is_last_block=True)

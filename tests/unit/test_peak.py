@@ -14,8 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from titan_tpu.device import Device, host_peak_flops
-from titan_tpu.device import peak
+from titan_tpu.device import Device, host_peak_flops, peak
 from titan_tpu.device.peak import measure_matmul_flops, table_peak_flops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +26,7 @@ def named(monkeypatch: pytest.MonkeyPatch, device_type: str, name: str) -> Devic
 
 
 def test_lookup_prefers_the_specific_entry_over_the_general_one() -> None:
-    """"NVIDIA H100 PCIe" contains "h100": the PCIe card's lower peak must win."""
+    """ "NVIDIA H100 PCIe" contains "h100": the PCIe card's lower peak must win."""
     assert table_peak_flops("NVIDIA H100 PCIe") < table_peak_flops("NVIDIA H100 80GB HBM3")  # type: ignore[operator]
 
 

@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.pipeline import IGNORE_INDEX, PipelineRunner
 from titan_tpu.distributed.pipeline_plan import PipelinePlan
 from titan_tpu.models.common.loss import cross_entropy_loss
+from titan_tpu.models.registry import get_model_spec
 
 
 def test_micro_batches_weigh_by_their_counted_labels(tmp_path: Path) -> None:

@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
-from titan_tpu.models.qwen3.model import Qwen3MoeModel, moe_loss
-from titan_tpu.models.qwen3.model import MoEOutput
+from titan_tpu.models.qwen3.model import MoEOutput, Qwen3MoeModel, moe_loss
 
 # A large coefficient so the aux term's gradient is not lost under the cross-entropy's.
 ARGS = dataclasses.replace(QWEN3_MOE_FLAVORS["debug_moe"], n_layers=4, router_aux_loss_coef=0.5)

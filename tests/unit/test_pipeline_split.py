@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.config.sections import ParallelismConfig
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.pipeline import stage_models
 from titan_tpu.distributed.pipeline_plan import plan_pipeline
+from titan_tpu.models.registry import get_model_spec
 
 
 def parallelism(**values: object) -> ParallelismConfig:

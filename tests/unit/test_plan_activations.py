@@ -25,12 +25,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from titan_tpu.models.registry import get_model_spec  # noqa: E402
 from plan_measure import LiveTensorPeak, measure_state, within  # noqa: E402
+
 from titan_tpu.config import load_config  # noqa: E402
-from titan_tpu.optim import build_optimizer  # noqa: E402
 from titan_tpu.distributed.activation_checkpoint import apply_activation_checkpointing  # noqa: E402
 from titan_tpu.distributed.parallelize import block_containers  # noqa: E402
+from titan_tpu.models.registry import get_model_spec  # noqa: E402
+from titan_tpu.optim import build_optimizer  # noqa: E402
 from titan_tpu.plan.census import run_model_args  # noqa: E402
 from titan_tpu.plan.planner import plan_memory  # noqa: E402
 

@@ -28,11 +28,19 @@ OVERRIDES = ["--parallelism.dp_shard=4", "--parallelism.cp=1", "--parallelism.tp
 def write_report(path: Path, device: str, matmul: float, bus: float) -> Path:
     """A report as the doctor writes it (titan_tpu/doctor/report.py), reduced to what the planner reads."""
     kinds = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-    path.write_text(json.dumps({
-        "format": REPORT_FORMAT, "version": 1, "device": {"type": "tpu", "name": device, "generation": ""},
-        "measured": {"matmul_flops": {"bfloat16": matmul},
-                     "bus_bytes_per_s": {"fast": dict.fromkeys(kinds, bus), "slow": {}}},
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "format": REPORT_FORMAT,
+                "version": 1,
+                "device": {"type": "tpu", "name": device, "generation": ""},
+                "measured": {
+                    "matmul_flops": {"bfloat16": matmul},
+                    "bus_bytes_per_s": {"fast": dict.fromkeys(kinds, bus), "slow": {}},
+                },
+            }
+        )
+    )
     return path
 
 
@@ -76,7 +84,9 @@ def test_a_report_for_other_hardware_is_refused_in_one_line(
     assert len(err.splitlines()) == 1 and f"measured on '{device}'" in err and "v6e" in err
 
 
-@pytest.mark.parametrize("content", ["not json", json.dumps({"format": "other"}), json.dumps({"format": REPORT_FORMAT})])
+@pytest.mark.parametrize(
+    "content", ["not json", json.dumps({"format": "other"}), json.dumps({"format": REPORT_FORMAT})]
+)
 def test_an_unreadable_report_is_refused_in_one_line(content: str, tmp_path: Path) -> None:
     path = tmp_path / "r.json"
     path.write_text(content)

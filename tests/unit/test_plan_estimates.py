@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 
-from titan_tpu.models.flux.flops import flux_param_count
-from titan_tpu.models.llama3.flops import llama3_param_count
-from titan_tpu.models.qwen3.flops import qwen3_param_count
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.device.peak import table_peak_flops
 from titan_tpu.distributed.parallel_dims import ParallelDims
+from titan_tpu.models.flux.flops import flux_param_count
+from titan_tpu.models.llama3.flops import llama3_param_count
+from titan_tpu.models.qwen3.flops import qwen3_param_count
 from titan_tpu.plan.__main__ import main
 from titan_tpu.plan.census import ROOT, Census, ParamShare, census
 from titan_tpu.plan.chips import GIB, parse_chips
@@ -101,9 +101,22 @@ def test_roofline_on_a_hand_checked_case() -> None:
     params = (ParamShare("w", 10**9, 10**9 // 4, 10**9, ROOT, 4),)
     model = Census(args=None, params=params, n_blocks=1)
     shape = StepShape(
-        devices=4, dp_shard=4, dp_replicate=1, tp=1, ep=1, micro_batch=1, grad_accum=1, tokens_per_sample=1,
-        dim=1, vocab=0, loss_parallel=False, moe_top_k=0, n_blocks=1, recomputed_blocks=0, reshard="default",
-    )  # fmt: skip
+        devices=4,
+        dp_shard=4,
+        dp_replicate=1,
+        tp=1,
+        ep=1,
+        micro_batch=1,
+        grad_accum=1,
+        tokens_per_sample=1,
+        dim=1,
+        vocab=0,
+        loss_parallel=False,
+        moe_top_k=0,
+        n_blocks=1,
+        recomputed_blocks=0,
+        reshard="default",
+    )
     precision = Precision(compute_bytes=2, reduce_bytes=4)
     bandwidth = 800e9 / 2 * 0.5 * COLLECTIVE_EFFICIENCY
     assert fsdp_seconds(model, shape, precision, cluster) == pytest.approx(4.5e9 / bandwidth)
@@ -119,14 +132,18 @@ def test_roofline_on_a_hand_checked_case() -> None:
 
 
 def test_the_command_prints_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--config", "llama3_70b", "--chips", "v6e-256", "--parallelism.dp_shard=32", "--parallelism.tp=8"]) == 0
+    assert (
+        main(["--config", "llama3_70b", "--chips", "v6e-256", "--parallelism.dp_shard=32", "--parallelism.tp=8"]) == 0
+    )
     out = capsys.readouterr().out
     assert "dp_replicate 1 x dp_shard 32 x tp 8" in out and "fits:" in out and "MFU" in out
     assert main(["--config", "llama3_70b", "--chips", "v6e-256", "--parallelism.dp_shard=3", "--parallelism.tp=8"]) == 2
     assert "dp_shard 3 x tp 8 = 24, but 256 processes" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("mode", "option", "wrapped"), [("full", "2", 8), ("selective", "2", 4), ("selective", "op", 8)])
+@pytest.mark.parametrize(
+    ("mode", "option", "wrapped"), [("full", "2", 8), ("selective", "2", 4), ("selective", "op", 8)]
+)
 def test_activation_offload_leaves_one_checkpointed_input_on_the_device(mode: str, option: str, wrapped: int) -> None:
     """With offload, every checkpointed block's kept input moves to host memory but the one in flight:
     what is kept into backward falls by (checkpointed blocks - 1) inputs, and the peak by at most
@@ -134,8 +151,8 @@ def test_activation_offload_leaves_one_checkpointed_input_on_the_device(mode: st
     flight). Catches inputs of unwrapped blocks counted as moved, none moved, and the one in flight
     left out. (Not measured: on a CPU host the host memory is the device's.)"""
     from titan_tpu.config.sections import ActivationCheckpointConfig
-    from titan_tpu.protocols.planning import BlockActivations
     from titan_tpu.plan.activations import Geometry, estimate_activations
+    from titan_tpu.protocols.planning import BlockActivations
 
     block = BlockActivations(full=100.0, selective_op=40.0, checkpointed=10.0, backward=30.0)
     geometry = Geometry(micro_batch=2, tokens_per_sample=1000, act_bytes=2)

@@ -23,20 +23,19 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from titan_tpu.config import catalogue
-from titan_tpu.models.registry import register_model
+from titan_tpu.config import catalogue, load_config
+from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.models.common.decoder import DecoderLM, decoder_block
 from titan_tpu.models.common.decoder_activations import FeedForwardActivations, decoder_block_activations
 from titan_tpu.models.common.decoder_args import DecoderArgs
 from titan_tpu.models.common.flops import decoder_flops_per_token
 from titan_tpu.models.common.parallelize import DecoderTPPlan, attention_block_plan
 from titan_tpu.models.common.transformer import TransformerBlock
-from titan_tpu.protocols.planning import ActivationGeometry, BlockActivations
-from titan_tpu.protocols.model_spec import ModelSpec, PlannerHooks
-from titan_tpu.config import load_config
-from titan_tpu.distributed.parallel_dims import ParallelDims
+from titan_tpu.models.registry import register_model
 from titan_tpu.plan.census import census
 from titan_tpu.plan.planner import plan_memory
+from titan_tpu.protocols.model_spec import ModelSpec, PlannerHooks
+from titan_tpu.protocols.planning import ActivationGeometry, BlockActivations
 
 TP = 2
 

@@ -74,12 +74,20 @@ def test_rank_0_activations_are_its_chunks_in_flight() -> None:
     chunk = estimate_activations(dense_decoder_activations(args, g), 2, g, ActivationCheckpointConfig())
     assert memory.layout.micro_batch == 2 and memory.layout.grad_accum == 4
     assert memory.activations.peak == chunk.kept + chunk.peak
-    gpipe = plan_memory(load_config("llama3_debug", [*PP2, "--parallelism.pp_microbatches=4",
-                                                     "--parallelism.pp_schedule=GPipe"]), 2, pp_rank=0)  # fmt: skip
+    gpipe = plan_memory(
+        load_config("llama3_debug", [*PP2, "--parallelism.pp_microbatches=4", "--parallelism.pp_schedule=GPipe"]),
+        2,
+        pp_rank=0,
+    )
     assert gpipe.activations.peak == 3 * chunk.kept + chunk.peak
     last = plan_memory(config, 2, pp_rank=1)
-    with_head = estimate_activations(dense_decoder_activations(args, g), 2, g, ActivationCheckpointConfig(),
-                                     lm_head_bytes(args.vocab_size, args.dim, g))  # fmt: skip
+    with_head = estimate_activations(
+        dense_decoder_activations(args, g),
+        2,
+        g,
+        ActivationCheckpointConfig(),
+        lm_head_bytes(args.vocab_size, args.dim, g),
+    )
     assert last.activations.peak == with_head.peak
 
 
@@ -107,7 +115,9 @@ def test_fsdp_cpu_offload_moves_the_state_to_the_host_and_charges_the_link_and_t
     the host (exposed). Catches offloaded state still counted in HBM, and offload charged nothing."""
     cluster = parse_chips("v6e-4")
     base = make_plan(load_config("llama3_debug", ["--parallelism.dp_shard=4"]), cluster)
-    offloaded = make_plan(load_config("llama3_debug", ["--parallelism.dp_shard=4", "--parallelism.fsdp_cpu_offload=true"]), cluster)
+    offloaded = make_plan(
+        load_config("llama3_debug", ["--parallelism.dp_shard=4", "--parallelism.fsdp_cpu_offload=true"]), cluster
+    )
     memory, before = offloaded.detail.memory, base.detail.memory
     assert memory.parameters == memory.gradients == memory.optimizer == 0
     assert memory.host == before.state

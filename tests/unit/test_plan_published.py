@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from published_mfu import PUBLISHED, PublishedResult  # noqa: E402
-from titan_tpu.config.loader import CONFIG_DIR
+
+from titan_tpu.config.loader import CONFIG_DIR  # noqa: E402
 from titan_tpu.plan.chips import parse_chips  # noqa: E402
 
 CHIPS = re.compile(r"(v4|v5e|v5p|v6e|v7x)-([1-9][0-9]*)")

@@ -109,8 +109,14 @@ def test_items_seen_are_rate_times_time_times_steps(tmp_path: Path) -> None:
 def test_a_task_with_rates_of_its_own_counts_the_trainers_rate(tmp_path: Path) -> None:
     """GRPO's records carry train_ and rollout_tokens_per_sec after the trainer's tokens_per_sec; the
     chart once refused every GRPO run for having three rates."""
-    record = {"step": 1, "loss": 0.5, "tokens_per_sec": 1000.0, "step_time_s": 0.5,
-              "train_tokens_per_sec": 3000.0, "rollout_tokens_per_sec": 7.0}  # fmt: skip
+    record = {
+        "step": 1,
+        "loss": 0.5,
+        "tokens_per_sec": 1000.0,
+        "step_time_s": 0.5,
+        "train_tokens_per_sec": 3000.0,
+        "rollout_tokens_per_sec": 7.0,
+    }
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
     records = plot.read_metrics(tmp_path)
     assert plot.unit_of(records) == "tokens"
@@ -120,11 +126,28 @@ def test_a_task_with_rates_of_its_own_counts_the_trainers_rate(tmp_path: Path) -
 def grpo_record(step: int, loss: float) -> dict:
     """A record as a GRPO run writes it: the trainer's fields (tokens_per_sec first, mfu None where no
     peak is known), then the task's own rates, rewards by name and the rollout's TFLOP/s and MFU."""
-    return {"step": step, "loss": loss, "grad_norm": 0.4, "lr": 3e-5, "tokens_per_sec": 1000.0, "tflops": 0.02,
-            "mfu": None, "memory_gib": 0.5, "step_time_s": 0.5, "kl": 0.001, "clip_fraction": 0.0,
-            "train_tokens_per_sec": 3000.0, "reward_mean": 0.4, "reward_std": 0.2, "completion_length": 6.0,
-            "rollout_tokens_per_sec": 1500.0, "rollout_tflops": 0.04, "rollout_mfu": 50.0,
-            "reward/exact": 0.35, "reward/format": 0.5}  # fmt: skip
+    return {
+        "step": step,
+        "loss": loss,
+        "grad_norm": 0.4,
+        "lr": 3e-5,
+        "tokens_per_sec": 1000.0,
+        "tflops": 0.02,
+        "mfu": None,
+        "memory_gib": 0.5,
+        "step_time_s": 0.5,
+        "kl": 0.001,
+        "clip_fraction": 0.0,
+        "train_tokens_per_sec": 3000.0,
+        "reward_mean": 0.4,
+        "reward_std": 0.2,
+        "completion_length": 6.0,
+        "rollout_tokens_per_sec": 1500.0,
+        "rollout_tflops": 0.04,
+        "rollout_mfu": 50.0,
+        "reward/exact": 0.35,
+        "reward/format": 0.5,
+    }
 
 
 def test_a_grpo_runs_records_draw_its_loss_chart(tmp_path: Path) -> None:
@@ -146,11 +169,21 @@ def test_a_grpo_runs_records_draw_its_loss_chart(tmp_path: Path) -> None:
 def test_a_grpo_run_draws_its_loss_chart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The chart at the end of a real (tiny) GRPO run: catches records the trainer writes for GRPO that
     the chart reader refuses, which the run only logs as a warning."""
-    config = load_config("grpo_qwen3_debug", [
-        f"--job.dump_folder={tmp_path}", "--model.overrides={ n_layers = 1 }", "--training.steps=2",
-        "--rl.prompts_per_step=2", "--rl.group_size=4", "--training.global_batch_size=8", "--rl.max_new_tokens=4",
-        "--metrics.log_freq=1", "--metrics.eval_freq=0", "--training.dtype=float32",
-    ])  # fmt: skip
+    config = load_config(
+        "grpo_qwen3_debug",
+        [
+            f"--job.dump_folder={tmp_path}",
+            "--model.overrides={ n_layers = 1 }",
+            "--training.steps=2",
+            "--rl.prompts_per_step=2",
+            "--rl.group_size=4",
+            "--training.global_batch_size=8",
+            "--rl.max_new_tokens=4",
+            "--metrics.log_freq=1",
+            "--metrics.eval_freq=0",
+            "--training.dtype=float32",
+        ],
+    )
     trainer = Trainer(config)
     with caplog.at_level(logging.WARNING, logger="titan_tpu"):
         trainer.train()
@@ -172,10 +205,14 @@ def test_a_resumed_run_that_repeats_steps_keeps_the_later_records(tmp_path: Path
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        ('{"step": 1, "loss": 2.0, "tokens_per_sec": 1.0, "step_time_s": 1.0}\n{"step": 2, "loss"\n',
-         "line 2: not a JSON record"),
-        ('{"step": 1, "loss": 2.0, "tokens_per_sec": 1.0, "step_time_s": 1.0}\n[1, 2]\n',
-         "line 2: not a JSON record (a list)"),
+        (
+            '{"step": 1, "loss": 2.0, "tokens_per_sec": 1.0, "step_time_s": 1.0}\n{"step": 2, "loss"\n',
+            "line 2: not a JSON record",
+        ),
+        (
+            '{"step": 1, "loss": 2.0, "tokens_per_sec": 1.0, "step_time_s": 1.0}\n[1, 2]\n',
+            "line 2: not a JSON record (a list)",
+        ),
         ('\n{"step": 1, "grad_norm": 2.0}\n', "line 2: not a step record"),
     ],
 )
@@ -213,8 +250,12 @@ def test_bench_chart_draws_measured_cases(tmp_path: Path) -> None:
 
 
 # One narrow layer: building and initialising the debug model's four layers is most of a run's time.
-TINY_MODEL = ["--model.overrides.n_layers=1", "--model.overrides.dim=64", "--model.overrides.n_heads=2",
-              "--model.overrides.n_kv_heads=2"]
+TINY_MODEL = [
+    "--model.overrides.n_layers=1",
+    "--model.overrides.dim=64",
+    "--model.overrides.n_heads=2",
+    "--model.overrides.n_kv_heads=2",
+]
 
 
 def tiny_run(tmp_path: Path, *overrides: str) -> Trainer:

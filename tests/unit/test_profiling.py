@@ -49,9 +49,13 @@ def test_steps_3_and_4_of_llama3_debug_are_traced_with_their_ops(tmp_path: Path)
 
 def test_a_run_ending_inside_the_window_keeps_its_trace_and_memory_adds_allocations(tmp_path: Path) -> None:
     folder = _train(
-        tmp_path, "--training.steps=2", "--profiling.enable=true", "--profiling.start_step=2",
-        "--profiling.active_steps=5", "--profiling.memory=true",
-    )  # fmt: skip
+        tmp_path,
+        "--training.steps=2",
+        "--profiling.enable=true",
+        "--profiling.start_step=2",
+        "--profiling.active_steps=5",
+        "--profiling.memory=true",
+    )
     names = _event_names(folder / "rank0_steps2-2.json")
     assert {name for name in names if name.startswith("train_step ")} == {"train_step 2"}
     assert "[memory]" in names
@@ -62,7 +66,9 @@ def test_profiling_off_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_a_start_step_after_the_last_step_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"profiling.start_step: 7 is after the run's last step \(training.steps = 5\)"):
+    with pytest.raises(
+        ConfigError, match=r"profiling.start_step: 7 is after the run's last step \(training.steps = 5\)"
+    ):
         load_config("llama3_debug", ["--training.steps=5", "--profiling.enable=true", "--profiling.start_step=7"])
 
 

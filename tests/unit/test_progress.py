@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from titan_tpu.checkpoint.hf_export import export_model_to_hf
+from titan_tpu.checkpoint.hf_import import load_hf_weights
+from titan_tpu.metrics.progress import Progress
 from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
 from titan_tpu.models.llama3.model import Llama3Model
 from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER as ADAPTER
-from titan_tpu.checkpoint.hf_import import load_hf_weights
-from titan_tpu.checkpoint.hf_export import export_model_to_hf
-from titan_tpu.metrics.progress import Progress
 
 
 class FakeClock:
@@ -28,8 +28,9 @@ def test_lines_are_throttled_and_the_last_always_comes() -> None:
     """Catches a reporter that logs every file (floods the log on a 1000-file folder), one that stays
     silent until the end, and one whose final line is lost to the throttle."""
     clock, lines = FakeClock(), []
-    progress = Progress("loading Hugging Face weights", 30, "files", total_bytes=140 * 10**9, every_s=5.0,
-                        clock=clock, log=lines.append)
+    progress = Progress(
+        "loading Hugging Face weights", 30, "files", total_bytes=140 * 10**9, every_s=5.0, clock=clock, log=lines.append
+    )
     assert lines == ["loading Hugging Face weights: 0/30 files, 0.0/140.0 GB, 0 s"]
     for _ in range(3):  # 3 files in 3 s: under the interval, nothing new
         clock.now += 1.0

@@ -13,10 +13,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
 from titan_tpu.models.qwen3.flops import qwen3_flops_per_token, qwen3_param_count
-
+from titan_tpu.models.registry import get_model_spec
 
 # As in test_flops.py: what the counter sees beyond our matmul count (norms, softmax, the router's
 # softmax and top-k) is a fraction of a percent; 1% still sees a missing term.
@@ -27,7 +26,7 @@ def spec_for(args: Qwen3Args):
     return get_model_spec("qwen3_moe" if isinstance(args, Qwen3MoeArgs) else "qwen3")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def counted_flops_per_token(args: Qwen3Args, batch: int, seq_len: int) -> float:
     """FLOPs per token FlopCounterMode sees on a forward + backward of the model the registry builds."""
     torch.manual_seed(0)

@@ -12,21 +12,27 @@ import pytest
 import torch
 
 from titan_tpu.config.loader import CONFIG_DIR
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
 from titan_tpu.models.qwen3.flops import qwen3_param_count
 from titan_tpu.models.qwen3.model import MoEOutput, Qwen3Model, Qwen3MoeModel, moe_loss
-from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
 from titan_tpu.models.qwen3.moe import GroupedExperts, MoEFeedForward, load_balancing_loss
+from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
+from titan_tpu.models.registry import get_model_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Published totals (Qwen model cards: 8.2B, 32.8B, 30.5B, 235B) and exact config-derived counts.
 PUBLISHED_TOTAL = {"8B": 8.19e9, "32B": 32.8e9, "30B-A3B": 30.5e9, "235B-A22B": 235e9}
 EXACT_TOTAL = {
-    "0.6B": 596_049_920, "1.7B": 1_720_574_976, "4B": 4_022_468_096, "8B": 8_190_735_360,
-    "14B": 14_768_307_200, "32B": 32_762_123_264, "30B-A3B": 30_532_122_624, "235B-A22B": 235_093_634_560,
+    "0.6B": 596_049_920,
+    "1.7B": 1_720_574_976,
+    "4B": 4_022_468_096,
+    "8B": 8_190_735_360,
+    "14B": 14_768_307_200,
+    "32B": 32_762_123_264,
+    "30B-A3B": 30_532_122_624,
+    "235B-A22B": 235_093_634_560,
 }
 # Activated parameters per token (router + top-k experts + attention + norms + embeddings + head).
 # The model cards round these to 3.3B and 22B; the exact counts are 1.6% and 0.9% above.
@@ -323,9 +329,7 @@ def test_args_are_validated() -> None:
         Qwen3MoeModel(QWEN3_FLAVORS["debug"])
 
 
-@pytest.mark.parametrize(
-    "path", sorted(CONFIG_DIR.glob("qwen3_*.toml")), ids=lambda p: p.stem
-)
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("qwen3_*.toml")), ids=lambda p: p.stem)
 def test_shipped_configs_name_a_flavor_and_a_valid_layout(path: Path) -> None:
     from titan_tpu.config import load_config
     from titan_tpu.distributed.expert_parallel import validate_expert_parallel

@@ -5,11 +5,10 @@ import dataclasses
 import pytest
 import torch
 
-from titan_tpu.models.registry import get_model_spec
+from titan_tpu.config import ConfigError
 from titan_tpu.models.llama3.model import Llama3Model
 from titan_tpu.models.registry import get_model_spec, model_names, register_model
 from titan_tpu.protocols.model_spec import ModelSpec
-from titan_tpu.config import ConfigError
 from titan_tpu.tasks.registry import task_names
 
 
@@ -48,9 +47,7 @@ def test_duplicate_registration_is_refused_unless_identical() -> None:
 
 
 def test_flavor_error_names_the_model() -> None:
-    spec = ModelSpec(
-        name="toy", model_cls=torch.nn.Linear, flavors={"a": 1, "b": 2}, flops_per_token=lambda a, s: 0.0
-    )
+    spec = ModelSpec(name="toy", model_cls=torch.nn.Linear, flavors={"a": 1, "b": 2}, flops_per_token=lambda a, s: 0.0)
     with pytest.raises(ConfigError, match=r"^unknown flavor 'c' for model 'toy'; valid: a, b$"):
         spec.flavor("c")
 
@@ -77,8 +74,10 @@ def test_build_args_applies_checked_overrides_and_builds_that_model() -> None:
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"n_layer": 2}, "model.overrides.n_layer is not a field of Llama3Args; did you mean 'n_layers'? "
-                         "valid fields: dim, "),
+        (
+            {"n_layer": 2},
+            "model.overrides.n_layer is not a field of Llama3Args; did you mean 'n_layers'? valid fields: dim, ",
+        ),
         ({"dim": 2.5}, "model.overrides.dim: got 2.5, expected an integer"),
         ({"tie_embeddings": 1}, "model.overrides.tie_embeddings: got 1, expected true or false"),
         ({"vocab_size": -1}, "model.overrides.vocab_size: must be >= 1, got -1"),

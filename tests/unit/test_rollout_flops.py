@@ -13,14 +13,14 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from titan_tpu.models.registry import get_model_spec
-from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
-from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args
 from titan_tpu.generation.logprobs import token_logps
-from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
 from titan_tpu.generation.sampler import generate
 from titan_tpu.models.common.decode_step import DECODER_DECODING
+from titan_tpu.models.llama3.args import LLAMA3_FLAVORS
+from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.protocols.rollout import SamplingParams
+from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
 
 # The convention's N includes the RMSNorm weights, which are elementwise, not matmuls, so the counter
 # never sees them: 0.07-0.1% of these debug models' totals. 0.2% still sees every wrong count below
@@ -62,7 +62,7 @@ FAMILIES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def counted(family: str) -> tuple[float, float]:
     """(FLOPs the counter sees sampling COMPLETION tokens after a PROMPT-token prompt with the KV
     cache, FLOPs of one log-prob pass over prompt + completion), one row so nothing is padding."""
@@ -76,7 +76,9 @@ def counted(family: str) -> tuple[float, float]:
     # The CPU flash kernel has no FLOP formula; the math backend runs attention as matmuls the counter sees.
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         with sampling:
-            completion = generate(model, DECODER_DECODING, [prompt], greedy_without_stop, 0, torch.device("cpu")).lists()[0]
+            completion = generate(
+                model, DECODER_DECODING, [prompt], greedy_without_stop, 0, torch.device("cpu")
+            ).lists()[0]
         assert len(completion) == COMPLETION
         with scoring:
             token_logps(model, torch.tensor([prompt + completion]))
@@ -94,8 +96,10 @@ def test_each_family_matches_the_counter(family: str) -> None:
     decode step attends to more (or fewer) keys than the count charges."""
     cost = family_cost(family)
     sampling, scoring = counted(family)
-    print(f"{family}: sampling ours/counted {cost.sampling(PROMPT, COMPLETION) / sampling:.5f}, "
-          f"scoring {cost.scoring(PROMPT + COMPLETION) / scoring:.5f}")  # fmt: skip
+    print(
+        f"{family}: sampling ours/counted {cost.sampling(PROMPT, COMPLETION) / sampling:.5f}, "
+        f"scoring {cost.scoring(PROMPT + COMPLETION) / scoring:.5f}"
+    )
     assert cost.sampling(PROMPT, COMPLETION) == pytest.approx(sampling, rel=TOLERANCE)
     assert cost.scoring(PROMPT + COMPLETION) == pytest.approx(scoring, rel=TOLERANCE)
 
@@ -110,7 +114,11 @@ def test_wrong_counts_miss_the_counter(family: str) -> None:
     no_cache = PROMPT * cost.token(PROMPT) + sum((PROMPT + j) * cost.token(PROMPT + j) for j in range(1, COMPLETION))
     no_attention = ForwardCost(cost.per_token, per_key=0.0)
     training = ForwardCost(3 * cost.per_token, 3 * cost.per_key)
-    for wrong in (no_cache, no_attention.sampling(PROMPT, COMPLETION), cost.sampling(PROMPT, COMPLETION + 1),
-                  training.sampling(PROMPT, COMPLETION)):  # fmt: skip
+    for wrong in (
+        no_cache,
+        no_attention.sampling(PROMPT, COMPLETION),
+        cost.sampling(PROMPT, COMPLETION + 1),
+        training.sampling(PROMPT, COMPLETION),
+    ):
         assert wrong != pytest.approx(sampling, rel=TOLERANCE)
     assert no_attention.scoring(PROMPT + COMPLETION) != pytest.approx(scoring, rel=TOLERANCE)

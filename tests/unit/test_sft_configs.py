@@ -13,18 +13,27 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from chat_fixtures import CONVERSATION, checkpoint_folder
+
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.config import load_config
 from titan_tpu.data.chat_tokenizer import tokenizer_export_files
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.training.trainer import Trainer
 
-SMALL = ["--model.flavor=debug", "--model.overrides.vocab_size=640", "--training.seq_len=128",
-         "--training.global_batch_size=2", "--training.local_batch_size=1", "--training.steps=2",
-         "--training.dtype=float32", "--checkpoint.enable=false", "--validation.batches=1",
-         "--metrics.log_freq=1", "--metrics.eval_freq=2"]  # fmt: skip
+SMALL = [
+    "--model.flavor=debug",
+    "--model.overrides.vocab_size=640",
+    "--training.seq_len=128",
+    "--training.global_batch_size=2",
+    "--training.local_batch_size=1",
+    "--training.steps=2",
+    "--training.dtype=float32",
+    "--checkpoint.enable=false",
+    "--validation.batches=1",
+    "--metrics.log_freq=1",
+    "--metrics.eval_freq=2",
+]
 
 
 def _records(path: Path, count: int) -> Path:
@@ -35,9 +44,13 @@ def _records(path: Path, count: int) -> Path:
 def _first_loss(tmp_path: Path, name: str, family: str, initial_load: bool) -> float:
     tmp_path.mkdir()
     folder = tmp_path / "checkpoint"  # weights, tokenizer and template together, as published
-    overrides = [*SMALL, f"--job.dump_folder={tmp_path / 'run'}", f"--data.tokenizer={folder}",
-                 f"--data.path={_records(tmp_path / 'train.jsonl', 16)}",
-                 f"--validation.path={_records(tmp_path / 'held_out.jsonl', 4)}"]  # fmt: skip
+    overrides = [
+        *SMALL,
+        f"--job.dump_folder={tmp_path / 'run'}",
+        f"--data.tokenizer={folder}",
+        f"--data.path={_records(tmp_path / 'train.jsonl', 16)}",
+        f"--validation.path={_records(tmp_path / 'held_out.jsonl', 4)}",
+    ]
     config = load_config(name, overrides)
     spec = get_model_spec(config.model.name)
     args = spec.args_for(config)

@@ -67,7 +67,9 @@ def test_blocks_are_shuffled_by_seed_and_rebuilt_from_their_first_record() -> No
     assert 2 <= first_block < 12
     # The first block's rows, permuted: about shuffle_buffer rows' worth of records packed together.
     assert sorted(map(str, plain[:first_block])) == sorted(map(str, shuffled[:first_block]))
-    other_seed = load_config("sft_qwen3_debug", ["--training.seq_len=128", "--data.shuffle_buffer=4", "--training.seed=1"])
+    other_seed = load_config(
+        "sft_qwen3_debug", ["--training.seq_len=128", "--data.shuffle_buffer=4", "--training.seed=1"]
+    )
     assert not _same(_rows(_dataset(config=other_seed), 12), shuffled)
 
 

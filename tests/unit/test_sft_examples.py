@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from chat_fixtures import CONVERSATION, checkpoint_folder
+
 from titan_tpu.data.chat_masks import completion_tokens, conversation_tokens, conversational_completion_tokens
 from titan_tpu.data.chat_template import ChatTemplate, ChatTemplateError
 from titan_tpu.data.sft_examples import RecordFields, record_tokens
@@ -34,7 +34,9 @@ def test_each_shape_takes_its_own_masking(tmp_path: Path) -> None:
     assert tokens(turns, "completion") == conversational_completion_tokens(
         template, tokenizer, CONVERSATION[:2], CONVERSATION[2:3], "completion", "r:1"
     )
-    with pytest.raises(ChatTemplateError, match=r"^r:1: no 'chat' field and no 'q'/'a' pair \(the record has messages\)"):
+    with pytest.raises(
+        ChatTemplateError, match=r"^r:1: no 'chat' field and no 'q'/'a' pair \(the record has messages\)"
+    ):
         tokens({"messages": CONVERSATION})
     with pytest.raises(ChatTemplateError, match="must both be strings or both lists of turns, got str and list"):
         tokens({"q": "x", "a": []})

@@ -48,7 +48,12 @@ def test_best_fit_fills_rows_and_keeps_every_example_once() -> None:
     examples = [_example([100 * i + j for j in range(rng.randint(2, 40))], 1) for i in range(300)]
     rows, _ = _pack(examples, seq_len=64)
     # Each example's first input appears exactly once, where its document starts.
-    starts = sorted(r.input_ids[k] for r in rows for k in range(64) if r.labels[k] != X and (k == 0 or r.document_ids[k] != r.document_ids[k - 1]))
+    starts = sorted(
+        r.input_ids[k]
+        for r in rows
+        for k in range(64)
+        if r.labels[k] != X and (k == 0 or r.document_ids[k] != r.document_ids[k - 1])
+    )
     assert starts == sorted(100 * i for i in range(300))
     positions = sum(len(e.ids) - 1 for e in examples)
     # Never more than one row beyond the lower bound ceil(positions / 64) on these sizes.

@@ -21,7 +21,12 @@ def _write(tmp_path: Path) -> list[Path]:
     import pyarrow.parquet as pq
 
     jsonl = tmp_path / "a.jsonl"
-    jsonl.write_text(json.dumps({"prompt": "p0", "completion": "c0"}) + "\n\n" + json.dumps({"prompt": "p1", "completion": "c1"}) + "\n")
+    jsonl.write_text(
+        json.dumps({"prompt": "p0", "completion": "c0"})
+        + "\n\n"
+        + json.dumps({"prompt": "p1", "completion": "c1"})
+        + "\n"
+    )
     pq.write_table(pa.table({"prompt": ["p2", "p3"], "completion": ["c2", "c3"]}), tmp_path / "b.parquet")
     return record_files(str(tmp_path))
 
@@ -56,9 +61,14 @@ def test_an_offline_dataset_folder_gives_its_rows_in_order_and_resumes(tmp_path:
     """Both folders `save_to_disk` writes (one Dataset, a DatasetDict of splits) are read offline;
     catches a split ignored, rows out of order, a resume cursor that skips or repeats a row."""
     datasets = pytest.importorskip("datasets")
-    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]} for i in range(5)]
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        for i in range(5)
+    ]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "one"))
-    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:1])})
+    splits = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:1])}
+    )
     splits.save_to_disk(str(tmp_path / "dict"))
     one = HuggingFaceRecords(str(tmp_path / "one"), "train")
     assert [record for _, _, record in one.records()] == rows

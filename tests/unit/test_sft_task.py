@@ -33,10 +33,18 @@ def _records(tmp_path: Path, *records: object) -> Path:
 
 
 def _config(tmp_path: Path, *overrides: str):
-    return load_config("sft_qwen3_debug", [
-        f"--job.dump_folder={tmp_path / 'run'}", "--training.seq_len=64", "--training.global_batch_size=4",
-        "--training.dtype=float32", "--validation.enable=false", "--metrics.eval_freq=0", *overrides,
-    ])  # fmt: skip
+    return load_config(
+        "sft_qwen3_debug",
+        [
+            f"--job.dump_folder={tmp_path / 'run'}",
+            "--training.seq_len=64",
+            "--training.global_batch_size=4",
+            "--training.dtype=float32",
+            "--validation.enable=false",
+            "--metrics.eval_freq=0",
+            *overrides,
+        ],
+    )
 
 
 def _files(tmp_path: Path, *records: object) -> list[str]:
@@ -46,14 +54,29 @@ def _files(tmp_path: Path, *records: object) -> list[str]:
 @pytest.mark.parametrize(
     ("record", "extra", "message"),
     [
-        ({"text": "hello"}, [], r"train.jsonl:2: no 'messages' field and no 'prompt'/'completion' pair \(the record has text\)"),
-        ({"messages": [{"role": "robot", "content": "hi"}]}, [], r"train.jsonl:2: turn 0 has unknown role 'robot'; allowed: system, user, assistant, tool"),
+        (
+            {"text": "hello"},
+            [],
+            r"train.jsonl:2: no 'messages' field and no 'prompt'/'completion' pair \(the record has text\)",
+        ),
+        (
+            {"messages": [{"role": "robot", "content": "hi"}]},
+            [],
+            r"train.jsonl:2: turn 0 has unknown role 'robot'; allowed: system, user, assistant, tool",
+        ),
         ({"messages": []}, [], r"train.jsonl:2: an empty conversation"),
-        ({"prompt": "2+2=", "completion": "4"}, [], r"train.jsonl:2: sft.train_on = 'assistant' needs messages records"),
-        ({"messages": [{"role": "user", "content": "boom"}, {"role": "assistant", "content": "x"}]}, ["bad_template"],
-         r"train.jsonl:2: chat template .*bad.jinja: cannot render boom"),
+        (
+            {"prompt": "2+2=", "completion": "4"},
+            [],
+            r"train.jsonl:2: sft.train_on = 'assistant' needs messages records",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "boom"}, {"role": "assistant", "content": "x"}]},
+            ["bad_template"],
+            r"train.jsonl:2: chat template .*bad.jinja: cannot render boom",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_record_is_one_line_with_its_place_before_the_model_is_built(
     tmp_path: Path, record: dict, extra: list[str], message: str
 ) -> None:
@@ -75,10 +98,21 @@ def test_a_bad_record_is_one_line_with_its_place_before_the_model_is_built(
 def test_train_py_exits_2_with_the_line(tmp_path: Path) -> None:
     path = _records(tmp_path, GOOD, {"messages": []})
     done = subprocess.run(
-        [sys.executable, "train.py", "--config", "sft_qwen3_debug", f"--job.dump_folder={tmp_path / 'run'}",
-         "--sft.dataset=data", "--data.source=files", f"--data.path={path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "sft_qwen3_debug",
+            f"--job.dump_folder={tmp_path / 'run'}",
+            "--sft.dataset=data",
+            "--data.source=files",
+            f"--data.path={path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [f"error: {path}:2: an empty conversation"], done.stderr[-2000:]
@@ -95,8 +129,12 @@ def _step_gradients(tmp_path: Path, local_batch: int, per_micro_batch_mean: bool
     batches: list[dict] = []
     if per_micro_batch_mean:
         # The bug the normalisation prevents: each micro-batch's own mean, averaged.
-        task.loss = lambda model, batch: TaskLoss(task.loss_fn(model(batch["input_ids"], document_ids=batch["document_ids"]),
-                                                               batch["labels"], task.loss_chunk_elements), 1)  # fmt: skip
+        task.loss = lambda model, batch: TaskLoss(
+            task.loss_fn(
+                model(batch["input_ids"], document_ids=batch["document_ids"]), batch["labels"], task.loss_chunk_elements
+            ),
+            1,
+        )
     next_batch = task.next_batch
     task.next_batch = lambda model: batches.append(next_batch(model)) or batches[-1]
     loss, _ = trainer.forward_backward()
@@ -123,5 +161,7 @@ def test_loss_is_per_trained_token_of_the_global_batch_whatever_the_micro_batche
 
 def test_a_held_out_set_smaller_than_one_evaluation_is_refused(tmp_path: Path) -> None:
     """4 batches of 4 rows are wanted; 3 short conversations pack into one row."""
-    with pytest.raises(ConfigError, match=r"^validation.batches: generated chat \(held_out, 3 conversations\) holds 1 rows"):
+    with pytest.raises(
+        ConfigError, match=r"^validation.batches: generated chat \(held_out, 3 conversations\) holds 1 rows"
+    ):
         Trainer(_config(tmp_path, "--validation.enable=true", "--sft.generated_held_out=3"))

@@ -35,8 +35,10 @@ def _held_out_prompts(run: Path) -> tuple[list[list[int]], list[int], int]:
     tokenizer = build_tokenizer(str(folder))
     template = ChatTemplate.from_folder(folder)
     records = [json.loads(line) for line in (run / "data" / "held_out.jsonl").read_text().splitlines()]
-    prompts = [tokenizer.encode(template.render([{"role": "user", "content": r["question"]}], add_generation_prompt=True))
-               for r in records[:16]]  # fmt: skip
+    prompts = [
+        tokenizer.encode(template.render([{"role": "user", "content": r["question"]}], add_generation_prompt=True))
+        for r in records[:16]
+    ]
     stops = [tokenizer.token_to_id("<|im_end|>"), tokenizer.eos_id]
     return prompts, stops, tokenizer.eos_id
 
@@ -54,8 +56,9 @@ def test_result_json_has_each_phase_and_every_export_loads_in_transformers(run: 
     for phase in PHASES:
         folder = run / f"{phase}_hf"
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)  # fmt: skip
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         assert list(ids) == prompts[0], phase
         assert tokenizer.decode(ids).startswith("<|im_start|>user\n")
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -73,5 +76,7 @@ def test_greedy_tokens_agree_with_transformers_and_a_perturbed_weight_breaks_the
     ours, decoding = load_exported(folder, "qwen3", "debug")
     assert greedy_ours(ours, decoding, prompts, MAX_NEW_TOKENS, stops, pad) == theirs
     with torch.no_grad():
-        ours.tok_embeddings.weight.add_(torch.randn(ours.tok_embeddings.weight.shape, generator=torch.Generator().manual_seed(0)))
+        ours.tok_embeddings.weight.add_(
+            torch.randn(ours.tok_embeddings.weight.shape, generator=torch.Generator().manual_seed(0))
+        )
     assert greedy_ours(ours, decoding, prompts, MAX_NEW_TOKENS, stops, pad) != theirs

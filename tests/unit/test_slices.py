@@ -28,12 +28,17 @@ from titan_tpu.launch.slices import ACCELERATORS, multi_host_alternative, slice_
         ("tpu7x", "4x4x4", 64, 16, 4, "tpu7x-standard-4t"),
     ],
 )
-def test_slice_shapes(accelerator: str, topology: str, chips: int, hosts: int, chips_per_host: int, machine: str) -> None:
+def test_slice_shapes(
+    accelerator: str, topology: str, chips: int, hosts: int, chips_per_host: int, machine: str
+) -> None:
     """Catches a wrong chip product or chips-per-host: the JobSet would ask for pods that never
     schedule (too many chips per pod) or leave hosts of the slice unused."""
     shape = slice_shape(accelerator, topology)
     assert (shape.chips, shape.hosts, shape.chips_per_host, shape.machine_type) == (
-        chips, hosts, chips_per_host, machine,
+        chips,
+        hosts,
+        chips_per_host,
+        machine,
     )
     assert shape.multi_host == (hosts > 1)
 
@@ -59,14 +64,26 @@ def test_every_listed_topology_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("accelerator", "topology", "message"),
     [
-        ("tpu-v6e-slice", "2x2x2", r"topology '2x2x2' is not a 2D topology; valid 2D topologies for tpu-v6e-slice .*: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16$"),
-        ("tpu7x", "4x4", r"topology '4x4' is not a 3D topology; valid 3D topologies for tpu7x .*2x2x1, 2x2x2, 2x2x4, 2x4x4, AxBxC"),
+        (
+            "tpu-v6e-slice",
+            "2x2x2",
+            r"topology '2x2x2' is not a 2D topology; valid 2D topologies for tpu-v6e-slice .*: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16$",
+        ),
+        (
+            "tpu7x",
+            "4x4",
+            r"topology '4x4' is not a 3D topology; valid 3D topologies for tpu7x .*2x2x1, 2x2x2, 2x2x4, 2x4x4, AxBxC",
+        ),
         ("tpu-v6e-slice", "3x3", r"topology '3x3' is not offered for tpu-v6e-slice; valid 2D topologies"),
         ("tpu-v5p-slice", "4x4x6", r"topology '4x4x6' is not offered for tpu-v5p-slice"),  # 6: not a multiple of 4
         ("tpu-v5p-slice", "8x4x4", r"topology '8x4x4' is not offered"),  # sides must not decrease
         ("tpu-v5p-slice", "16x16x32", r"up to 6144 chips"),  # 8192 chips: larger than v5p's largest slice
         ("tpu-v6e-slice", "4 x 4", r"topology '4 x 4' is not a 2D topology"),
-        ("tpu-v6", "4x4", r"accelerator 'tpu-v6' is not a GKE TPU accelerator type; did you mean 'tpu-v6e-slice'\? valid: tpu-v4-podslice, tpu-v5-lite-podslice, tpu-v5p-slice, tpu-v6e-slice, tpu7x$"),
+        (
+            "tpu-v6",
+            "4x4",
+            r"accelerator 'tpu-v6' is not a GKE TPU accelerator type; did you mean 'tpu-v6e-slice'\? valid: tpu-v4-podslice, tpu-v5-lite-podslice, tpu-v5p-slice, tpu-v6e-slice, tpu7x$",
+        ),
         ("v6e", "4x4", r"accelerator 'v6e' is not a GKE TPU accelerator type; .*valid: tpu-v4-podslice"),
     ],
 )

@@ -200,9 +200,17 @@ def test_device_count_mismatch_names_the_mesh(replay) -> None:
 def test_two_cores_on_a_one_core_chip_kind_fails_with_the_mesh(replay) -> None:
     """A v6e shows one device per chip; a payload claiming two cores per chip cannot be placed."""
     devices = [
-        types.SimpleNamespace(rank=2 * chip + core, id=2 * chip + core, coords=(chip % 4, chip // 4, 0),
-                              core_on_chip=core, device_kind="TPU v6 lite", process_index=0, slice_index=None)
-        for chip in range(8) for core in range(2)
+        types.SimpleNamespace(
+            rank=2 * chip + core,
+            id=2 * chip + core,
+            coords=(chip % 4, chip // 4, 0),
+            core_on_chip=core,
+            device_kind="TPU v6 lite",
+            process_index=0,
+            slice_index=None,
+        )
+        for chip in range(8)
+        for core in range(2)
     ]
     replay(devices)
     expected = r"mesh \(dp_replicate 1 x dp_shard 4 x tp 4\) over 1 slice.*one device per chip"

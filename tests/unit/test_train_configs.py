@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.config.loader import CONFIG_DIR
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.training.registered_names import check_registered_names
 
 # Config file -> total parameters as published, written as published ("8.03B"): the check allows

@@ -7,15 +7,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, ResolvedConfig, TrainConfig, load_config, write_resolved_config
 from titan_tpu.config.batch import split_global_batch
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.training.trainer import Trainer, TrainingStopped
 
 RECORD_KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib", "step_time_s"}
@@ -60,8 +60,11 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
     losses = []
     for local in (4, 1):
         config = small_config(
-            tmp_path / str(local), "--training.steps=4", "--metrics.log_freq=1",
-            "--training.dtype=float32", f"--training.local_batch_size={local}",
+            tmp_path / str(local),
+            "--training.steps=4",
+            "--metrics.log_freq=1",
+            "--training.dtype=float32",
+            f"--training.local_batch_size={local}",
         )
         trainer = Trainer(config)
         assert trainer.grad_accum_steps == 4 // local
@@ -102,8 +105,11 @@ def test_non_finite_loss_between_logs_is_caught_before_the_next_checkpoint(tmp_p
     must stop there, naming step 3, and write no checkpoint of the poisoned weights."""
     trainer = Trainer(
         small_config(
-            tmp_path, "--training.steps=10", "--metrics.log_freq=10",
-            "--checkpoint.enable=true", "--checkpoint.interval=2",
+            tmp_path,
+            "--training.steps=10",
+            "--metrics.log_freq=10",
+            "--checkpoint.enable=true",
+            "--checkpoint.interval=2",
         )
     )
     poison_loss(trainer, at_call=3)
@@ -121,8 +127,11 @@ def test_device_values_are_read_only_on_logging_and_checkpoint_steps(
     (checkpoint), 8 (log) and 9 (last), not on every step."""
     trainer = Trainer(
         small_config(
-            tmp_path, "--training.steps=9", "--metrics.log_freq=4",
-            "--checkpoint.enable=true", "--checkpoint.interval=6",
+            tmp_path,
+            "--training.steps=9",
+            "--metrics.log_freq=4",
+            "--checkpoint.enable=true",
+            "--checkpoint.interval=6",
         )
     )
     checked: list[int] = []
@@ -139,9 +148,7 @@ def test_device_values_are_read_only_on_logging_and_checkpoint_steps(
     assert [r.step for r in records] == [1, 4, 8, 9]
 
 
-def test_tokenizer_larger_than_vocab_is_a_config_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_tokenizer_larger_than_vocab_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = get_model_spec("llama3")
     monkeypatch.setitem(spec.flavors, "debug", dataclasses.replace(spec.flavor("debug"), vocab_size=100))
     with pytest.raises(ConfigError, match=r"data.tokenizer has \d+ tokens but model llama3 debug"):

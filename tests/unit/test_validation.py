@@ -19,11 +19,11 @@ import pytest
 import torch
 from torch import nn
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.data.loader import PackedDataset
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.models.common.loss import IGNORE_INDEX
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.tasks.base import TaskContext
 from titan_tpu.tasks.validation import held_out_loss
 from titan_tpu.training.trainer import Trainer
@@ -35,8 +35,9 @@ WORDS = "the model reads held out text and counts every token it predicts for th
 def write_held_out(path: Path, records: int = 40) -> Path:
     """A few KB of JSON-lines text, one document per record."""
     rng = random.Random(0)
-    lines = [json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 20)))})
-             for _ in range(records)]  # fmt: skip
+    lines = [
+        json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 20)))}) for _ in range(records)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -44,10 +45,18 @@ def write_held_out(path: Path, records: int = 40) -> Path:
 def context(config_name: str = "llama3_debug") -> TaskContext:
     config = load_config(config_name, [])
     return TaskContext(
-        config=config, spec=get_model_spec(config.model.name), device=torch.device("cpu"),
-        compute_dtype=torch.float32, parallel=ParallelContext(ParallelDims(1, 1, 1, 1, 1)), dp_rank=0,
-        dp_world=1, local_batch_size=2, grad_accum_steps=1, dump_folder=Path("."), is_writer=True,
-    )  # fmt: skip
+        config=config,
+        spec=get_model_spec(config.model.name),
+        device=torch.device("cpu"),
+        compute_dtype=torch.float32,
+        parallel=ParallelContext(ParallelDims(1, 1, 1, 1, 1)),
+        dp_rank=0,
+        dp_world=1,
+        local_batch_size=2,
+        grad_accum_steps=1,
+        dump_folder=Path("."),
+        is_writer=True,
+    )
 
 
 def tiny_model(name: str, flavor: str, **changes: object) -> nn.Module:
@@ -148,18 +157,31 @@ def test_the_model_is_given_back_in_training_mode() -> None:
 
 
 # One narrow layer: building and initialising the debug model's four layers is most of a run's time.
-TINY_RUN = ["--model.overrides.n_layers=1", "--model.overrides.dim=64", "--model.overrides.n_heads=2",
-            "--model.overrides.n_kv_heads=2", "--training.seq_len=32", "--training.global_batch_size=2",
-            "--training.local_batch_size=1", "--metrics.log_freq=1"]  # fmt: skip
+TINY_RUN = [
+    "--model.overrides.n_layers=1",
+    "--model.overrides.dim=64",
+    "--model.overrides.n_heads=2",
+    "--model.overrides.n_kv_heads=2",
+    "--training.seq_len=32",
+    "--training.global_batch_size=2",
+    "--training.local_batch_size=1",
+    "--metrics.log_freq=1",
+]
 
 
 def trainer_with_validation(tmp_path: Path, *overrides: str) -> Trainer:
     held_out = write_held_out(tmp_path / "held_out.jsonl")
     config = load_config(
         "llama3_debug",
-        [f"--job.dump_folder={tmp_path / 'run'}", *TINY_RUN, "--validation.enable=true",
-         f"--validation.path={held_out}", "--validation.batches=2", *overrides],
-    )  # fmt: skip
+        [
+            f"--job.dump_folder={tmp_path / 'run'}",
+            *TINY_RUN,
+            "--validation.enable=true",
+            f"--validation.path={held_out}",
+            "--validation.batches=2",
+            *overrides,
+        ],
+    )
     return Trainer(config)
 
 
@@ -177,8 +199,13 @@ def test_every_evaluation_reads_the_same_rows(tmp_path: Path) -> None:
     task = trainer.task
     stream = PackedDataset(task.validation_source, task.tokenizer, 32, 0, 1, seed=0, shuffle=False)
     rows = list(islice(stream, 8))
-    later = [{"input_ids": torch.stack([r["input_ids"] for r in rows[i : i + 2]]),
-              "labels": torch.stack([r["labels"] for r in rows[i : i + 2]])} for i in (4, 6)]  # fmt: skip
+    later = [
+        {
+            "input_ids": torch.stack([r["input_ids"] for r in rows[i : i + 2]]),
+            "labels": torch.stack([r["labels"] for r in rows[i : i + 2]]),
+        }
+        for i in (4, 6)
+    ]
     next_rows = held_out_loss(trainer.model, later, task.ctx)
     assert abs(next_rows["validation/loss"] - first["validation/loss"]) > 1e-3
     trainer.close()
@@ -235,9 +262,14 @@ def test_bad_held_out_data_is_one_line_naming_the_validation_key(
     (tmp_path / "held_out.txt").write_text("hi")
     config = load_config(
         "llama3_debug",
-        [f"--job.dump_folder={tmp_path / 'run'}", *TINY_RUN, "--validation.enable=true",
-         f"--validation.path={tmp_path / path}", "--validation.batches=100"],
-    )  # fmt: skip
+        [
+            f"--job.dump_folder={tmp_path / 'run'}",
+            *TINY_RUN,
+            "--validation.enable=true",
+            f"--validation.path={tmp_path / path}",
+            "--validation.batches=100",
+        ],
+    )
     with pytest.raises(ConfigError) as error:
         Trainer(config)
     message = str(error.value)

@@ -68,9 +68,7 @@ def test_torch_build_is_the_users_choice(checkout: Path) -> None:
         TITAN_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu --no-cache-dir",
     )
     # Each extra argument reaches pip as its own word, on the torch install only.
-    assert calls[1] == (
-        "install --quiet --index-url https://download.pytorch.org/whl/cpu --no-cache-dir torch==2.12.1"
-    )
+    assert calls[1] == ("install --quiet --index-url https://download.pytorch.org/whl/cpu --no-cache-dir torch==2.12.1")
     assert calls[2] == f"install --quiet -e {checkout}[test,tpu]"
 
 

@@ -33,8 +33,9 @@ def test_solutions_are_right_and_the_noisy_one_stops_one_step_early() -> None:
 def test_the_held_out_split_is_never_in_a_training_file(tmp_path: Path) -> None:
     """Catches held-out problems leaking into pretraining, SFT or GRPO prompts (the accuracy would
     measure memorisation), and duplicated held-out problems (fewer distinct problems than reported)."""
-    data = write_recipe_data(tmp_path, seed=3, error_rate=0.5, held_out=64,
-                             pretraining_docs=2000, sft_examples=500, grpo_prompts=300)  # fmt: skip
+    data = write_recipe_data(
+        tmp_path, seed=3, error_rate=0.5, held_out=64, pretraining_docs=2000, sft_examples=500, grpo_prompts=300
+    )
     held = [json.loads(line) for line in data.held_out.read_text().splitlines()]
     assert len({r["question"] for r in held}) == 64
     training_text = data.pretraining.read_text() + data.sft.read_text() + data.prompts.read_text()

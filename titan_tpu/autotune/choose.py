@@ -33,9 +33,7 @@ class KernelChoice:
     times_ms: dict[str, float | None]  # empty unless measured or cached
 
     def describe(self) -> str:
-        times = ", ".join(
-            f"{name} {'refused' if ms is None else f'{ms:.1f} ms'}" for name, ms in self.times_ms.items()
-        )
+        times = ", ".join(f"{name} {'refused' if ms is None else f'{ms:.1f} ms'}" for name, ms in self.times_ms.items())
         return f"kernels: {self.field} -> {self.pick} ({self.source}{': ' + times if times else ''})"
 
 
@@ -59,7 +57,10 @@ def _decide(
         return KernelChoice(tunable.field, next(iter(candidates)), "only candidate", {})
     key = json.dumps(
         {
-            **machine, "field": tunable.field, "dtype": str(shape.dtype), "autocast": shape.autocast,
+            **machine,
+            "field": tunable.field,
+            "dtype": str(shape.dtype),
+            "autocast": shape.autocast,
             "shape": tunable.key(args, shape),
         },
         sort_keys=True,

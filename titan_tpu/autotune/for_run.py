@@ -7,10 +7,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from titan_tpu.config import ConfigError, TrainConfig
-from titan_tpu.device import Device
 from titan_tpu.autotune.cache import KernelCache, cache_folder
 from titan_tpu.autotune.choose import KernelChoice, choose_kernels
+from titan_tpu.config import ConfigError, TrainConfig
+from titan_tpu.device import Device
 from titan_tpu.protocols.tunable import KernelShape, Tunable
 
 logger = logging.getLogger(__name__)
@@ -32,11 +32,14 @@ def choose_run_kernels(
     # once after, for the kernels measurement chose.
     args = _bind_device_ops(tunables, args, shape)
     args, choices = choose_kernels(
-        tunables, args, shape, device.name(),
+        tunables,
+        args,
+        shape,
+        device.name(),
         deterministic=config.training.deterministic,
         cache=KernelCache(cache_folder()),
         synchronize=device.synchronize,
-    )  # fmt: skip
+    )
     args = _bind_device_ops(tunables, args, shape)
     if log:
         for choice in choices:

@@ -154,7 +154,9 @@ def export_model_to_hf(
     writer = None
     if writes:
         config = adapter.to_hf_config(args)
-        writer = HFFolderWriter(out, plan, _export_dtype(dtype), config, max_shard_bytes, HFFiles.of(adapter), extra_files)
+        writer = HFFolderWriter(
+            out, plan, _export_dtype(dtype), config, max_shard_bytes, HFFiles.of(adapter), extra_files
+        )
     for name, value in state_dict.items():
         full = value.full_tensor() if isinstance(value, DTensor) else value
         if writer is not None:
@@ -187,10 +189,7 @@ def _read_in_groups(
     size = 0
 
     def flush() -> Iterator[tuple[str, torch.Tensor]]:
-        state = {
-            f"model.{n}": torch.empty(tuple(tensors[n].size), dtype=tensors[n].properties.dtype)
-            for n in group
-        }
+        state = {f"model.{n}": torch.empty(tuple(tensors[n].size), dtype=tensors[n].properties.dtype) for n in group}
         reader = SafeFileSystemReader(step_folder)
         with quiet_single_process():
             dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)

@@ -126,15 +126,11 @@ def check_hf_config(folder: Path, adapter: StateDictAdapter, args: Any, what: st
     config = read_hf_config(folder)
     problems = adapter.check_hf_config(config, args)
     if problems:
-        raise ConfigError(
-            f"Hugging Face folder {folder}: {CONFIG_FILE} does not match {what}: {'; '.join(problems)}"
-        )
+        raise ConfigError(f"Hugging Face folder {folder}: {CONFIG_FILE} does not match {what}: {'; '.join(problems)}")
     return config
 
 
-def hf_tensor_index(
-    folder: Path, files: HFFiles = TRANSFORMERS_FILES
-) -> dict[str, tuple[str, tuple[int, ...]]]:
+def hf_tensor_index(folder: Path, files: HFFiles = TRANSFORMERS_FILES) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (file, shape) from the safetensors headers (no tensor data is read)."""
     from safetensors import safe_open
 
@@ -172,9 +168,7 @@ def hf_tensor_index(
     if weight_map is not None:
         for key, name in weight_map.items():
             if found.get(key, (None,))[0] != name:
-                raise ConfigError(
-                    f"Hugging Face folder {folder}: {files.index} puts {key} in {name}, which lacks it"
-                )
+                raise ConfigError(f"Hugging Face folder {folder}: {files.index} puts {key} in {name}, which lacks it")
     return found
 
 

@@ -96,10 +96,7 @@ def choose_step(root: Path, wanted: int) -> tuple[int | None, str | None, list[i
         return wanted, None, [s for s in steps if s > wanted]
     listed = ", ".join(map(str, steps)) if steps else "none"
     why = "is incomplete" if step_dir(root, wanted).exists() else "does not exist"
-    error = (
-        f"checkpoint.load_step = {wanted}: {step_dir(root, wanted)} {why}; "
-        f"complete checkpoints in {root}: {listed}"
-    )
+    error = f"checkpoint.load_step = {wanted}: {step_dir(root, wanted)} {why}; complete checkpoints in {root}: {listed}"
     return None, error, []
 
 

@@ -292,7 +292,12 @@ class CheckpointManager:
         if step is None:
             if moved:
                 names = ", ".join(path.name for path in moved)
-                self._say(logging.WARNING, "checkpoint: no intact checkpoint left in %s (moved aside: %s); starting fresh", self.root, names)
+                self._say(
+                    logging.WARNING,
+                    "checkpoint: no intact checkpoint left in %s (moved aside: %s); starting fresh",
+                    self.root,
+                    names,
+                )
             else:
                 self._say(logging.INFO, "checkpoint: nothing to resume in %s; starting fresh", self.root)
             return None
@@ -341,7 +346,9 @@ class CheckpointManager:
             if self.cfg.load_step != -1 or self.cfg.on_damage == "stop":
                 others = ", ".join(str(s) for s in layout.complete_steps(self.root) if s != step) or "none"
                 fallback = ' or checkpoint.on_damage = "fallback"' if self.cfg.load_step == -1 else ""
-                raise ConfigError(f"{damage}; pick another with --checkpoint.load_step{fallback} (other complete: {others})")
+                raise ConfigError(
+                    f"{damage}; pick another with --checkpoint.load_step{fallback} (other complete: {others})"
+                )
             moved.append(self._move_aside(folder, damage))
             self._say(
                 logging.WARNING,
@@ -381,7 +388,9 @@ class CheckpointManager:
             aside = layout.damaged_dir(self.root, int(folder.name.removeprefix("step-")), damage.why)
             folder.rename(aside)
             fsync_dir(self.root)
-            (aside / layout.DAMAGE_NOTE).write_text(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {damage}\n", encoding="utf-8")
+            (aside / layout.DAMAGE_NOTE).write_text(
+                f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {damage}\n", encoding="utf-8"
+            )
         aside = self._broadcast(aside)
         self._barrier()
         return aside

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
-from torch.distributed.checkpoint._traverse import set_element
 from torch.futures import Future
 
 from titan_tpu.config.errors import ConfigError
@@ -203,7 +203,9 @@ def check_files(folder: Path, files: dict[str, dict[str, int]], names: list[str]
             sizes = f"{size} bytes, manifest says {expected['size']}"
             return Damage(why, f"checkpoint {folder}: file {name} is {kind} ({sizes})")
         if file_digest(path)["crc32"] != expected["crc32"]:
-            return Damage("corrupted", f"checkpoint {folder}: file {name} is corrupted (CRC-32 differs from the manifest)")
+            return Damage(
+                "corrupted", f"checkpoint {folder}: file {name} is corrupted (CRC-32 differs from the manifest)"
+            )
     return None
 
 

@@ -12,8 +12,7 @@ def split_global_batch(global_batch: int, local_batch: int, dp_degree: int) -> t
     if local_batch == -1:
         if global_batch % dp_degree != 0:
             raise ConfigError(
-                f"training.global_batch_size {global_batch} is not divisible by the data-parallel "
-                f"degree {dp_degree}"
+                f"training.global_batch_size {global_batch} is not divisible by the data-parallel degree {dp_degree}"
             )
         return global_batch // dp_degree, 1
     per_step = local_batch * dp_degree

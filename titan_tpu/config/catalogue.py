@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-
 @dataclass(frozen=True)
 class Entry:
     """A family (target: its ModelSpec) or a task (target: its TrainingTask class), and the sections
@@ -94,4 +93,3 @@ def owned_section_types() -> dict[str, type]:
         for entry in table.values()
         for section, cls in entry.sections.items()
     }
-

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 from titan_tpu.config import catalogue
 from titan_tpu.config.context_parallel import check_context_parallel
-from titan_tpu.config.pipeline_parallel import check_pipeline_parallel
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.config.pipeline_parallel import check_pipeline_parallel
 from titan_tpu.config.sections import (
     ActivationCheckpointConfig,
     CheckpointConfig,
@@ -85,9 +85,7 @@ class TrainConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     parallelism: ParallelismConfig = dataclasses.field(default_factory=ParallelismConfig)
     comm: CommConfig = dataclasses.field(default_factory=CommConfig)
-    activation_checkpoint: ActivationCheckpointConfig = dataclasses.field(
-        default_factory=ActivationCheckpointConfig
-    )
+    activation_checkpoint: ActivationCheckpointConfig = dataclasses.field(default_factory=ActivationCheckpointConfig)
     compile: CompileConfig = dataclasses.field(default_factory=CompileConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
@@ -157,8 +155,7 @@ def resolve_config_path(name: str) -> Path:
     available = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
     hint = did_you_mean(name, available)
     raise ConfigError(
-        f"--config {name}: no such file or config in {CONFIG_DIR}; {hint}"
-        f"available: {', '.join(available)}"
+        f"--config {name}: no such file or config in {CONFIG_DIR}; {hint}available: {', '.join(available)}"
     )
 
 
@@ -170,18 +167,14 @@ def _set_table_entry(section: Any, field: str, entry: str, value: Any, from_cli:
     setattr(section, field, table)
 
 
-def apply_section_values(
-    config: TrainConfig, values: dict[str, Any], source: str, from_cli: bool = False
-) -> None:
+def apply_section_values(config: TrainConfig, values: dict[str, Any], source: str, from_cli: bool = False) -> None:
     """Set `{section: {key: value}}` on the config, checking every name and type. Command-line
     values are text and are converted to the field's type; TOML values must already have it."""
     sections = section_types()
     for section_name, section_values in values.items():
         if section_name not in sections:
             hint = did_you_mean(section_name, list(sections))
-            raise ConfigError(
-                f"{source}: unknown section [{section_name}]; {hint}valid: {', '.join(sections)}"
-            )
+            raise ConfigError(f"{source}: unknown section [{section_name}]; {hint}valid: {', '.join(sections)}")
         if not isinstance(section_values, dict):
             raise ConfigError(f"{source}: [{section_name}] must be a table of keys")
         section = config.sections()[section_name]
@@ -194,10 +187,7 @@ def apply_section_values(
                 raise ConfigError(f"{where}: moved to {moved}; set that instead")
             if field not in types:
                 hint = did_you_mean(field, list(types))
-                raise ConfigError(
-                    f"{where}: unknown key in [{section_name}]; {hint}"
-                    f"valid keys: {', '.join(types)}"
-                )
+                raise ConfigError(f"{where}: unknown key in [{section_name}]; {hint}valid keys: {', '.join(types)}")
             if dot and not is_table(types[field]):
                 raise ConfigError(f"{where}: {section_name}.{field} is not a table")
             if dot:
@@ -217,9 +207,7 @@ def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
     while i < len(args):
         arg = args[i]
         if not arg.startswith("--") or "." not in arg:
-            raise ConfigError(
-                f"{arg}: unrecognised argument; expected --section.key=value (see --help)"
-            )
+            raise ConfigError(f"{arg}: unrecognised argument; expected --section.key=value (see --help)")
         name, has_value, value = arg[2:].partition("=")
         section_name, _, key = name.partition(".")
         section_cls = sections.get(section_name)

@@ -113,14 +113,11 @@ class TrainingConfig:
             f"must be >= 1, got {self.global_batch_size}",
         )
         local = self.local_batch_size
-        require(
-            local == -1 or local >= 1, "training.local_batch_size", f"must be -1 or >= 1, got {local}"
-        )
+        require(local == -1 or local >= 1, "training.local_batch_size", f"must be -1 or >= 1, got {local}")
         require(
             local == -1 or (self.global_batch_size >= local and self.global_batch_size % local == 0),
             "training.global_batch_size",
-            f"must be a multiple of training.local_batch_size ({local}), "
-            f"got {self.global_batch_size}",
+            f"must be a multiple of training.local_batch_size ({local}), got {self.global_batch_size}",
         )
         require(self.max_norm >= 0, "training.max_norm", f"must be >= 0, got {self.max_norm}")
 
@@ -149,9 +146,7 @@ class OptimizerConfig:
 @dataclass
 class LRSchedulerConfig:
     warmup_steps: int = opt(20, "Steps of linear warmup from near zero to optimizer.lr.")
-    decay_type: Literal["linear", "cosine", "constant"] = opt(
-        "cosine", "Shape of the decay after warmup."
-    )
+    decay_type: Literal["linear", "cosine", "constant"] = opt("cosine", "Shape of the decay after warmup.")
     min_lr_ratio: float = opt(0.1, "Learning rate at the last step, as a fraction of optimizer.lr.")
 
     def validate(self) -> None:
@@ -235,9 +230,7 @@ class ParallelismConfig:
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = opt(
         "default", "Free gathered parameters after forward: default = all blocks but the last."
     )
-    fsdp_reduce_dtype: Literal["float32", "bfloat16"] = opt(
-        "float32", "Dtype in which FSDP reduces gradients."
-    )
+    fsdp_reduce_dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype in which FSDP reduces gradients.")
     fsdp_cpu_offload: bool = opt(False, "Keep sharded parameters and optimizer state in host memory.")
 
     def validate(self) -> None:
@@ -348,9 +341,7 @@ class CheckpointConfig:
     initial_load_path: str = opt(
         "", "Hugging Face folder (config.json + safetensors) to take the initial weights from."
     )
-    export_dtype: Literal["float32", "bfloat16"] = opt(
-        "float32", "Dtype of weights exported to Hugging Face format."
-    )
+    export_dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype of weights exported to Hugging Face format.")
     create_seed_checkpoint: bool = opt(
         False, "Write step-0 initial weights and exit, so differently laid out runs start equal."
     )
@@ -358,9 +349,7 @@ class CheckpointConfig:
     def validate(self) -> None:
         require(self.interval >= 1, "checkpoint.interval", f"must be >= 1, got {self.interval}")
         require(self.keep_latest_k >= 0, "checkpoint.keep_latest_k", "must be >= 0")
-        require(
-            self.load_step >= -1, "checkpoint.load_step", f"must be -1 or a step, got {self.load_step}"
-        )
+        require(self.load_step >= -1, "checkpoint.load_step", f"must be -1 or a step, got {self.load_step}")
 
 
 @dataclass
@@ -387,9 +376,7 @@ class ProfilingConfig:
     start_step: int = opt(3, "First traced optimizer step (1-based; the first steps compile and warm up).")
     active_steps: int = opt(2, "Number of consecutive steps traced from start_step.")
     trace_folder: str = opt("profile_traces", "Folder for the traces, relative to job.dump_folder.")
-    memory: bool = opt(
-        False, "Also record allocations: in the trace, and on CUDA an allocator snapshot (memory viz)."
-    )
+    memory: bool = opt(False, "Also record allocations: in the trace, and on CUDA an allocator snapshot (memory viz).")
 
     def validate(self) -> None:
         require(self.start_step >= 1, "profiling.start_step", f"must be >= 1, got {self.start_step}")

@@ -30,7 +30,7 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def did_you_mean(name: str, options: list[str]) -> str:
-    """"did you mean 'x'? " for the closest option (one that differs only in case first), or "" when
+    """ "did you mean 'x'? " for the closest option (one that differs only in case first), or "" when
     none is close. Every bad-name message puts it before the list of valid names, which can be long."""
     by_case = [option for option in options if option.lower() == name.lower()]
     close = by_case or difflib.get_close_matches(name, options, n=1)

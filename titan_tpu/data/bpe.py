@@ -26,16 +26,20 @@ def train_bpe(texts: Iterable[str], folder: Path, vocab_size: int) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < SMALLEST_VOCAB:
-        raise ValueError(f"vocab_size must be at least {SMALLEST_VOCAB} (every byte, the special tokens, one merge), got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be at least {SMALLEST_VOCAB} (every byte, the special tokens, one merge), got {vocab_size}"
+        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     # The template's role names are learned as words too, so a rendered turn stays short.
     tokenizer.train_from_iterator(chain(texts, ROLES), trainer)
     return write_chat_folder(tokenizer, folder)

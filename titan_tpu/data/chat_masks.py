@@ -46,13 +46,18 @@ class MaskedTokens:
 def check_messages(messages: Any, where: str) -> list[Message]:
     """A conversation as records hold it: a non-empty list of {role, content} with known roles."""
     if not isinstance(messages, list) or not messages:
-        raise ChatTemplateError(f"{where}: an empty conversation" if messages == [] else
-                                f"{where}: messages must be a list of turns, got {type(messages).__name__}")  # fmt: skip
+        raise ChatTemplateError(
+            f"{where}: an empty conversation"
+            if messages == []
+            else f"{where}: messages must be a list of turns, got {type(messages).__name__}"
+        )
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or "role" not in message:
             raise ChatTemplateError(f"{where}: turn {i} is not an object with a 'role'")
         if message["role"] not in ROLES:
-            raise ChatTemplateError(f"{where}: turn {i} has unknown role {message['role']!r}; allowed: {', '.join(ROLES)}")
+            raise ChatTemplateError(
+                f"{where}: turn {i} has unknown role {message['role']!r}; allowed: {', '.join(ROLES)}"
+            )
     return messages
 
 
@@ -112,9 +117,13 @@ def _tokens_in_spans(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[i
 
 
 def conversation_tokens(
-    template: ChatTemplate, tokenizer: OffsetTokenizer, messages: Sequence[Message], train_on: TrainOn, where: str,
+    template: ChatTemplate,
+    tokenizer: OffsetTokenizer,
+    messages: Sequence[Message],
+    train_on: TrainOn,
+    where: str,
     **switches: Any,
-) -> MaskedTokens:  # fmt: skip
+) -> MaskedTokens:
     """A `messages` record as token ids with the mask `train_on` asks for: every assistant turn,
     the last one, or all tokens."""
     if train_on == "completion":
@@ -153,9 +162,14 @@ def completion_tokens(
 
 
 def conversational_completion_tokens(
-    template: ChatTemplate, tokenizer: OffsetTokenizer, prompt: Sequence[Message], completion: Sequence[Message],
-    train_on: TrainOn, where: str, **switches: Any,
-) -> MaskedTokens:  # fmt: skip
+    template: ChatTemplate,
+    tokenizer: OffsetTokenizer,
+    prompt: Sequence[Message],
+    completion: Sequence[Message],
+    train_on: TrainOn,
+    where: str,
+    **switches: Any,
+) -> MaskedTokens:
     """A prompt/completion record whose fields are lists of turns, as TRL's SFTTrainer makes it: the
     whole conversation rendered, and with `train_on = "completion"` the targets are the tokens after
     the common prefix with the prompt rendered alone with the generation prompt. "assistant" and

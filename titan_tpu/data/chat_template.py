@@ -43,8 +43,13 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson escapes <, > and & for HTML, which would change the text a tool schema renders.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -151,9 +156,12 @@ class ChatTemplate:
         plain = [_with_reasoning_aliases({k: v for k, v in dict(m).items() if v is not None}) for m in messages]
         try:
             return self._template.render(
-                messages=plain, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
+                messages=plain,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
                 **{**self.tokens, **switches},
-            )  # fmt: skip
+            )
         except jinja2.exceptions.TemplateError as err:
             raise ChatTemplateError(f"chat template {self.origin}: {err}") from None
         except (TypeError, AttributeError, KeyError, IndexError, ValueError) as err:

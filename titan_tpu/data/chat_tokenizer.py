@@ -71,8 +71,10 @@ def write_chat_folder(tokenizer: Any, folder: Path) -> Path:
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     # What ends generation in transformers: the end of a turn, and the end of text.
-    generation = {"eos_token_id": [tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")],
-                  "pad_token_id": tokenizer.token_to_id("<|endoftext|>")}  # fmt: skip
+    generation = {
+        "eos_token_id": [tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")],
+        "pad_token_id": tokenizer.token_to_id("<|endoftext|>"),
+    }
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
     return folder
 
@@ -94,9 +96,15 @@ def tokenizer_folder(spec: str) -> Path:
 # The files of a checkpoint's folder that make its tokenizer and chat template; an export copies
 # those present, so that the fine-tuned folder chats like the one it was fine-tuned from.
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-    "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
 
 
 def tokenizer_export_files(spec: str, chat_template: str = "") -> dict[str, Path]:

@@ -64,9 +64,7 @@ class Problems:
         """End of a pass: raise if nothing was usable, warn about skipped records. Returns warned."""
         if whole_pass and self.good == 0:
             detail = f" ({self.bad} malformed, first: {self.first})" if self.bad else ""
-            raise ConfigError(
-                f"data.path: {self.description} holds no usable document{detail}{self.hint}"
-            )
+            raise ConfigError(f"data.path: {self.description} holds no usable document{detail}{self.hint}")
         if self.bad and not already_warned:
             logger.warning(
                 "data: skipped %d malformed record(s) in %s; first: %s",

@@ -32,8 +32,7 @@ _PARQUET_BATCH_ROWS = 1024
 def _check_extension(path: Path, origin: str) -> None:
     if path.suffix.lower() not in EXTENSIONS:
         raise ConfigError(
-            f"data.path: {path}{origin} has unsupported extension '{path.suffix or '(none)'}'; "
-            f"{_ALLOWED}"
+            f"data.path: {path}{origin} has unsupported extension '{path.suffix or '(none)'}'; {_ALLOWED}"
         )
 
 
@@ -172,14 +171,12 @@ class FileSource:
         schema = parquet.schema_arrow
         if self.text_field not in schema.names:
             raise ConfigError(
-                f"data.text_field: column '{self.text_field}' not in {path}; "
-                f"its columns: {', '.join(schema.names)}"
+                f"data.text_field: column '{self.text_field}' not in {path}; its columns: {', '.join(schema.names)}"
             )
         kind = schema.field(self.text_field).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             raise ConfigError(
-                f"data.text_field: column '{self.text_field}' of {path} holds {kind}; "
-                "allowed: a string column"
+                f"data.text_field: column '{self.text_field}' of {path} holds {kind}; allowed: a string column"
             )
         return parquet
 
@@ -198,9 +195,7 @@ class FileSource:
         groups = list(range(first_group, parquet.num_row_groups))
         if not groups:
             return
-        batches = parquet.iter_batches(
-            batch_size=_PARQUET_BATCH_ROWS, row_groups=groups, columns=[self.text_field]
-        )
+        batches = parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=groups, columns=[self.text_field])
         for batch in batches:
             for text in batch.column(0).to_pylist():
                 here = row

@@ -82,9 +82,7 @@ def build_source(cfg: DataConfig) -> DocumentSource:
         return FileSource(cfg.path, cfg.text_field)
     if cfg.source == "huggingface":
         return HuggingFaceSource(cfg.path, cfg.hf_split, cfg.text_field)
-    raise ConfigError(
-        f"data.source: unknown source '{cfg.source}'; allowed: embedded, files, huggingface"
-    )
+    raise ConfigError(f"data.source: unknown source '{cfg.source}'; allowed: embedded, files, huggingface")
 
 
 def _source_fingerprint(cfg: DataConfig) -> dict[str, Any]:

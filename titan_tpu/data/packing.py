@@ -78,9 +78,7 @@ def _encode_many(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return [tokenizer.encode(text) for text in texts]
 
 
-def tokenized(
-    documents: Iterable[tuple[Cursor, str]], tokenizer: Tokenizer
-) -> Iterator[tuple[Cursor, torch.Tensor]]:
+def tokenized(documents: Iterable[tuple[Cursor, str]], tokenizer: Tokenizer) -> Iterator[tuple[Cursor, torch.Tensor]]:
     """Each document as an int32 tensor `[bos] + tokens + [eos]`, tokenized a few at a time."""
     head = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
     tail = [tokenizer.eos_id]

@@ -81,9 +81,13 @@ class Packing:
 
 
 def iterate_sft_blocks(
-    source: RecordSource, encode: Encode, packing: Packing, start: SftBlockStart, counts: PackingCounts,
+    source: RecordSource,
+    encode: Encode,
+    packing: Packing,
+    start: SftBlockStart,
+    counts: PackingCounts,
     forever: bool = True,
-) -> Iterator[SftBlock]:  # fmt: skip
+) -> Iterator[SftBlock]:
     """The global stream of blocks from `start` on: forever, one epoch after another, or to the end
     of `start`'s epoch."""
     epoch, block, first, cursor = start.epoch, start.block, start.first_sample, start.cursor
@@ -125,9 +129,14 @@ class SftDataset(ShardedBlocks):
     """Infinite stream of `{"input_ids", "labels", "document_ids"}` rows for one data-parallel rank."""
 
     def __init__(
-        self, source: RecordSource, encode: Encode, packing: Packing, dp_rank: int, dp_world_size: int,
+        self,
+        source: RecordSource,
+        encode: Encode,
+        packing: Packing,
+        dp_rank: int,
+        dp_world_size: int,
         fingerprint: dict[str, Any],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.source, self.encode, self.packing = source, encode, packing
         # The stream's problems are those `first_epoch_summary` reported when the run started.
         self.counts = PackingCounts(silent=True)

@@ -31,9 +31,14 @@ class RecordFields:
 
 
 def record_tokens(
-    record: Mapping[str, Any], where: str, fields: RecordFields, template: ChatTemplate, tokenizer: OffsetTokenizer,
-    train_on: TrainOn, switches: Mapping[str, Any],
-) -> MaskedTokens:  # fmt: skip
+    record: Mapping[str, Any],
+    where: str,
+    fields: RecordFields,
+    template: ChatTemplate,
+    tokenizer: OffsetTokenizer,
+    train_on: TrainOn,
+    switches: Mapping[str, Any],
+) -> MaskedTokens:
     """The record's ids and mask; a record in neither shape is one line naming the fields looked for."""
     if fields.messages in record:
         return conversation_tokens(template, tokenizer, record[fields.messages], train_on, where, **switches)
@@ -42,10 +47,16 @@ def record_tokens(
         if isinstance(prompt, str) and isinstance(completion, str):
             eos = template.tokens.get("eos_token")
             if eos is None:
-                raise ChatTemplateError(f"{where}: the checkpoint's tokenizer_config.json names no eos_token to end a completion")
-            return completion_tokens(tokenizer, prompt, completion, eos, template.tokens.get("bos_token"), train_on, where)
+                raise ChatTemplateError(
+                    f"{where}: the checkpoint's tokenizer_config.json names no eos_token to end a completion"
+                )
+            return completion_tokens(
+                tokenizer, prompt, completion, eos, template.tokens.get("bos_token"), train_on, where
+            )
         if isinstance(prompt, list) and isinstance(completion, list):
-            return conversational_completion_tokens(template, tokenizer, prompt, completion, train_on, where, **switches)
+            return conversational_completion_tokens(
+                template, tokenizer, prompt, completion, train_on, where, **switches
+            )
         raise ChatTemplateError(
             f"{where}: '{fields.prompt}' and '{fields.completion}' must both be strings or both lists of turns, "
             f"got {type(prompt).__name__} and {type(completion).__name__}"

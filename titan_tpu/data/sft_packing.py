@@ -19,8 +19,8 @@ way (it would add nothing but compute). Both are counted, and the first of each 
 
 from __future__ import annotations
 
-import logging
 import bisect
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -72,12 +72,18 @@ def _fit(
     if len(example.ids) - 1 > seq_len:
         if overflow == "drop":
             counts.dropped_too_long += 1
-            counts.report_once("dropped_too_long", f"{where}: {len(example.ids)} tokens, longer than a row "
-                               f"({seq_len} + 1); sft.overflow = 'drop' leaves such examples out")  # fmt: skip
+            counts.report_once(
+                "dropped_too_long",
+                f"{where}: {len(example.ids)} tokens, longer than a row "
+                f"({seq_len} + 1); sft.overflow = 'drop' leaves such examples out",
+            )
             return None
         counts.truncated += 1
-        counts.report_once("truncated", f"{where}: {len(example.ids)} tokens, longer than a row ({seq_len} + 1); "
-                           "sft.overflow = 'truncate' keeps the first ones")  # fmt: skip
+        counts.report_once(
+            "truncated",
+            f"{where}: {len(example.ids)} tokens, longer than a row ({seq_len} + 1); "
+            "sft.overflow = 'truncate' keeps the first ones",
+        )
         example = MaskedTokens(example.ids[: seq_len + 1], example.trained[: seq_len + 1])
     if len(example.ids) < 2 or not any(example.trained[1:]):
         counts.dropped_no_target += 1

@@ -111,7 +111,9 @@ class HuggingFaceRecords:
                     self._rows = datasets.load_dataset(path, split=split)
             except Exception as err:  # datasets raises many types; all mean "cannot use this input"
                 reason = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
-                raise ConfigError(f"data.path: cannot load {self.description}: {type(err).__name__}: {reason[:300]}") from None
+                raise ConfigError(
+                    f"data.path: cannot load {self.description}: {type(err).__name__}: {reason[:300]}"
+                ) from None
 
     def records(self, start: RecordCursor = (0, 0)) -> Iterator[tuple[RecordCursor, str, dict[str, Any]]]:
         for index in range(start[1], len(self._rows)):

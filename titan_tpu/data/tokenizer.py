@@ -72,9 +72,7 @@ class HFTokenizer:
             self._tok = RustTokenizer.from_file(str(self.path))
         except Exception as err:  # the Rust side raises a plain Exception with a serde message
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ConfigError(
-                f"data.tokenizer: {self.path} is not a readable tokenizer.json ({reason})"
-            ) from None
+            raise ConfigError(f"data.tokenizer: {self.path} is not a readable tokenizer.json ({reason})") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         specials = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
         self.bos_id = self._find(BOS_CANDIDATES, specials)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the names __getattr__ loads, for type checkers
     from titan_tpu.device.dtype import DTYPES, dtype_from_name, dtype_name, native_bf16, resolve_compute_dtype
     from titan_tpu.device.peak import host_peak_flops
     from titan_tpu.device.select import (

@@ -14,8 +14,8 @@ import logging
 import torch
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.device.select import Device
 from titan_tpu.device.peak import measure_matmul_flops
+from titan_tpu.device.select import Device
 
 logger = logging.getLogger(__name__)
 

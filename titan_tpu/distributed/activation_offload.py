@@ -78,7 +78,9 @@ def offload_saved_tensors(block: nn.Module) -> None:
     block.register_forward_hook(leave, always_call=True)
 
 
-def apply_activation_offload(containers: list[nn.ModuleDict | nn.ModuleList], is_checkpointed: Callable[[int], bool]) -> None:
+def apply_activation_offload(
+    containers: list[nn.ModuleDict | nn.ModuleList], is_checkpointed: Callable[[int], bool]
+) -> None:
     """Offload the saved tensors of every checkpointed block (`is_checkpointed(index)`, counted across
     containers as activation checkpointing counts them)."""
     every_block = (block for container in containers for block in container.children())

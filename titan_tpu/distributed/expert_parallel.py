@@ -61,8 +61,7 @@ def validate_expert_parallel(dims: ParallelDims, num_experts: int) -> None:
         raise ConfigError(f"parallelism.ep: must be >= 1, got {dims.ep}")
     if dims.dp_shard % dims.ep != 0:
         raise ConfigError(
-            f"parallelism.ep: {LAYOUT_RULE}; ep {dims.ep} does not divide dp_shard {dims.dp_shard} "
-            f"({dims.describe()})"
+            f"parallelism.ep: {LAYOUT_RULE}; ep {dims.ep} does not divide dp_shard {dims.dp_shard} ({dims.describe()})"
         )
     if num_experts % dims.ep != 0:
         fits = [d for d in range(1, num_experts + 1) if num_experts % d == 0 and dims.dp_shard % d == 0]

@@ -55,7 +55,9 @@ class FSDPPolicy:
         only when FSDP does (`sharded`): an unsharded model is never parked on the host."""
         return cls(
             param_dtype=compute_dtype,
-            reduce_dtype=dtype_from_name(cfg.fsdp_reduce_dtype, "parallelism.fsdp_reduce_dtype") if compute_dtype != torch.float32 else torch.float32,
+            reduce_dtype=dtype_from_name(cfg.fsdp_reduce_dtype, "parallelism.fsdp_reduce_dtype")
+            if compute_dtype != torch.float32
+            else torch.float32,
             reshard=cfg.fsdp_reshard_after_forward,
             cpu_offload=cfg.fsdp_cpu_offload and sharded,
             # Pinned host memory speeds up copies to an accelerator; a CPU run has nothing to copy.

@@ -164,8 +164,7 @@ class ParallelDims:
             rank_layout = np.arange(self.world_size).reshape(sizes)
         if tuple(rank_layout.shape) != sizes:
             raise ConfigError(
-                f"rank layout has shape {tuple(rank_layout.shape)} but the mesh "
-                f"{dict(zip(names, sizes))} needs {sizes}"
+                f"rank layout has shape {tuple(rank_layout.shape)} but the mesh {dict(zip(names, sizes))} needs {sizes}"
             )
         world = DeviceMesh(device_type, torch.as_tensor(rank_layout, dtype=torch.int), mesh_dim_names=names)
         meshes = {"world": world, **{name: world[name] for name in names}}
@@ -197,7 +196,7 @@ class ParallelDims:
         if self.pp_enabled:
             dp_axes = ("dp_shard_mod_ep", "ep") if self.ep_enabled else ("dp_shard",)
             cp_axes = ("cp",) if self.cp_enabled else ()
-            meshes["pp_dp"] = world["pp", "dp_replicate", *dp_axes, *cp_axes]._flatten("pp_dp")
+            meshes["pp_dp"] = world[("pp", "dp_replicate", *dp_axes, *cp_axes)]._flatten("pp_dp")
         return meshes
 
 

@@ -47,9 +47,7 @@ SCHEDULES = {
 }
 
 
-def stage_models(
-    meta_model: nn.Module, plan: PipelinePlan, pp_rank: int, what: str
-) -> list[tuple[int, nn.Module]]:
+def stage_models(meta_model: nn.Module, plan: PipelinePlan, pp_rank: int, what: str) -> list[tuple[int, nn.Module]]:
     """(stage index, stage model on meta) for every stage pp rank `pp_rank` runs, each a copy of
     `meta_model` cut down by its `keep_pipeline_stage`."""
     stages = []
@@ -107,9 +105,7 @@ class PipelineRunner:
             share = (labels != IGNORE_INDEX).sum() / self._counted_tokens
             return loss_fn(output, labels) * share
 
-        self.schedule = schedule_cls(
-            stages, n_microbatches=plan.microbatches, loss_fn=weighted_loss, scale_grads=False
-        )
+        self.schedule = schedule_cls(stages, n_microbatches=plan.microbatches, loss_fn=weighted_loss, scale_grads=False)
 
     def step(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Forward and backward of every micro-batch of (input_ids, labels) [B, S]; returns the

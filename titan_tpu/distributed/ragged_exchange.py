@@ -55,25 +55,27 @@ class RaggedExchange:
         """This rank's rows (sorted by global expert) -> the rows of its experts, by source rank."""
         sent, i = self.sent, self.rank
         return self._exchange(
-            op, rows,
+            op,
+            rows,
             received=int(sent[:, i].sum()),
             input_offsets=_starts(sent[i]),
             send_sizes=sent[i],
             output_offsets=_starts(sent.T)[:, i],
             recv_sizes=sent[:, i],
-        )  # fmt: skip
+        )
 
     def combine(self, rows: torch.Tensor, op: Callable[..., torch.Tensor]) -> torch.Tensor:
         """The experts' output rows (by source rank) -> back to the ranks and positions they came from."""
         sent, i = self.sent, self.rank
         return self._exchange(
-            op, rows,
+            op,
+            rows,
             received=int(sent[i].sum()),
             input_offsets=_starts(sent[:, i]),
             send_sizes=sent[:, i],
             output_offsets=_starts(sent)[:, i],
             recv_sizes=sent[i],
-        )  # fmt: skip
+        )
 
     def _exchange(
         self,

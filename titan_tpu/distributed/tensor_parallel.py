@@ -51,7 +51,8 @@ class ReplicateParallel(ParallelStyle):
         def input_fn(mod: nn.Module, inputs: Any, mesh: DeviceMesh) -> Any:
             return tuple(
                 DTensor.from_local(x, mesh, [Replicate()], run_check=False)
-                if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x
+                if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+                else x
                 for x in inputs
             )
 

@@ -48,7 +48,7 @@ def tpu_slice_count(environ: Mapping[str, str] | None = None) -> int:
 
 
 def describe_mesh(names: Sequence[str], sizes: Sequence[int]) -> str:
-    """"dp_replicate 2 x dp_shard 8 x tp 2"."""
+    """ "dp_replicate 2 x dp_shard 8 x tp 2"."""
     return " x ".join(f"{name} {size}" for name, size in zip(names, sizes))
 
 
@@ -84,8 +84,7 @@ def tpu_rank_layout(names: Sequence[str], sizes: Sequence[int], slices: int) -> 
         if slices == 1:
             where = f"1 slice ({SLICE_COUNT_VARIABLE} unset or 1)"
         raise ConfigError(
-            f"mesh ({describe_mesh(names, sizes)}) over {where} cannot be laid onto the TPU "
-            f"interconnect: {error}"
+            f"mesh ({describe_mesh(names, sizes)}) over {where} cannot be laid onto the TPU interconnect: {error}"
         ) from None
     return layout.numpy().astype(np.int64)
 

@@ -108,8 +108,15 @@ def main(argv: list[str]) -> int:
     if info.rank == 0:
         names, degrees = dims.mesh_axes()
         dtype = next(row.detail for row in merged if row.check == "dtype")
-        facts = RunFacts(device.type, device.name(), device_checks.generation_of(device), dtype,
-                         info.world_size, dict(zip(names, degrees)), sizes.name)  # fmt: skip
+        facts = RunFacts(
+            device.type,
+            device.name(),
+            device_checks.generation_of(device),
+            dtype,
+            info.world_size,
+            dict(zip(names, degrees)),
+            sizes.name,
+        )
         write_report(out, merged, facts)
         print(render_table(merged))
         print(f"report: {out}")

@@ -39,7 +39,6 @@ from titan_tpu.doctor.expected import planner_bus_bandwidth
 from titan_tpu.doctor.rows import SLOW_FRACTION, Row, speed_verdict
 from titan_tpu.doctor.sizes import Sizes
 
-
 CPU_SLOW_FRACTION = 0.1
 
 
@@ -130,8 +129,17 @@ def _seconds(run: Callable[[dist.ProcessGroup], None], axis: Axis, iterations: i
 def collective_rows(dims: ParallelDims, device: Device, sizes: Sizes) -> list[Row]:
     """Every rank calls it (collectives)."""
     if dims.world_size == 1:
-        return [Row("collective", "collectives", None, None, "", "unavailable",
-                    "one process: no mesh axis of size > 1 (run under torchrun or titan-launch)")]  # fmt: skip
+        return [
+            Row(
+                "collective",
+                "collectives",
+                None,
+                None,
+                "",
+                "unavailable",
+                "one process: no mesh axis of size > 1 (run under torchrun or titan-launch)",
+            )
+        ]
     axes = mesh_axes(dims, device)
     elements = sizes.collective_bytes // 4  # float32
     measured: list[tuple[Collective, Axis, float]] = []
@@ -152,8 +160,16 @@ def collective_rows(dims: ParallelDims, device: Device, sizes: Sizes) -> list[Ro
             fraction = SLOW_FRACTION
         verdict, ratio = speed_verdict(bus, expected, fraction=fraction)
         reason = source if expected is None else f"{ratio}: {source}"
-        rows.append(Row("collective", f"{collective.name} over {axis.name} ({axis.size})", bus / 1e9,
-                        None if expected is None else expected / 1e9, "GB/s", verdict,
-                        f"bus bandwidth, {sizes.collective_bytes / 2**20:.0f} MiB; {reason}",
-                        detail="fast" if axis.fast else "slow"))  # fmt: skip
+        rows.append(
+            Row(
+                "collective",
+                f"{collective.name} over {axis.name} ({axis.size})",
+                bus / 1e9,
+                None if expected is None else expected / 1e9,
+                "GB/s",
+                verdict,
+                f"bus bandwidth, {sizes.collective_bytes / 2**20:.0f} MiB; {reason}",
+                detail="fast" if axis.fast else "slow",
+            )
+        )
     return rows

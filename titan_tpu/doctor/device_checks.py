@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from titan_tpu.autotune.measure import tolerance
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.device.dtype import dtype_name, native_bf16, resolve_compute_dtype
 from titan_tpu.device.peak import device_generation, measure_matmul_flops, table_peak_flops
@@ -12,7 +13,6 @@ from titan_tpu.device.select import Device, accelerator_type, torch_tpu_version
 from titan_tpu.distributed.compile import AUTO_BACKENDS, available_backends, compile_parts, resolve_backend
 from titan_tpu.doctor.rows import Row, error_verdict, speed_verdict
 from titan_tpu.doctor.sizes import Sizes
-from titan_tpu.autotune.measure import tolerance
 from titan_tpu.protocols.tunable import relative_error
 
 
@@ -76,8 +76,9 @@ def matmul_rows(device: Device, sizes: Sizes, compute_dtype: torch.dtype) -> lis
             why = "no float32 peak in the table (float32 runs report no MFU on accelerators)"
         verdict, ratio = speed_verdict(flops, expected)
         reason = why if expected is None else f"{ratio} {why}"
-        rows.append(Row("matmul", name, flops / 1e12, None if expected is None else expected / 1e12, "TFLOP/s",
-                        verdict, reason))  # fmt: skip
+        rows.append(
+            Row("matmul", name, flops / 1e12, None if expected is None else expected / 1e12, "TFLOP/s", verdict, reason)
+        )
     return rows
 
 
@@ -119,5 +120,12 @@ def _compile_run(device: Device, backend: str) -> Row:
         return Row("compile", backend, None, None, "", "wrong", f"compiling a small MLP failed: {error}"[:200])
     error = relative_error(got, want)
     verdict, reason = error_verdict(error, tolerance(torch.float32))
-    return Row("compile", backend, error, tolerance(torch.float32), "rel. error", verdict,
-               f"compiled small MLP against eager: {reason}")  # fmt: skip
+    return Row(
+        "compile",
+        backend,
+        error,
+        tolerance(torch.float32),
+        "rel. error",
+        verdict,
+        f"compiled small MLP against eager: {reason}",
+    )

@@ -17,16 +17,16 @@ from typing import Any, get_args
 
 import torch
 
+from titan_tpu.autotune.measure import in_run_precision, time_candidates, tolerance
 from titan_tpu.device.dtype import dtype_name
 from titan_tpu.device.select import Device
 from titan_tpu.doctor.rows import Row, error_verdict, speed_verdict
 from titan_tpu.doctor.sizes import Sizes
-from titan_tpu.autotune.measure import in_run_precision, time_candidates, tolerance
 from titan_tpu.models.common.attention_kernels import splash_block
 from titan_tpu.models.common.attention_tunable import ATTENTION
-from titan_tpu.protocols.tunable import KernelShape, Tunable, relative_error
 from titan_tpu.models.qwen3.args import ExpertImpl
 from titan_tpu.models.qwen3.experts_tunable import EXPERTS
+from titan_tpu.protocols.tunable import KernelShape, Tunable, relative_error
 
 
 def attention_candidates(args: Any, shape: KernelShape) -> dict[str, Any]:
@@ -57,8 +57,17 @@ def _speed_rows(check: str, label: str, times_s: dict[str, float]) -> list[Row]:
     rows = []
     for name, seconds in times_s.items():
         verdict, ratio = speed_verdict(seconds, times_s[fastest_name], higher_is_better=False)
-        rows.append(Row(check, f"{name} {label}", 1e3 * seconds, 1e3 * times_s[fastest_name], "ms", verdict,
-                        f"forward+backward; {ratio} (fastest: {fastest_name})"))  # fmt: skip
+        rows.append(
+            Row(
+                check,
+                f"{name} {label}",
+                1e3 * seconds,
+                1e3 * times_s[fastest_name],
+                "ms",
+                verdict,
+                f"forward+backward; {ratio} (fastest: {fastest_name})",
+            )
+        )
     return rows
 
 

@@ -44,11 +44,22 @@ def _number(value: float | None, unit: str) -> str:
 
 def render_table(rows: list[Row]) -> str:
     header = ("check", "name", "measured", "expected", "verdict", "reason")
-    cells = [(r.check, r.name, (r.detail or "-") if r.measured is None else _number(r.measured, r.unit),
-              _number(r.expected, r.unit), r.verdict, r.reason) for r in rows]  # fmt: skip
+    cells = [
+        (
+            r.check,
+            r.name,
+            (r.detail or "-") if r.measured is None else _number(r.measured, r.unit),
+            _number(r.expected, r.unit),
+            r.verdict,
+            r.reason,
+        )
+        for r in rows
+    ]
     widths = [max(len(str(line[i])) for line in [header, *cells]) for i in range(5)]
-    lines = ["  ".join(str(text).ljust(width) for text, width in zip(line[:5], widths)) + "  " + line[5]
-             for line in [header, *cells]]  # fmt: skip
+    lines = [
+        "  ".join(str(text).ljust(width) for text, width in zip(line[:5], widths)) + "  " + line[5]
+        for line in [header, *cells]
+    ]
     counts = Counter(row.verdict for row in rows)
     lines.append(", ".join(f"{counts[v]} {v}" for v in VERDICTS))
     return "\n".join(lines)

@@ -64,7 +64,14 @@ def training_row(device: Device, dtype: torch.dtype, sizes: Sizes, overrides: li
     differences = [abs(a - b) / abs(b) for a, b in zip(on_device, reference)]
     error = max(differences) if len(on_device) == len(reference) == STEPS else float("inf")
     verdict, reason = error_verdict(error, TOLERANCE[dtype])
-    return Row("training", name, error, TOLERANCE[dtype], "rel. error", verdict,
-               f"losses on {device.type} in {dtype_name(dtype)} against the CPU in float32, largest step "
-               f"difference: {reason}; "
-               f"last loss {on_device[-1]:.4f} vs {reference[-1]:.4f}")  # fmt: skip
+    return Row(
+        "training",
+        name,
+        error,
+        TOLERANCE[dtype],
+        "rel. error",
+        verdict,
+        f"losses on {device.type} in {dtype_name(dtype)} against the CPU in float32, largest step "
+        f"difference: {reason}; "
+        f"last loss {on_device[-1]:.4f} vs {reference[-1]:.4f}",
+    )

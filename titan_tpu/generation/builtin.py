@@ -51,7 +51,9 @@ class BuiltinEngine:
         self.policy, self.version = policy, version
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None) -> Rollout:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> Rollout:
         if self.policy is None:
             raise RuntimeError("BuiltinEngine.generate before load_weights: no policy to sample from")
         if seeds is not None and len(seeds) != len(prompts):
@@ -59,7 +61,15 @@ class BuiltinEngine:
         uniforms = None if seeds is None or params.temperature == 0 else row_uniforms(seeds, params.max_new_tokens)
         with gathered_for_generation(self.policy, self.reshard_after):
             out = generate_by_length(
-                self.policy, self.decoding, prompts, params, self.pad_id, self.device, self.buckets, uniforms, self.lockstep
+                self.policy,
+                self.decoding,
+                prompts,
+                params,
+                self.pad_id,
+                self.device,
+                self.buckets,
+                uniforms,
+                self.lockstep,
             )
         return Rollout(tokens=out.lists(), logps=out.logp_lists(), stopped=out.stopped.tolist())
 

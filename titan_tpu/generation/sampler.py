@@ -108,16 +108,16 @@ def generate(
     lockstep: dist.ProcessGroup | None = None,
 ) -> Completions:
     """Complete every prompt with the KV cache the model's family decodes with (`decoding`: its cache
-and, where the model allows, its fused step), stopping early once every row has stopped.
+    and, where the model allows, its fused step), stopping early once every row has stopped.
 
-    `uniforms` [B, max_new_tokens]: the per-row random numbers (see `row_uniforms`); unused at
-    temperature 0. Without `lockstep` the early stop is this process's own decision, so its forward
-    may run only collectives whose other ranks decide alike: under FSDP, call it inside
-    `gathered_for_generation`; tensor-parallel ranks hold the same rows and replicated logits, so they
-    sample the same tokens and stop at the same step. `lockstep` is the group whose ranks hold other
-    rows yet exchange activations in every forward (expert parallelism's all-to-alls): they stop
-    together, once all of them have, and a rank whose rows have all stopped keeps decoding padding
-    until then, so every rank runs the same number of forwards.
+        `uniforms` [B, max_new_tokens]: the per-row random numbers (see `row_uniforms`); unused at
+        temperature 0. Without `lockstep` the early stop is this process's own decision, so its forward
+        may run only collectives whose other ranks decide alike: under FSDP, call it inside
+        `gathered_for_generation`; tensor-parallel ranks hold the same rows and replicated logits, so they
+        sample the same tokens and stop at the same step. `lockstep` is the group whose ranks hold other
+        rows yet exchange activations in every forward (expert parallelism's all-to-alls): they stop
+        together, once all of them have, and a rank whose rows have all stopped keeps decoding padding
+        until then, so every rank runs the same number of forwards.
     """
     tokens, real = left_pad(prompts, pad_id, device)
     batch, width = tokens.shape
@@ -198,7 +198,9 @@ def generate_by_length(
     parts = []
     for rows in length_buckets([len(p) for p in prompts], buckets):
         row_uniform = None if uniforms is None else uniforms[torch.tensor(rows)]
-        parts.append((rows, generate(model, decoding, [prompts[i] for i in rows], params, pad_id, device, row_uniform, lockstep)))
+        parts.append(
+            (rows, generate(model, decoding, [prompts[i] for i in rows], params, pad_id, device, row_uniform, lockstep))
+        )
     length = max(part.tokens.shape[1] for _, part in parts)
     tokens = torch.full((len(prompts), length), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros(len(prompts), length, dtype=torch.bool, device=device)

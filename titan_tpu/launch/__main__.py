@@ -65,21 +65,37 @@ def parse_args(argv: list[str]) -> LaunchOptions:
         allow_abbrev=False,
     )
     parser.add_argument(
-        "--nproc-per-node", "--nproc_per_node", type=_nproc, default=None, metavar="N|auto",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=_nproc,
+        default=None,
+        metavar="N|auto",
         help="processes on this host (default auto: one per TPU device or GPU, one on a CPU host)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--max-restarts", "--max_restarts", type=_at_least(0), default=0, metavar="K",
+        "--max-restarts",
+        "--max_restarts",
+        type=_at_least(0),
+        default=0,
+        metavar="K",
         help="restarts after a training process fails (every host restarts with it, from the newest checkpoint)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--rdzv-port", "--rdzv_port", type=_at_least(0, 65535), default=None, metavar="P",
+        "--rdzv-port",
+        "--rdzv_port",
+        type=_at_least(0, 65535),
+        default=None,
+        metavar="P",
         help="rendezvous port on the first host (default 29400 with several hosts, any free port on one)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--dns-timeout", "--dns_timeout", type=_seconds, default=DEFAULT_DNS_TIMEOUT_S, metavar="S",
+        "--dns-timeout",
+        "--dns_timeout",
+        type=_seconds,
+        default=DEFAULT_DNS_TIMEOUT_S,
+        metavar="S",
         help=f"seconds to wait for the rendezvous host's name to resolve (default {DEFAULT_DNS_TIMEOUT_S:g})",
-    )  # fmt: skip
+    )
     parser.add_argument("script", help="the training script, e.g. train.py")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments, passed on verbatim")
     args = parser.parse_args(argv)
@@ -114,8 +130,9 @@ def prepare(options: LaunchOptions) -> list[str]:
         # Global rank r must sit on the host TorchTPU gave slice-builder address r.
         node_rank = torch_tpu_node_rank(placement, os.environ)
         if node_rank != placement.node_rank:
-            logger.info("launch: TorchTPU places this host at node rank %d (host list: %d)", node_rank,
-                        placement.node_rank)  # fmt: skip
+            logger.info(
+                "launch: TorchTPU places this host at node rank %d (host list: %d)", node_rank, placement.node_rank
+            )
     return torchrun_argv(placement, options, nproc, node_rank)
 
 

@@ -61,8 +61,10 @@ def torchrun_argv(placement: HostPlacement, options: LaunchOptions, nproc_per_no
     """torchrun's arguments for this host, ending with the script and its arguments. `node_rank`
     places this host's processes at global ranks node_rank * nproc_per_node onwards."""
     if not 0 <= node_rank < placement.num_hosts:
-        raise ConfigError(f"node rank {node_rank} is out of range: the job has {placement.num_hosts} host(s), "
-                          f"so 0 to {placement.num_hosts - 1}")  # fmt: skip
+        raise ConfigError(
+            f"node rank {node_rank} is out of range: the job has {placement.num_hosts} host(s), "
+            f"so 0 to {placement.num_hosts - 1}"
+        )
     port = rendezvous_port(placement, options.rdzv_port)
     return [
         f"--nnodes={placement.num_hosts}",

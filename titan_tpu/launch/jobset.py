@@ -97,9 +97,7 @@ def _check(request: JobSetRequest, shape: SliceShape) -> None:
         if value < 0:
             raise ConfigError(f"{field}={value}: expected an integer >= 0")
     if not _NAME.fullmatch(request.name):
-        raise ConfigError(
-            f"name '{request.name}': expected lower-case letters, digits and '-', starting with a letter"
-        )
+        raise ConfigError(f"name '{request.name}': expected lower-case letters, digits and '-', starting with a letter")
     # Pods are reached as <name>-<replicated job>-<job index>-<pod index>.<subdomain>; that first
     # part is a DNS label.
     longest = f"{request.name}-{REPLICATED_JOB}-{request.slices - 1}-{shape.hosts - 1}"
@@ -200,9 +198,7 @@ def render_jobset(request: JobSetRequest) -> tuple[dict[str, Any], SliceShape]:
         "spec": {
             "failurePolicy": {"maxRestarts": request.max_restarts},
             "network": {"enableDNSHostnames": True, "subdomain": request.name},
-            "replicatedJobs": [
-                {"name": REPLICATED_JOB, "replicas": request.slices, "template": {"spec": job_spec}}
-            ],
+            "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": request.slices, "template": {"spec": job_spec}}],
         },
     }
     return manifest, shape

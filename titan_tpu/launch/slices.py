@@ -68,8 +68,7 @@ class HostLayout:
         listed = list(self.topologies)
         if self.cubes_up_to_chips is not None:
             listed.append(
-                f"AxBxC with A<=B<=C all multiples of 4 up to {self.cubes_up_to_chips} chips "
-                "(4x4x4, 4x4x8, ...)"
+                f"AxBxC with A<=B<=C all multiples of 4 up to {self.cubes_up_to_chips} chips (4x4x4, 4x4x8, ...)"
             )
         return listed
 

@@ -82,9 +82,7 @@ class MetricsLogger:
             # Offline unless the user has logged in or chosen a mode: a run must never hang on a network.
             logged_in = bool(os.environ.get("WANDB_API_KEY"))
             mode = os.environ.get("WANDB_MODE", "online" if logged_in else "offline")
-            self._wandb_run = wandb.init(
-                project=cfg.wandb_project, dir=str(dump_folder), config=run_config, mode=mode
-            )
+            self._wandb_run = wandb.init(project=cfg.wandb_project, dir=str(dump_folder), config=run_config, mode=mode)
 
     def log(self, record: StepRecord) -> None:
         if not self.is_writer:

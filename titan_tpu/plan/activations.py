@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from titan_tpu.config.sections import ActivationCheckpointConfig
 from titan_tpu.models.common.chunked_cross_entropy import chunk_tokens
 from titan_tpu.models.common.decoder_activations import norm_activations
 from titan_tpu.protocols.planning import FLOAT32, BlockActivations
-from titan_tpu.config.sections import ActivationCheckpointConfig
 
 
 @dataclass(frozen=True)
@@ -99,22 +99,23 @@ def estimate_activations(
     (`lm_head_bytes`; a velocity head, d -> in_channels, is negligible)."""
     head_kept, head_transient = head
     whole = [ac.wraps_block(index) and not ac.op_level for index in range(n_blocks)]
-    kept_by_block = [block.checkpointed if wrapped else block.selective_op if ac.op_level else block.full
-                     for wrapped in whole]  # fmt: skip
+    kept_by_block = [
+        block.checkpointed if wrapped else block.selective_op if ac.op_level else block.full for wrapped in whole
+    ]
     in_flight = 0.0
     if ac.offload:
         # Each checkpointed block's input (part of what it keeps) waits in host memory; the device
         # holds one in flight: being copied out in forward, or back for its block in backward.
-        kept_by_block = [kept - (block.checkpointed if ac.wraps_block(index) else 0.0)
-                         for index, kept in enumerate(kept_by_block)]  # fmt: skip
+        kept_by_block = [
+            kept - (block.checkpointed if ac.wraps_block(index) else 0.0) for index, kept in enumerate(kept_by_block)
+        ]
         in_flight = block.checkpointed
     kept = sum(kept_by_block) + head_kept + in_flight
     # Backward frees each block's activations once it is done, last block first. While block i runs
     # backward the blocks before it still hold theirs; block i holds all of its own (recomputed, if
     # checkpointed, beside the input it kept) and its backward's gradients.
     while_blocks = max(
-        sum(kept_by_block[:index]) + block.full + block.backward + (block.checkpointed if wrapped else 0.0)
-        + in_flight
+        sum(kept_by_block[:index]) + block.full + block.backward + (block.checkpointed if wrapped else 0.0) + in_flight
         for index, wrapped in enumerate(whole)
     )
     peak = max(kept + head_transient, while_blocks)

@@ -42,12 +42,14 @@ def load_calibration(path: str, chip: ChipType) -> Calibration:
     try:
         report = json.loads(Path(path).read_text("utf-8"))
         if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
-            raise ValueError(f"not a doctor report (no \"format\": \"{REPORT_FORMAT}\")")
+            raise ValueError(f'not a doctor report (no "format": "{REPORT_FORMAT}")')
         device = str(report["device"]["name"])
         measured = report["measured"]
         matmul = _numbers(measured["matmul_flops"], "measured.matmul_flops")
-        bus = {link: _numbers(table, f"measured.bus_bytes_per_s.{link}")
-               for link, table in measured["bus_bytes_per_s"].items()}  # fmt: skip
+        bus = {
+            link: _numbers(table, f"measured.bus_bytes_per_s.{link}")
+            for link, table in measured["bus_bytes_per_s"].items()
+        }
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"{where}: cannot be used ({error}); write one with python -m titan_tpu.doctor") from None
     generation = device_generation(device)

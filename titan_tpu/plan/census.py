@@ -32,11 +32,11 @@ from torch import nn
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.distributed.expert_parallel import moe_layers, validate_expert_parallel
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.distributed.parallelize import blocks
+from titan_tpu.models.registry import get_model_spec
 
 ROOT = "root"
 
@@ -148,9 +148,15 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
     expert_params: set[int] = set()
     if dims.ep_enabled:
         spec = get_model_spec(config.model.name)
-        experts = spec.planning.expert_modules(model, dims.ep) if spec.planning.expert_modules else [m.experts for m in moe_layers(model)]
+        experts = (
+            spec.planning.expert_modules(model, dims.ep)
+            if spec.planning.expert_modules
+            else [m.experts for m in moe_layers(model)]
+        )
         if not experts:
-            raise ConfigError(f"parallelism.ep = {dims.ep}: model '{config.model.name}' has no experts; set parallelism.ep = 1")
+            raise ConfigError(
+                f"parallelism.ep = {dims.ep}: model '{config.model.name}' has no experts; set parallelism.ep = 1"
+            )
         validate_expert_parallel(dims, experts[0].num_experts)
         expert_params = {id(p) for module in experts for p in module.parameters()}
     fsdp = dims.fsdp_shards if dims.fsdp_enabled else 1
@@ -163,8 +169,16 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
             shape = _split(shape, 0, dims.ep, f"{name} (experts)")
             degree = dims.dp_shard // dims.ep if dims.fsdp_enabled else 1
             fsdp_dim = 0 if local_experts % degree == 0 else 1
-            shares.append(ParamShare(name, param.numel(), _fsdp_local(shape, fsdp_dim, degree), math.prod(shape),
-                                     f"{unit}.experts", degree))  # fmt: skip
+            shares.append(
+                ParamShare(
+                    name,
+                    param.numel(),
+                    _fsdp_local(shape, fsdp_dim, degree),
+                    math.prod(shape),
+                    f"{unit}.experts",
+                    degree,
+                )
+            )
             continue
         if name in tp_split:
             shape = _split(shape, tp_split[name], dims.tp, name)

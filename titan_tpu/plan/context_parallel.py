@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from titan_tpu.protocols.planning import BlockActivations
 from titan_tpu.plan.activations import ActivationEstimate, Geometry
+from titan_tpu.protocols.planning import BlockActivations
 
 
 def with_gathered_kv(block: BlockActivations, kv_dim: int, g: Geometry, cp: int) -> BlockActivations:

@@ -54,11 +54,11 @@ from titan_tpu.config import TrainConfig
 from titan_tpu.config.sections import ActivationCheckpointConfig
 from titan_tpu.distributed.pipeline import stage_models
 from titan_tpu.distributed.pipeline_plan import MULTI_STAGE_SCHEDULES, PipelinePlan, plan_pipeline
-from titan_tpu.protocols.planning import BlockActivations
 from titan_tpu.plan.activations import ActivationEstimate, Geometry, estimate_activations
 from titan_tpu.plan.census import Census, meta_model
 from titan_tpu.plan.memory import Precision
 from titan_tpu.plan.pipeline_bubble import ZERO_BUBBLE_SCHEDULES
+from titan_tpu.protocols.planning import BlockActivations
 
 
 def most_loaded_candidates(pp: int) -> tuple[int, ...]:

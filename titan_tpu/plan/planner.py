@@ -15,7 +15,6 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.config.batch import split_global_batch
 from titan_tpu.config.context_parallel import check_context_parallel
@@ -23,6 +22,7 @@ from titan_tpu.config.pipeline_parallel import check_pipeline_parallel
 from titan_tpu.device.dtype import dtype_from_name
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.distributed.pipeline_plan import PipelinePlan
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.plan.activations import ActivationEstimate, Geometry, estimate_activations, lm_head_bytes
 from titan_tpu.plan.census import Census, census
 from titan_tpu.plan.chips import Cluster
@@ -144,7 +144,9 @@ def plan_memory(
         loss_parallel=parallelism.loss_parallel,
     )
     if spec.planning.block_activations is None:
-        raise ConfigError(f"model '{config.model.name}' has no activation estimate (ModelSpec.planning.block_activations)")
+        raise ConfigError(
+            f"model '{config.model.name}' has no activation estimate (ModelSpec.planning.block_activations)"
+        )
     if dims.cp_enabled and not spec.capabilities.context_parallel:
         raise ConfigError(
             f"parallelism.cp = {dims.cp}: model {config.model.name} has no context-parallel attention "
@@ -239,9 +241,18 @@ def make_plan(
     host_link_s, host_s = host_seconds(detail, shape, config, cluster)
     items = config.training.global_batch_size * work.items_per_sample
     step = estimate_step(
-        model, shape, layout.precision, cluster, work.flops_per_item, work.block_forward_flops_per_item,
-        items, compute_efficiency, work.tp_replicated_flops_per_item, host_link_s, host_s,
-    )  # fmt: skip
+        model,
+        shape,
+        layout.precision,
+        cluster,
+        work.flops_per_item,
+        work.block_forward_flops_per_item,
+        items,
+        compute_efficiency,
+        work.tp_replicated_flops_per_item,
+        host_link_s,
+        host_s,
+    )
     fit = check_fit(detail.memory, cluster.hbm_bytes_per_device)
     return Plan(config, cluster, detail, fit, step, compute_efficiency)
 

@@ -76,7 +76,11 @@ def render(plan: Plan) -> str:
         f"step time (roofline; compute at {plan.compute_efficiency:.0%} of peak, collectives at "
         f"{COLLECTIVE_EFFICIENCY:.0%} of {chip.fast_link} / {chip.slow_link} bandwidth)",
         f"  compute       {step.compute_s:.3f} s"
-        + (f" x {step.bubble:.3f} pipeline bubble = {step.compute_s * step.bubble:.3f} s" if pipeline is not None else ""),
+        + (
+            f" x {step.bubble:.3f} pipeline bubble = {step.compute_s * step.bubble:.3f} s"
+            if pipeline is not None
+            else ""
+        ),
         f"  FSDP          {step.fsdp_s:.3f} s   (overlapped with compute)",
         f"  HSDP          {step.hsdp_s:.3f} s   (overlapped with compute)",
         f"  TP            {step.tp_s:.3f} s   (exposed)",
@@ -84,8 +88,11 @@ def render(plan: Plan) -> str:
         *([f"  CP            {step.cp_s:.3f} s   (exposed)"] if dims.cp_enabled else []),
         *([f"  P2P           {step.p2p_s:.3f} s   (exposed: stage boundaries)"] if pipeline is not None else []),
         *([f"  host link     {step.host_link_s:.3f} s   (overlapped: offload copies)"] if step.host_link_s else []),
-        *([f"  host          {step.host_s:.3f} s   (exposed: host optimizer step, offloaded activations back)"]
-          if step.host_s else []),
+        *(
+            [f"  host          {step.host_s:.3f} s   (exposed: host optimizer step, offloaded activations back)"]
+            if step.host_s
+            else []
+        ),
         f"  step          {step.step_s:.3f} s = {overlapped} + TP + EP{exposed}",
         f"  throughput    {items_per_s:,.0f} {unit}/s per device",
         f"  MFU           {100 * step.mfu:.1f}%",
@@ -103,8 +110,11 @@ def _calibration_lines(plan: Plan) -> list[str]:
     matmuls, table = compute_flops(cluster, precision) / 1e12, vendor.peak_flops_per_device / 1e12
     figures = [f"matmuls {matmuls:.1f} TFLOP/s (table: {table:.0f})"]
     for fast, link in ((True, cluster.chip.fast_link), (False, cluster.chip.slow_link)):
-        for name, kinds in (("all-gather/reduce-scatter", GATHER_SCATTER), ("all-reduce", ALL_REDUCE),
-                            ("all-to-all", ALL_TO_ALL)):  # fmt: skip
+        for name, kinds in (
+            ("all-gather/reduce-scatter", GATHER_SCATTER),
+            ("all-reduce", ALL_REDUCE),
+            ("all-to-all", ALL_TO_ALL),
+        ):
             measured = calibration.bus_bytes_per_s.get("fast" if fast else "slow", {})
             if any(kind in measured for kind in kinds):
                 used, planned = assumed_bus_bandwidth(cluster, fast, kinds), assumed_bus_bandwidth(vendor, fast, kinds)
@@ -144,12 +154,20 @@ def render_search(fitting: list[Candidate], closest: Candidate | None, top: int,
         return f"no layout the trainer accepts ({tried})"
     plan = closest.plan
     memory = plan.detail.memory
-    terms = {"parameters": memory.parameters, "gradients": memory.gradients, "optimizer": memory.optimizer,
-             "activations": memory.activations, "buffers": memory.buffers}  # fmt: skip
+    terms = {
+        "parameters": memory.parameters,
+        "gradients": memory.gradients,
+        "optimizer": memory.optimizer,
+        "activations": memory.activations,
+        "buffers": memory.buffers,
+    }
     largest = max(terms, key=terms.__getitem__)
-    return "\n".join([
-        f"no layout fits ({tried}); the closest is {gib(-plan.fit.margin)} over: {_layout_line(plan)}",
-        "   " + " ".join(closest.overrides),
-        "   " + ", ".join(f"{name} {gib(value)}" for name, value in terms.items())
-        + f" = {gib(memory.total)} against {gib(plan.fit.usable)} usable; the largest is {largest}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"no layout fits ({tried}); the closest is {gib(-plan.fit.margin)} over: {_layout_line(plan)}",
+            "   " + " ".join(closest.overrides),
+            "   "
+            + ", ".join(f"{name} {gib(value)}" for name, value in terms.items())
+            + f" = {gib(memory.total)} against {gib(plan.fit.usable)} usable; the largest is {largest}",
+        ]
+    )

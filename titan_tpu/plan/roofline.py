@@ -177,7 +177,9 @@ def fsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster
         gathered = sum(p.tp_numel for p in params)
         block = name.removesuffix(".experts")
         gathers = 2 if _regathered(name, bool(blocks) and block == blocks[-1], shape.reshard) else 1
-        per_step = shape.grad_accum * gathers * precision.compute_bytes + shape.gradient_reductions * precision.reduce_bytes
+        per_step = (
+            shape.grad_accum * gathers * precision.compute_bytes + shape.gradient_reductions * precision.reduce_bytes
+        )
         moved += _ring(degree) * gathered * per_step
     return moved / _bandwidth(cluster, shape.dp_shard * shape.tp, GATHER_SCATTER)
 

@@ -26,9 +26,9 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.distributed.parallel_dims import ParallelDims
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.plan.census import Census, census, run_model_args
 from titan_tpu.plan.chips import Cluster
 from titan_tpu.plan.pipeline_bubble import stages_per_rank
@@ -117,26 +117,46 @@ def _batchings(config: TrainConfig, mesh: Mesh) -> Iterator[Batching]:
 
 
 def _variant(
-    config: TrainConfig, mesh: Mesh, batching: Batching, checkpointing: tuple[str, str, bool], reduce: str, fsdp_offload: bool
+    config: TrainConfig,
+    mesh: Mesh,
+    batching: Batching,
+    checkpointing: tuple[str, str, bool],
+    reduce: str,
+    fsdp_offload: bool,
 ) -> tuple[tuple[str, ...], TrainConfig]:
     mode, option, offload = checkpointing
     overrides = (
-        f"--parallelism.dp_replicate={mesh.replicate}", f"--parallelism.dp_shard={mesh.shard}",
-        f"--parallelism.tp={mesh.tp}", f"--parallelism.ep={mesh.ep}", f"--parallelism.cp={mesh.cp}",
-        f"--parallelism.pp={mesh.pp}", f"--parallelism.pp_schedule={batching.schedule}",
+        f"--parallelism.dp_replicate={mesh.replicate}",
+        f"--parallelism.dp_shard={mesh.shard}",
+        f"--parallelism.tp={mesh.tp}",
+        f"--parallelism.ep={mesh.ep}",
+        f"--parallelism.cp={mesh.cp}",
+        f"--parallelism.pp={mesh.pp}",
+        f"--parallelism.pp_schedule={batching.schedule}",
         f"--parallelism.pp_microbatches={batching.microbatches}",
         f"--training.local_batch_size={batching.local_batch_size}",
-        f"--activation_checkpoint.mode={mode}", f"--activation_checkpoint.selective_option={option}",
-        f"--activation_checkpoint.offload={str(offload).lower()}", f"--parallelism.fsdp_reduce_dtype={reduce}",
+        f"--activation_checkpoint.mode={mode}",
+        f"--activation_checkpoint.selective_option={option}",
+        f"--activation_checkpoint.offload={str(offload).lower()}",
+        f"--parallelism.fsdp_reduce_dtype={reduce}",
         f"--parallelism.fsdp_cpu_offload={str(fsdp_offload).lower()}",
-    )  # fmt: skip
+    )
     return overrides, dataclasses.replace(
         config,
         parallelism=dataclasses.replace(
-            config.parallelism, dp_replicate=mesh.replicate, dp_shard=mesh.shard, tp=mesh.tp, ep=mesh.ep,
-            cp=mesh.cp, pp=mesh.pp, pp_schedule=batching.schedule, pp_microbatches=batching.microbatches,
-            pp_layers_per_stage=-1, fsdp_reduce_dtype=reduce, fsdp_cpu_offload=fsdp_offload,
-        ),  # fmt: skip
+            config.parallelism,
+            dp_replicate=mesh.replicate,
+            dp_shard=mesh.shard,
+            tp=mesh.tp,
+            ep=mesh.ep,
+            cp=mesh.cp,
+            pp=mesh.pp,
+            pp_schedule=batching.schedule,
+            pp_microbatches=batching.microbatches,
+            pp_layers_per_stage=-1,
+            fsdp_reduce_dtype=reduce,
+            fsdp_cpu_offload=fsdp_offload,
+        ),
         training=dataclasses.replace(config.training, local_batch_size=batching.local_batch_size),
         activation_checkpoint=dataclasses.replace(
             config.activation_checkpoint, mode=mode, selective_option=option, offload=offload
@@ -144,7 +164,9 @@ def _variant(
     )
 
 
-def search(config: TrainConfig, cluster: Cluster, compute_efficiency: float) -> tuple[list[Candidate], Candidate | None]:
+def search(
+    config: TrainConfig, cluster: Cluster, compute_efficiency: float
+) -> tuple[list[Candidate], Candidate | None]:
     """(the layouts that fit, best first; the one that misses by the least, when none fits)."""
     fitting: list[Candidate] = []
     closest: Candidate | None = None

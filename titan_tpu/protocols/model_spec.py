@@ -149,8 +149,7 @@ class ModelSpec:
         if name not in self.flavors:
             valid = list(self.flavors)
             raise ConfigError(
-                f"unknown flavor '{name}' for model '{self.name}'; {did_you_mean(name, valid)}"
-                f"valid: {', '.join(valid)}"
+                f"unknown flavor '{name}' for model '{self.name}'; {did_you_mean(name, valid)}valid: {', '.join(valid)}"
             )
         return self.flavors[name]
 
@@ -166,9 +165,7 @@ class ModelSpec:
             return args
         types = typing.get_type_hints(type(args))
         settable = [
-            f.name
-            for f in dataclasses.fields(args)
-            if is_supported(types[f.name]) and f.name not in RUN_SET_ARGS
+            f.name for f in dataclasses.fields(args) if is_supported(types[f.name]) and f.name not in RUN_SET_ARGS
         ]
         checked: dict[str, Any] = {}
         for key, value in overrides.items():

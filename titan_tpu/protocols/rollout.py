@@ -54,7 +54,9 @@ class RolloutEngine(Protocol):
         """Sample from `policy`'s weights from now on; `version` counts the optimizer steps behind them."""
         ...
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None) -> Rollout:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> Rollout:
         """Complete every prompt. `seeds` (one per prompt) make sampling at temperature > 0
         reproducible row by row; greedy decoding ignores them."""
         ...

@@ -37,10 +37,10 @@ from torch import nn
 from titan_tpu.config.errors import ConfigError
 
 if TYPE_CHECKING:
-    from titan_tpu.protocols.model_spec import ModelSpec
-    from titan_tpu.protocols.planning import Workload
     from titan_tpu.config import TrainConfig
     from titan_tpu.distributed.parallel_dims import ParallelContext
+    from titan_tpu.protocols.model_spec import ModelSpec
+    from titan_tpu.protocols.planning import Workload
 
 
 @dataclass(frozen=True)
@@ -118,23 +118,19 @@ class TrainingTask(ABC):
         return args
 
     @abstractmethod
-    def setup(self, model: nn.Module) -> None:
-        ...
+    def setup(self, model: nn.Module) -> None: ...
 
     def data_state(self) -> Any | None:
         return None
 
     @abstractmethod
-    def next_batch(self, model: nn.Module) -> Any:
-        ...
+    def next_batch(self, model: nn.Module) -> Any: ...
 
     @abstractmethod
-    def loss(self, model: nn.Module, batch: Any) -> TaskLoss:
-        ...
+    def loss(self, model: nn.Module, batch: Any) -> TaskLoss: ...
 
     @abstractmethod
-    def flops_per_item(self) -> float:
-        ...
+    def flops_per_item(self) -> float: ...
 
     @classmethod
     def planned_workload(cls, config: TrainConfig, spec: ModelSpec, args: Any) -> Workload:

@@ -17,7 +17,7 @@ from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.data.documents import DocumentSource
 from titan_tpu.data.loader import PackedDataset, build_dataloader, build_source, stateful_loader
 from titan_tpu.data.packing import BlockStart
-from titan_tpu.data.tokenizer import Tokenizer, build_tokenizer
+from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.distributed.context_parallel import split_for_rank
 from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.protocols.planning import Workload

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +28,9 @@ from torch.distributed.tensor import DTensor
 from titan_tpu.config import ConfigError
 from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.tensor_parallel import local_value, loss_context
+from titan_tpu.generation.logprobs import logits_of
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS, chunk_tokens
 from titan_tpu.models.common.loss import IGNORE_INDEX
-from titan_tpu.generation.logprobs import logits_of
 from titan_tpu.tasks.base import TaskContext
 
 _LARGEST_EXP = math.log(torch.finfo(torch.float64).max)
@@ -61,9 +60,7 @@ def require_held_out_rows(ctx: TaskContext, description: str, found: int, row: s
         )
 
 
-def cross_entropy_sum(
-    logits: torch.Tensor, labels: torch.Tensor, chunk_elements: int = CHUNK_ELEMENTS
-) -> torch.Tensor:
+def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
     """Sum over labels != IGNORE_INDEX of -log softmax(logits)[label], in float32.
 
     logits [B, S, V], labels [B, S]. Plain logits are upcast one chunk of tokens at a time (at most

@@ -48,10 +48,7 @@ def is_eval_step(step: int, config: TrainConfig) -> bool:
 
 def is_record_step(step: int, config: TrainConfig) -> bool:
     return (
-        step == 1
-        or step % config.metrics.log_freq == 0
-        or step == config.training.steps
-        or is_eval_step(step, config)
+        step == 1 or step % config.metrics.log_freq == 0 or step == config.training.steps or is_eval_step(step, config)
     )
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.protocols.model_spec import ModelSpec
-from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.tasks.registry import require_task, task_names
 
 

@@ -23,14 +23,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from titan_tpu.protocols.tunable import KernelShape
+from titan_tpu.autotune.for_run import choose_run_kernels
 from titan_tpu.checkpoint import CheckpointManager
 from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights
 from titan_tpu.config import ResolvedConfig, TrainConfig, write_resolved_config
 from titan_tpu.config.batch import split_global_batch
 from titan_tpu.device import Device, dtype_name, host_peak_flops, resolve_compute_dtype, select_device
 from titan_tpu.device.peak import peak_covering
-from titan_tpu.autotune.for_run import choose_run_kernels
 from titan_tpu.distributed import process_group
 from titan_tpu.distributed.comm_timeouts import CommTimeouts
 from titan_tpu.distributed.grad_utils import clip_grad_norm_
@@ -38,18 +37,19 @@ from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
 from titan_tpu.distributed.parallelize import parallelize_model
 from titan_tpu.distributed.pipeline import PipelineRunner, build_pipeline
 from titan_tpu.distributed.topology import build_rank_layout
-from titan_tpu.training.forward_backward import accumulated_forward_backward, pipeline_forward_backward
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 from titan_tpu.metrics.mfu import mfu_percent, task_flops_per_sec, with_task_mfu
 from titan_tpu.metrics.plot import write_run_loss_chart
 from titan_tpu.metrics.profiler import StepProfiler
 from titan_tpu.metrics.progress import Progress
 from titan_tpu.optim import build_lr_scheduler, build_optimizer
+from titan_tpu.protocols.tunable import KernelShape
+from titan_tpu.tasks.base import TaskContext, TrainingTask
+from titan_tpu.tasks.registry import task_class
+from titan_tpu.training.forward_backward import accumulated_forward_backward, pipeline_forward_backward
 from titan_tpu.training.record_window import RecordWindow, is_eval_step, is_record_step, mean_over_data_parallel
 from titan_tpu.training.registered_names import RegisteredNames, check_registered_names
 from titan_tpu.training.seeding import seed_everything
-from titan_tpu.tasks.base import TaskContext, TrainingTask
-from titan_tpu.tasks.registry import task_class
 
 logger = logging.getLogger("titan_tpu")
 
@@ -143,12 +143,17 @@ class Trainer:
             check_hf_config(Path(initial), self.spec.state_dict_adapter, args, self._model_name())
         dims = self.parallel.dims
         shape = KernelShape(
-            self.device.torch_device, self.compute_dtype, self.local_batch_size, config.training.seq_len,
+            self.device.torch_device,
+            self.compute_dtype,
+            self.local_batch_size,
+            config.training.seq_len,
             autocast=self.task.ctx.uses_autocast,
             document_mask=config.data.document_mask,
             eager_loss=self.task.chunked_loss and not self.parallel.loss_parallel_enabled,
-            tp=dims.tp, ep=dims.ep, splash_op=self.device.splash_attention_op(),
-        )  # fmt: skip
+            tp=dims.tp,
+            ep=dims.ep,
+            splash_op=self.device.splash_attention_op(),
+        )
         # The kernels "auto" left to measurement, what each became and the candidates' times.
         self.model_args, self.kernels = choose_run_kernels(
             self.spec.tunables, args, shape, self.device, config, self.is_writer
@@ -165,9 +170,15 @@ class Trainer:
         if self.parallel.dims.pp_enabled:
             # This rank's stages only (titan_tpu/distributed/pipeline.py); the task's loss runs on the last.
             self.model, self.pipeline = build_pipeline(
-                model, self.spec, self.parallel, config, self.device.torch_device,
-                self.compute_dtype, self.local_batch_size, self.task.pipeline_loss,  # type: ignore[attr-defined]
-            )  # fmt: skip
+                model,
+                self.spec,
+                self.parallel,
+                config,
+                self.device.torch_device,
+                self.compute_dtype,
+                self.local_batch_size,
+                self.task.pipeline_loss,  # type: ignore[attr-defined]
+            )
             return
         self.model = parallelize_model(
             model,

@@ -29,8 +29,17 @@ CPU = torch.device("cpu")
 
 def tiny_model(seed: int) -> Qwen3Model:
     torch.manual_seed(seed)
-    args = dataclasses.replace(QWEN3_FLAVORS["debug"], dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                               head_dim=16, ffn_hidden_dim=128, vocab_size=128, max_seq_len=64)  # fmt: skip
+    args = dataclasses.replace(
+        QWEN3_FLAVORS["debug"],
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        ffn_hidden_dim=128,
+        vocab_size=128,
+        max_seq_len=64,
+    )
     model = Qwen3Model(args)
     model.init_weights()
     with torch.no_grad():  # clear margins, so greedy tokens depend on the weights
@@ -89,7 +98,9 @@ class RecordingEngine:
 
     def load_weights(self, policy: torch.nn.Module, version: int) -> None: ...
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None) -> Rollout:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> Rollout:
         self.asked.append([list(p) for p in prompts])
         return Rollout([[p[0]] for p in prompts], [torch.zeros(1) for _ in prompts], [True] * len(prompts))
 
@@ -99,6 +110,7 @@ class RecordingEngine:
 
 def test_the_answer_check_splits_prompts_over_ranks_and_scores_each_once() -> None:
     greedy = SamplingParams(4, temperature=0.0)
+
     # An answer scores its prompt's index + 1, so a prompt answered twice or never shows in the sum.
     def score(indices: list[int], answers: list[list[int]]) -> float:
         assert [a[0] for a in answers] == [PROMPTS[i][0] for i in indices]

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.toy_task import ToyConfig, ToyTask
 from titan_tpu.config import ConfigError, catalogue, help_text, load_config
 from titan_tpu.tasks.registry import register_task
 from titan_tpu.training.trainer import Trainer
-from tests.support.toy_task import ToyConfig, ToyTask
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -49,11 +49,19 @@ def test_a_section_name_is_owned_once(toy_registered: None) -> None:
 
 
 def test_it_trains_two_steps_in_the_one_trainer(toy_registered: None, tmp_path: Path, one_thread: None) -> None:
-    config = load_config("llama3_debug", [
-        "--training.task=toy", "--toy.period=3", "--training.steps=2", "--metrics.log_freq=1",
-        "--training.dtype=float32", "--model.overrides.n_layers=1", "--training.seq_len=32",
-        f"--job.dump_folder={tmp_path}",
-    ])  # fmt: skip
+    config = load_config(
+        "llama3_debug",
+        [
+            "--training.task=toy",
+            "--toy.period=3",
+            "--training.steps=2",
+            "--metrics.log_freq=1",
+            "--training.dtype=float32",
+            "--model.overrides.n_layers=1",
+            "--training.seq_len=32",
+            f"--job.dump_folder={tmp_path}",
+        ],
+    )
     trainer = Trainer(config)
     try:
         trainer.train()
@@ -77,9 +85,12 @@ def test_train_py_imports_a_users_module_and_lists_its_section(tmp_path: Path) -
 
     def train_py(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, str(REPO / "train.py"), *args], cwd=tmp_path, capture_output=True, text=True,
+            [sys.executable, str(REPO / "train.py"), *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
             env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"},
-        )  # fmt: skip
+        )
 
     listed = train_py("--import", "my_tasks", "--help")
     assert listed.returncode == 0, listed.stderr

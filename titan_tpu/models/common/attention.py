@@ -4,11 +4,11 @@ import torch
 from torch import nn
 
 from titan_tpu.models.common.attention_kernels import SdpaAttention, masked_attention
-from titan_tpu.protocols.attention import AttentionKernel
 from titan_tpu.models.common.init import trunc_normal_std_
 from titan_tpu.models.common.kv_cache import LayerKVCache
 from titan_tpu.models.common.norms import RMSNorm
 from titan_tpu.models.common.rope import apply_rotary_emb
+from titan_tpu.protocols.attention import AttentionKernel
 
 
 class Attention(nn.Module):

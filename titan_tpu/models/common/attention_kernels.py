@@ -36,8 +36,8 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     if n_rep == 1:
         return x
     bs, n_kv_heads, seqlen, head_dim = x.shape
-    return x[:, :, None].expand(bs, n_kv_heads, n_rep, seqlen, head_dim).reshape(
-        bs, n_kv_heads * n_rep, seqlen, head_dim
+    return (
+        x[:, :, None].expand(bs, n_kv_heads, n_rep, seqlen, head_dim).reshape(bs, n_kv_heads * n_rep, seqlen, head_dim)
     )
 
 
@@ -109,7 +109,9 @@ class SplashAttention:
         if document_ids is not None:
             # torch_tpu 0.2's splash_sdpa takes no segment ids; the measured choice leaves splash out
             # of document-masked runs, so only a forced choice gets here.
-            raise ValueError("splash attention (torch_tpu 0.2) takes no segment ids; with data.document_mask use 'sdpa'")
+            raise ValueError(
+                "splash attention (torch_tpu 0.2) takes no segment ids; with data.document_mask use 'sdpa'"
+            )
         seq_len = q.shape[2]
         block = splash_block(seq_len)
         if block is None:

@@ -34,7 +34,12 @@ def _candidates(args: Any, shape: KernelShape) -> dict[str, Any]:
     if shape.device.type == "cpu":
         names += [f"blocked:{block}" for block in CPU_BLOCKS if block < shape.seq_len]
     # torch_tpu 0.2's splash kernel takes no segment ids, so document-masked runs leave it out.
-    if shape.device.type == "tpu" and shape.splash_op is not None and splash_block(shape.seq_len) and not shape.document_mask:
+    if (
+        shape.device.type == "tpu"
+        and shape.splash_op is not None
+        and splash_block(shape.seq_len)
+        and not shape.document_mask
+    ):
         names.append("splash")
     return {name: attention_kernel(name, splash_op=shape.splash_op) for name in names}
 

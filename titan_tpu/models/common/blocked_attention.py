@@ -77,9 +77,14 @@ class _BlockedCausalAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int,
-        segments: torch.Tensor | None, starts: list[int],
-    ) -> torch.Tensor:  # fmt: skip
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        block: int,
+        segments: torch.Tensor | None,
+        starts: list[int],
+    ) -> torch.Tensor:
         bs, n_heads, seqlen, head_dim = q.shape
         n_kv_heads = k.shape[1]
         n_rep = n_heads // n_kv_heads

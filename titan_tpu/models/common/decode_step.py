@@ -71,7 +71,10 @@ class FusedDecoder:
     start_pos=start_pos)[:, -1]` gives, logits [B, V], from weights taken when it was built."""
 
     def __init__(
-        self, model: DecoderLM, blocks: list[_Block], compiler: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+        self,
+        model: DecoderLM,
+        blocks: list[_Block],
+        compiler: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
     ) -> None:
         assert model.tok_embeddings is not None and model.norm is not None
         self.embedding = model.tok_embeddings.weight

@@ -4,9 +4,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from titan_tpu.models.common.attention_kernels import SdpaAttention
-from titan_tpu.protocols.attention import AttentionKernel
 from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS
 from titan_tpu.models.common.rope import RopeScaling
+from titan_tpu.protocols.attention import AttentionKernel
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,9 @@ class DecoderArgs:
 
     def __post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
-            )
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.head_dim is None and self.dim % self.n_heads != 0:
-            raise ValueError(
-                f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}) unless head_dim is given"
-            )
+            raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}) unless head_dim is given")
         if not (self.loss_chunk_elements == -1 or 0 < self.loss_chunk_elements <= CHUNK_ELEMENTS):
             raise ValueError(
                 f"loss_chunk_elements must be -1 (auto) or 1..{CHUNK_ELEMENTS} (the loss's memory budget), "

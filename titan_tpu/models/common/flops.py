@@ -2,7 +2,6 @@
 
 from titan_tpu.models.common.decoder_args import DecoderArgs
 
-
 # A training step costs three forward passes: for every matmul the convention counts, the backward
 # computes two products the size of the forward's (the gradient of the input and of the weight).
 TRAINING_PASSES = 3

@@ -33,9 +33,7 @@ class LayerKVCache:
         self.v: torch.Tensor | None = None
         self.keys_transposed = False
 
-    def update(
-        self, k: torch.Tensor, v: torch.Tensor, start_pos: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v [B, H_kv, S, D] at slots start_pos:start_pos+S; return every key and value up to
         there, [B, H_kv, start_pos + S, D] (the keys a view of the transposed buffer, when it is)."""
         if self.keys_transposed:
@@ -43,9 +41,7 @@ class LayerKVCache:
             return keys_t.transpose(2, 3), values
         return self._write(k, v, start_pos)
 
-    def update_transposed(
-        self, k: torch.Tensor, v: torch.Tensor, start_pos: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update_transposed(self, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`update` for a layer whose keys are transposed: the keys come back as [B, H_kv, D,
         start_pos + S], the values as `update` gives them."""
         if not self.keys_transposed:
@@ -106,18 +102,14 @@ class KVCache:
             self.layers[name] = LayerKVCache(self.max_len)
         return self.layers[name]
 
-    def advance(
-        self, start_pos: int, tokens: torch.Tensor, key_padding_mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def advance(self, start_pos: int, tokens: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
         """Record that `tokens` [B, S] fill slots start_pos:start_pos+S (real where `key_padding_mask`
         [B, S] is True, all real when None) and return the attention mask [B, 1, S, start_pos + S]
         (True = may attend) for this call."""
         batch, seq_len = tokens.shape
         stop = start_pos + seq_len
         if start_pos < 0 or stop > self.max_len:
-            raise ValueError(
-                f"KVCache: slots {start_pos}:{stop} do not fit its max_len {self.max_len}"
-            )
+            raise ValueError(f"KVCache: slots {start_pos}:{stop} do not fit its max_len {self.max_len}")
         if start_pos > self.length:
             raise ValueError(
                 f"KVCache: start_pos {start_pos} skips slots; {self.length} are filled, so the next "
@@ -126,16 +118,13 @@ class KVCache:
         if self.key_padding_mask is None:
             self.key_padding_mask = torch.ones(batch, self.max_len, dtype=torch.bool, device=tokens.device)
         elif self.key_padding_mask.shape[0] != batch:
-            raise ValueError(
-                f"KVCache holds {self.key_padding_mask.shape[0]} sequences, got a batch of {batch}"
-            )
+            raise ValueError(f"KVCache holds {self.key_padding_mask.shape[0]} sequences, got a batch of {batch}")
         if key_padding_mask is None:
             self.key_padding_mask[:, start_pos:stop] = True
         else:
             if key_padding_mask.shape != tokens.shape:
                 raise ValueError(
-                    f"key_padding_mask must match tokens {tuple(tokens.shape)}, "
-                    f"got {tuple(key_padding_mask.shape)}"
+                    f"key_padding_mask must match tokens {tuple(tokens.shape)}, got {tuple(key_padding_mask.shape)}"
                 )
             self.key_padding_mask[:, start_pos:stop] = key_padding_mask
         self.length = stop

@@ -37,7 +37,7 @@ _IGNORE_INDEX = -100
 
 
 def _name(budget: int) -> str:
-    """"2^k" for a power of two (every candidate), else the number a config forced."""
+    """ "2^k" for a power of two (every candidate), else the number a config forced."""
     power = budget.bit_length() - 1
     return f"2^{power}" if budget == 1 << power else str(budget)
 

@@ -33,12 +33,13 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from titan_tpu.models.common.decoder import DecoderLM
-from titan_tpu.models.common.transformer import TransformerBlock
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.distributed.context_parallel import apply_context_parallel
 from titan_tpu.distributed.parallel_dims import ParallelContext
 from titan_tpu.distributed.tensor_parallel import ReplicateParallel, install_logits_layout, to_replicated_dtensor
+from titan_tpu.models.common.decoder import DecoderLM
+from titan_tpu.models.common.transformer import TransformerBlock
+
 
 class DenseDecoderArgs(Protocol):
     """What the dense plan splits: heads, and the SwiGLU's width (a field or a derived property)."""
@@ -58,9 +59,7 @@ def check_tp_divisibility(sizes: dict[str, int], tp: int) -> None:
     """Every size the plan splits (head counts, widths) must divide over tp."""
     for what, value in sizes.items():
         if value % tp != 0:
-            raise ConfigError(
-                f"parallelism.tp = {tp} must divide the model's {what} ({value}); pick a tp that does"
-            )
+            raise ConfigError(f"parallelism.tp = {tp} must divide the model's {what} ({value}); pick a tp that does")
 
 
 def attention_block_plan(block: TransformerBlock, sequence_parallel: bool) -> dict[str, ParallelStyle]:
@@ -131,7 +130,9 @@ class DecoderTPPlan:
 
     block_plan: BlockPlan = decoder_block_plan
 
-    def styles(self, model: DecoderLM, tp: int, sequence_parallel: bool, loss_parallel: bool) -> dict[str, ParallelStyle]:
+    def styles(
+        self, model: DecoderLM, tp: int, sequence_parallel: bool, loss_parallel: bool
+    ) -> dict[str, ParallelStyle]:
         """Module path in `model` -> its style, for every module the plan touches (the same for
         every tp; the sizes it splits are checked by the caller)."""
         styles = decoder_top_plan(model, sequence_parallel, loss_parallel)
@@ -151,9 +152,7 @@ class DecoderTPPlan:
             # Tied head: forward computes F.linear(norm(h), tok_embeddings.weight) with the weight
             # vocab-sharded; hand it the normed hidden states replicated, so the logits come out
             # vocab-sharded without gathering the embedding table.
-            model.norm.register_forward_hook(
-                lambda module, args, output: to_replicated_dtensor(output, tp_mesh)
-            )
+            model.norm.register_forward_hook(lambda module, args, output: to_replicated_dtensor(output, tp_mesh))
         for block in model.layers.values():
             parallelize_module(block, tp_mesh, self.block_plan(block, sequence_parallel))  # type: ignore[arg-type]
         if sequence_parallel:
@@ -168,14 +167,19 @@ def whole_sequence_between_stages(model: DecoderLM, tp_mesh: DeviceMesh) -> None
     without the head gathers its last block's sequence-sharded output. A whole model has neither."""
     blocks = list(model.layers.values())
     if model.tok_embeddings is None:
-        parallelize_module(blocks[0], tp_mesh, PrepareModuleInput(
-            input_layouts=(Replicate(), None, None), desired_input_layouts=(Shard(1), None, None),
-            use_local_output=True,
-        ))  # fmt: skip
+        parallelize_module(
+            blocks[0],
+            tp_mesh,
+            PrepareModuleInput(
+                input_layouts=(Replicate(), None, None),
+                desired_input_layouts=(Shard(1), None, None),
+                use_local_output=True,
+            ),
+        )
     if model.norm is None:
-        parallelize_module(blocks[-1], tp_mesh, PrepareModuleOutput(
-            output_layouts=Shard(1), desired_output_layouts=Replicate()
-        ))  # fmt: skip
+        parallelize_module(
+            blocks[-1], tp_mesh, PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate())
+        )
 
 
 DENSE_DECODER_TP = DecoderTPPlan()

@@ -32,9 +32,7 @@ class FluxArgs:
         if self.dim % self.n_heads != 0:
             raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
         if sum(self.axes_dim) != self.head_dim:
-            raise ValueError(
-                f"axes_dim {self.axes_dim} must add up to the head width dim / n_heads = {self.head_dim}"
-            )
+            raise ValueError(f"axes_dim {self.axes_dim} must add up to the head width dim / n_heads = {self.head_dim}")
         if any(d % 2 for d in self.axes_dim):
             raise ValueError(f"every entry of axes_dim must be even for rotary embeddings, got {self.axes_dim}")
 

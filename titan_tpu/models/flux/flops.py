@@ -12,7 +12,9 @@ def flux_param_count(args: FluxArgs) -> int:
     dim, hidden, head = args.dim, args.mlp_hidden_dim, args.head_dim
     stream = 3 * _linear(dim, dim) + 2 * head + _linear(dim, dim) + _linear(dim, hidden) + _linear(hidden, dim)
     double = 2 * (_linear(dim, 6 * dim) + stream)
-    single = _linear(dim, 3 * dim) + 3 * _linear(dim, dim) + 2 * head + _linear(dim, hidden) + _linear(dim + hidden, dim)
+    single = (
+        _linear(dim, 3 * dim) + 3 * _linear(dim, dim) + 2 * head + _linear(dim, hidden) + _linear(dim + hidden, dim)
+    )
     time = _linear(args.time_freq_dim, dim) + _linear(dim, dim)
     embedders = (
         _linear(args.in_channels, dim)

@@ -19,7 +19,6 @@ from typing import Any
 
 from titan_tpu.models.hf.config import HFConfig
 
-
 # The flavors: the config as its folder or class gives it, or the debug sizes below on top of it.
 HF_FLAVORS: dict[str, str] = {
     "config": "the sizes of hf.config's folder, or the defaults of hf.architecture's config class",
@@ -92,8 +91,9 @@ class HFArgs:
     def __hash__(self) -> int:
         # A transformers config compares by value but cannot be hashed; its JSON stands for it (the
         # planner caches models built on meta by their arguments).
-        return hash((self.architecture, self.config.to_json_string(), self.folder, self.max_seq_len,
-                     self.loss_chunk_elements))  # fmt: skip
+        return hash(
+            (self.architecture, self.config.to_json_string(), self.folder, self.max_seq_len, self.loss_chunk_elements)
+        )
 
     @property
     def text_config(self) -> Any:
@@ -138,7 +138,7 @@ def takes_registered_attention(args: HFArgs) -> bool:
 
 
 def did_you_mean(name: str, options: list[str]) -> str:
-    """"did you mean 'x'? " for the closest option, or "" (the config layer's wording)."""
+    """ "did you mean 'x'? " for the closest option, or "" (the config layer's wording)."""
     close = difflib.get_close_matches(name, options, n=1)
     return f"did you mean '{close[0]}'? " if close else ""
 
@@ -201,7 +201,9 @@ def hf_args(run: Any) -> HFArgs:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"model.overrides.{key}: a positive integer, got {value!r}")
     _set_fields(config, overrides, "model.overrides")
-    args = HFArgs(architecture=architecture, config=config, folder=folder, trust_remote_code=hf.trust_remote_code, **own)
+    args = HFArgs(
+        architecture=architecture, config=config, folder=folder, trust_remote_code=hf.trust_remote_code, **own
+    )
     if model.attention_block > 0 and not takes_registered_attention(args):
         raise ValueError(
             f"model.attention_block: {architecture} does not take its attention function from transformers' "
@@ -216,7 +218,9 @@ def _folder_config(path: Path, trust_remote_code: bool) -> tuple[str, Any]:
 
     config_file = path if path.suffix == ".json" else path / "config.json"
     if not config_file.is_file():
-        raise ValueError(f"hf.config: {config_file} does not exist; give a Hugging Face checkpoint folder that holds a config.json")
+        raise ValueError(
+            f"hf.config: {config_file} does not exist; give a Hugging Face checkpoint folder that holds a config.json"
+        )
     try:
         raw = json.loads(config_file.read_text())
     except json.JSONDecodeError as e:
@@ -421,4 +425,3 @@ def _fit_layer_counts(config: Any, layers: int, layers_before: int) -> int:
 def override_value(args: HFArgs, key: str) -> Any:
     """What an override set (registry's `override_value`)."""
     return getattr(args, key) if key in OWN_FIELDS else getattr(args.config, key)
-

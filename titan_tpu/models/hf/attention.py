@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from titan_tpu.protocols.attention import AttentionKernel
 from titan_tpu.models.hf.args import HFArgs, model_class, takes_registered_attention
+from titan_tpu.protocols.attention import AttentionKernel
 
 
 def registered_name(kernel: AttentionKernel) -> str:
@@ -40,9 +40,16 @@ def attention_implementation(args: HFArgs) -> str:
     return "sdpa" if getattr(model_class(args.architecture, "model"), "_supports_sdpa", False) else "eager"
 
 
-def is_plain_causal(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, dropout: float, scaling: float | None,
-                    extra: dict[str, Any]) -> bool:  # fmt: skip
+def is_plain_causal(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    scaling: float | None,
+    extra: dict[str, Any],
+) -> bool:
     """A call our kernel computes exactly: causal self-attention over the same tokens, no mask
     beyond causality, no dropout, the 1/sqrt(head_dim) scale, nothing else asked of it."""
     head_dim = query.shape[-1]
@@ -67,13 +74,21 @@ def register(kernel: AttentionKernel) -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import sdpa_mask
 
-    def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                  **kwargs: Any) -> tuple[torch.Tensor, None]:  # fmt: skip
+    def attention(
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
         # query [B, H, S, D], key and value [B, H_kv, S, D]; transformers wants [B, S, H, D] back.
         if not is_plain_causal(module, query, key, value, attention_mask, dropout, scaling, kwargs):
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                          scaling=scaling, **kwargs)  # fmt: skip
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+            )
         return kernel(query, key, value).transpose(1, 2).contiguous(), None
 
     name = registered_name(kernel)

@@ -67,7 +67,9 @@ def zeroes_padding_row(owner: nn.Module, embedding: nn.Embedding) -> bool:
     assert embedding.padding_idx is not None
     probe = copy.copy(embedding)
     probe._parameters = {"weight": nn.Parameter(torch.ones(embedding.padding_idx + 1, 4, device="cpu"))}
-    probe._buffers = {name: torch.ones(b.shape, dtype=b.dtype) for name, b in embedding._buffers.items() if b is not None}
+    probe._buffers = {
+        name: torch.ones(b.shape, dtype=b.dtype) for name, b in embedding._buffers.items() if b is not None
+    }
     probe.__dict__.pop("_is_hf_initialized", None)
     with torch.random.fork_rng(devices=[]):
         owner._init_weights(probe)  # type: ignore[operator]
@@ -106,8 +108,14 @@ def trunc_normal_through_torch() -> Iterator[None]:
     captured = initialization.trunc_normal_
     current = torch.nn.init.trunc_normal_
 
-    def trunc_normal_(tensor: torch.Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
-                      generator: torch.Generator | None = None) -> torch.Tensor:  # fmt: skip
+    def trunc_normal_(
+        tensor: torch.Tensor,
+        mean: float = 0.0,
+        std: float = 1.0,
+        a: float = -2.0,
+        b: float = 2.0,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         if getattr(tensor, "_is_hf_initialized", False):
             return tensor
         return current(tensor, mean=mean, std=std, a=a, b=b, generator=generator)
@@ -174,8 +182,9 @@ class HFCausalLM(nn.Module):
         self.zero_row: ZeroRow = zero_row
         logger.info(
             "model hf: %s by transformers' own modeling code, attention %s",
-            args.architecture, self.hf.config._attn_implementation,
-        )  # fmt: skip
+            args.architecture,
+            self.hf.config._attn_implementation,
+        )
 
     def block_containers(self) -> list[nn.ModuleList]:
         layers = self.hf.get_submodule(self.layers_path)

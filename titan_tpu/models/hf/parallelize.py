@@ -99,7 +99,9 @@ class LocalReplicate(ParallelStyle):
             replicated = distribute_tensor(param, device_mesh, [Replicate()], src_data_rank=None)
             module.register_parameter(name, nn.Parameter(replicated, requires_grad=param.requires_grad))
         # Which layer reads them is decided once the whole model is sharded (apply_hf_tp).
-        module.__dict__["local_parameters"] = own_parameters(module, [Partial()] if self.partial_grads else [Replicate()])
+        module.__dict__["local_parameters"] = own_parameters(
+            module, [Partial()] if self.partial_grads else [Replicate()]
+        )
         return module
 
 
@@ -167,9 +169,17 @@ def _styles(loss_parallel: bool, config: Any = None) -> dict[str, Callable[[], P
 # The plan's styles that split a layer, and the dimension of its weight they split (nn.Linear's
 # weight is [out, in]; nn.Embedding's [vocab, dim]).
 SPLIT_DIM = {
-    "colwise": 0, "unit_colwise": 0, "colwise_gather_output": 0, "colwise_rep": 0, "embedding_rowwise": 0,
-    "rowwise": 1, "unit_rowwise": 1, "rowwise_split_input": 1, "rowwise_rep": 1, "embedding_colwise": 1,
-}  # fmt: skip
+    "colwise": 0,
+    "unit_colwise": 0,
+    "colwise_gather_output": 0,
+    "colwise_rep": 0,
+    "embedding_rowwise": 0,
+    "rowwise": 1,
+    "unit_rowwise": 1,
+    "rowwise_split_input": 1,
+    "rowwise_rep": 1,
+    "embedding_colwise": 1,
+}
 
 
 def expand_patterns(hf: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
@@ -296,7 +306,9 @@ class HFTensorParallelPlan:
     def styles(self, model: nn.Module, tp: int, sequence_parallel: bool, loss_parallel: bool) -> dict[str, Any]:
         expanded = tp_plan_for(model, tp)
         parameters = dict(model.hf.named_parameters())
-        chosen: dict[str, Any] = {f"hf.{path}": style for path, style in module_styles(model, expanded, loss_parallel).items()}
+        chosen: dict[str, Any] = {
+            f"hf.{path}": style for path, style in module_styles(model, expanded, loss_parallel).items()
+        }
         for path in (path for path in expanded if path in parameters):
             chosen[f"hf.{path}"] = bare_parameter_split(parameters[path])
         return chosen
@@ -336,8 +348,10 @@ def read_replicated_as_local(model: nn.Module) -> None:
     layer's FSDP gathers its parameters before this layer-level swap, which runs inside the layer."""
     layers = list(model.block_containers()[0])
     inside_layers = {id(module) for layer in layers for module in layer.modules()}
-    for unit, modules in [*((layer, list(layer.modules())) for layer in layers),
-                          (model.hf, [m for m in model.hf.modules() if id(m) not in inside_layers])]:  # fmt: skip
+    for unit, modules in [
+        *((layer, list(layer.modules())) for layer in layers),
+        (model.hf, [m for m in model.hf.modules() if id(m) not in inside_layers]),
+    ]:
         parameters = [entry for module in modules for entry in module.__dict__.get("local_parameters", ())]
         if parameters:
             compute_on_local_tensors(unit, parameters)
@@ -369,7 +383,9 @@ class ExpertDispatch:
         self.local_experts = num_experts // self.ep
         self.first_expert = ep_mesh.get_local_rank() * self.local_experts
 
-    def dispatch(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def dispatch(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         bound = inspect.signature(module.forward).bind(*args, **kwargs)
         hidden, index, weights = (bound.arguments[name] for name in EXPERT_INPUTS)
         hidden = ScaleGrad.apply(GatherRows.apply(hidden, self.group), float(self.ep))
@@ -408,8 +424,11 @@ def expert_modules(model: nn.Module, ep: int) -> list[nn.Module]:
     for module in experts:
         names = set(inspect.signature(module.forward).parameters)
         weights = {name for name, _ in module.named_parameters(recurse=False)}
-        planned = {path.rpartition(".")[2] for path, style in expanded.items()
-                   if style == EXPERT_WEIGHTS and hf.get_submodule(path.rpartition(".")[0]) is module}  # fmt: skip
+        planned = {
+            path.rpartition(".")[2]
+            for path, style in expanded.items()
+            if style == EXPERT_WEIGHTS and hf.get_submodule(path.rpartition(".")[0]) is module
+        }
         if not set(EXPERT_INPUTS) <= names or planned != weights or not is_experts_module(module):
             raise ConfigError(
                 f"parallelism.ep = {ep}: {architecture}'s experts ({type(module).__name__}) are not the "
@@ -461,6 +480,8 @@ def parallelize_hf(model: nn.Module, ctx: ParallelContext) -> nn.Module:
         apply_hf_ep(model, ctx)
     if ctx.dims.tp_enabled:
         if ctx.sequence_parallel:
-            logger.info("model hf: tensor parallelism without sequence parallelism (transformers' plans split no sequence)")
+            logger.info(
+                "model hf: tensor parallelism without sequence parallelism (transformers' plans split no sequence)"
+            )
         apply_hf_tp(model, ctx.tp_mesh, ctx.loss_parallel_enabled)
     return model

@@ -67,19 +67,34 @@ def _layer_shape(layer: nn.Module, config: object, dim: int, top_k: int) -> Laye
         expert_hidden = per_expert // ((3 if expert_gated else 2) * dim)
     # What is left of the layer beyond attention, experts, norms and the router is its MLP (or the
     # shared experts beside the routed ones).
-    attention = {id(p) for name, module in names.items() if name.endswith(("attn", "attention")) for p in module.parameters()}
-    router = [p for p in layer.parameters() if count and p.ndim == 2 and p.shape == (count, dim) and id(p) not in expert_ids]
+    attention = {
+        id(p) for name, module in names.items() if name.endswith(("attn", "attention")) for p in module.parameters()
+    }
+    router = [
+        p for p in layer.parameters() if count and p.ndim == 2 and p.shape == (count, dim) and id(p) not in expert_ids
+    ]
     router_ids = {id(p) for p in router}
-    mlp = [(n, p) for n, p in layer.named_parameters()
-           if p.ndim >= 2 and id(p) not in attention | expert_ids | router_ids and min(p.shape) > 1]  # fmt: skip
+    mlp = [
+        (n, p)
+        for n, p in layer.named_parameters()
+        if p.ndim >= 2 and id(p) not in attention | expert_ids | router_ids and min(p.shape) > 1
+    ]
     gated = any("gate" in name for name, _ in mlp)  # gate_proj, gate_up_proj (the router is left out)
     mlp_params = sum(p.numel() for _, p in mlp)
     return LayerShape(
-        dim=dim, n_heads=heads, n_kv_heads=kv_heads, attn_head_dim=head_dim, qk_norm=qk_norm,
-        mlp_hidden=mlp_params // ((3 if gated else 2) * dim), gated=gated, experts=count,
-        expert_hidden=expert_hidden, expert_gated=expert_gated, top_k=top_k if count else 0,
+        dim=dim,
+        n_heads=heads,
+        n_kv_heads=kv_heads,
+        attn_head_dim=head_dim,
+        qk_norm=qk_norm,
+        mlp_hidden=mlp_params // ((3 if gated else 2) * dim),
+        gated=gated,
+        experts=count,
+        expert_hidden=expert_hidden,
+        expert_gated=expert_gated,
+        top_k=top_k if count else 0,
         router_params=sum(p.numel() for p in router),
-    )  # fmt: skip
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -98,7 +113,11 @@ def _feed_forward(shape: LayerShape, g: ActivationGeometry) -> FeedForwardActiva
     if shape.mlp_hidden:
         hidden = shape.mlp_hidden
         # A plain MLP keeps its up projection's output and the activation of it.
-        parts.append(swiglu_activations(hidden, g) if shape.gated else FeedForwardActivations(2 * hidden * a / t, hidden * a / t, hidden * a / t))
+        parts.append(
+            swiglu_activations(hidden, g)
+            if shape.gated
+            else FeedForwardActivations(2 * hidden * a / t, hidden * a / t, hidden * a / t)
+        )
     if shape.experts:
         # Router logits and float32 probabilities, k routed copies in and out, the experts' MLP on
         # them (SwiGLU: 4 k F a; plain: 2 k F a); replicated over tp.

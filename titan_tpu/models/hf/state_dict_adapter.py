@@ -11,10 +11,19 @@ PREFIX = "hf."
 # Config fields that decide the weights' meaning beyond their shapes (the shapes are checked
 # tensor by tensor when the weights load); compared where both sides have them.
 COMPARED = (
-    "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "intermediate_size", "vocab_size", "tie_word_embeddings", "num_local_experts", "num_experts",
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "tie_word_embeddings",
+    "num_local_experts",
+    "num_experts",
     "num_experts_per_tok",
-)  # fmt: skip
+)
 
 
 class HFFamilyAdapter:

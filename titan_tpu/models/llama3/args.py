@@ -23,12 +23,8 @@ class Llama3Args(DecoderArgs):
 
 
 # Llama 3.2 1B/3B ship with factor 32 (their published configs); the 3.1 models use 8.
-_LLAMA32_ROPE = RopeScaling(
-    factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192
-)
-_LLAMA31_ROPE = RopeScaling(
-    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192
-)
+_LLAMA32_ROPE = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192)
+_LLAMA31_ROPE = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192)
 
 LLAMA3_FLAVORS: dict[str, Llama3Args] = {
     # Tiny enough to train dozens of steps in seconds on a 2-core CPU; the vocab covers byte-level

@@ -5,8 +5,8 @@ titan_tpu/models/common/decoder_activations.py). The dense Qwen 3 block is the s
 from __future__ import annotations
 
 from titan_tpu.models.common.decoder_activations import FeedForwardActivations, decoder_block_activations
-from titan_tpu.protocols.planning import FLOAT32, ActivationGeometry, BlockActivations
 from titan_tpu.models.qwen3.args import Qwen3MoeArgs
+from titan_tpu.protocols.planning import FLOAT32, ActivationGeometry, BlockActivations
 
 
 def moe_activations(args: Qwen3MoeArgs, g: ActivationGeometry) -> FeedForwardActivations:

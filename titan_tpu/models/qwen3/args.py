@@ -64,18 +64,18 @@ class Qwen3MoeArgs(Qwen3Args):
 QWEN3_FLAVORS: dict[str, Qwen3Args] = {
     # Tiny enough to train in minutes on a 2-core CPU; the vocab covers the byte tokenizer (258 ids).
     "debug": Qwen3Args(
-        dim=256, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=32, vocab_size=512, ffn_hidden_dim=768,
+        dim=256,
+        n_layers=4,
+        n_heads=8,
+        n_kv_heads=4,
+        head_dim=32,
+        vocab_size=512,
+        ffn_hidden_dim=768,
         max_seq_len=2048,
     ),
-    "0.6B": Qwen3Args(
-        dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, ffn_hidden_dim=3072, tie_embeddings=True
-    ),
-    "1.7B": Qwen3Args(
-        dim=2048, n_layers=28, n_heads=16, n_kv_heads=8, ffn_hidden_dim=6144, tie_embeddings=True
-    ),
-    "4B": Qwen3Args(
-        dim=2560, n_layers=36, n_heads=32, n_kv_heads=8, ffn_hidden_dim=9728, tie_embeddings=True
-    ),
+    "0.6B": Qwen3Args(dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, ffn_hidden_dim=3072, tie_embeddings=True),
+    "1.7B": Qwen3Args(dim=2048, n_layers=28, n_heads=16, n_kv_heads=8, ffn_hidden_dim=6144, tie_embeddings=True),
+    "4B": Qwen3Args(dim=2560, n_layers=36, n_heads=32, n_kv_heads=8, ffn_hidden_dim=9728, tie_embeddings=True),
     "8B": Qwen3Args(dim=4096, n_layers=36, n_heads=32, n_kv_heads=8, ffn_hidden_dim=12288),
     "14B": Qwen3Args(dim=5120, n_layers=40, n_heads=40, n_kv_heads=8, ffn_hidden_dim=17408),
     "32B": Qwen3Args(dim=5120, n_layers=64, n_heads=64, n_kv_heads=8, ffn_hidden_dim=25600),
@@ -85,15 +85,36 @@ QWEN3_MOE_FLAVORS: dict[str, Qwen3MoeArgs] = {
     # 8 experts so that ep 2, 4 and 8 all divide them; widths are multiples of 16 so every expert
     # implementation (grouped_mm needs 16-byte aligned strides) runs on it.
     "debug_moe": Qwen3MoeArgs(
-        dim=256, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=32, vocab_size=512, ffn_hidden_dim=768,
-        max_seq_len=2048, num_experts=8, top_k=2, moe_hidden_dim=256,
+        dim=256,
+        n_layers=4,
+        n_heads=8,
+        n_kv_heads=4,
+        head_dim=32,
+        vocab_size=512,
+        ffn_hidden_dim=768,
+        max_seq_len=2048,
+        num_experts=8,
+        top_k=2,
+        moe_hidden_dim=256,
     ),
     "30B-A3B": Qwen3MoeArgs(
-        dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, ffn_hidden_dim=6144,
-        num_experts=128, top_k=8, moe_hidden_dim=768,
+        dim=2048,
+        n_layers=48,
+        n_heads=32,
+        n_kv_heads=4,
+        ffn_hidden_dim=6144,
+        num_experts=128,
+        top_k=8,
+        moe_hidden_dim=768,
     ),
     "235B-A22B": Qwen3MoeArgs(
-        dim=4096, n_layers=94, n_heads=64, n_kv_heads=4, ffn_hidden_dim=12288,
-        num_experts=128, top_k=8, moe_hidden_dim=1536,
+        dim=4096,
+        n_layers=94,
+        n_heads=64,
+        n_kv_heads=4,
+        ffn_hidden_dim=12288,
+        num_experts=128,
+        top_k=8,
+        moe_hidden_dim=1536,
     ),
 }

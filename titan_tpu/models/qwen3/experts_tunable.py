@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch.func import functional_call
 
-from titan_tpu.protocols.tunable import KernelRun, KernelShape, Tunable, forward_backward
 from titan_tpu.models.qwen3.moe import GroupedExperts
+from titan_tpu.protocols.tunable import KernelRun, KernelShape, Tunable, forward_backward
 
 # The correctness check's token count per rank: every expert gets a run of a few tokens.
 CHECK_TOKENS = 512

@@ -1,8 +1,8 @@
 """Parameter counts and training FLOPs per token of Qwen 3 (dense and MoE), from the args alone."""
 
 from titan_tpu.models.common.flops import decoder_flops_per_token, decoder_param_count
-from titan_tpu.protocols.planning import ExpertRouting
 from titan_tpu.models.qwen3.args import Qwen3Args, Qwen3MoeArgs
+from titan_tpu.protocols.planning import ExpertRouting
 
 
 def _feed_forward_params(args: Qwen3Args, active: bool) -> int:

@@ -12,10 +12,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS
 from titan_tpu.models.common.decoder import DecoderLM, decoder_block
 from titan_tpu.models.common.feed_forward import FeedForward
 from titan_tpu.models.common.kv_cache import KVCache
-from titan_tpu.models.common.chunked_cross_entropy import CHUNK_ELEMENTS
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.common.transformer import TransformerBlock
 from titan_tpu.models.qwen3.args import Qwen3Args, Qwen3MoeArgs
@@ -206,9 +206,7 @@ class Qwen3MoeModel(Qwen3Model):
         aux_loss = _AuxLossValue.apply(h, value, tracker) if torch.is_grad_enabled() else value
         return MoEOutput(self.logits(h), aux_loss, self.args.router_aux_loss_coef)
 
-    def _stage_forward(
-        self, inputs: torch.Tensor, router_totals: torch.Tensor | None
-    ) -> tuple[torch.Tensor, ...]:
+    def _stage_forward(self, inputs: torch.Tensor, router_totals: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """One pipeline stage of the training forward. The load-balancing loss needs every layer's
         router statistics, so each stage adds its layers' (counts, prob sums) to the totals the
         previous stage passed on ([2, E], float32) and hands them to the next with its hidden

@@ -179,9 +179,7 @@ class GroupedExperts(nn.Module):
         return f"num_experts={self.num_experts}, impl={self.impl}"
 
 
-def _loop(
-    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
-) -> torch.Tensor:
+def _loop(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
     outputs = []
     for expert, rows in enumerate(x.split(counts.tolist())):
         hidden = F.silu(F.linear(rows, w1[expert])) * F.linear(rows, w3[expert])

@@ -11,13 +11,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from titan_tpu.models.common.parallelize import (
-    DecoderTPPlan,
-    attention_block_plan,
-    check_tp_divisibility,
-    parallelize_dense_decoder,
-)
-from titan_tpu.models.qwen3.model import Qwen3MoeModel
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.distributed.expert_parallel import (
     parallelize_moe,
@@ -26,6 +19,13 @@ from titan_tpu.distributed.expert_parallel import (
     validate_expert_parallel,
 )
 from titan_tpu.distributed.parallel_dims import ParallelContext
+from titan_tpu.models.common.parallelize import (
+    DecoderTPPlan,
+    attention_block_plan,
+    check_tp_divisibility,
+    parallelize_dense_decoder,
+)
+from titan_tpu.models.qwen3.model import Qwen3MoeModel
 
 # Only attention is tensor-parallel: the experts are split over ep instead.
 QWEN3_MOE_TP_PLAN = DecoderTPPlan(block_plan=attention_block_plan)

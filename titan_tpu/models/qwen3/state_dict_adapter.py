@@ -59,9 +59,7 @@ class Qwen3StateDictAdapter(DecoderHFAdapter[Qwen3Args]):
     # -- names ------------------------------------------------------------------------------------
     def hf_name(self, name: str) -> str:
         if _OURS_EXPERTS.match(name):
-            raise KeyError(
-                f"Qwen 3 parameter '{name}' stacks one Hugging Face tensor per expert; use hf_names()"
-            )
+            raise KeyError(f"Qwen 3 parameter '{name}' stacks one Hugging Face tensor per expert; use hf_names()")
         return super().hf_name(name)
 
     def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:

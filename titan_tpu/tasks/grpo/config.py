@@ -19,10 +19,13 @@ class RLConfig:
         "Prompts: arithmetic = generated 'a+b=' problems; data = your records from data.source/data.path "
         "(.jsonl/.parquet files or an offline Hugging Face dataset), rendered with the chat template.",
     )
-    prompt_field: str = opt("prompt", "data: record field holding the prompt, a string or a list of role/content turns.")
+    prompt_field: str = opt(
+        "prompt", "data: record field holding the prompt, a string or a list of role/content turns."
+    )
     system_prompt: str = opt("", "data: a system turn put before each prompt that has none; empty = none.")
     eval_path: str = opt(
-        "", "data: held-out records (.jsonl/.parquet) for the held-out accuracy; empty = rl.held_out_fraction of data.path."
+        "",
+        "data: held-out records (.jsonl/.parquet) for the held-out accuracy; empty = rl.held_out_fraction of data.path.",
     )
     template_switches: dict[str, Any] = opt_table(
         "data: variables the chat template reads, e.g. { enable_thinking = false } for Qwen 3."
@@ -66,14 +69,16 @@ class RLConfig:
     )
     rewards: list[dict[str, Any]] = field(
         default_factory=lambda: [dict(reward) for reward in DEFAULT_REWARDS],
-        metadata={"doc": (
-            "The reward is the weighted sum of these, each a table { fn, weight = 1.0 }: fn = 'exact' (the "
-            "answer before the stop text equals the reference), 'math' (the same value by math-verify: "
-            "'#### 42', \\boxed{}, fractions, LaTeX), 'format' (with pattern = a regular expression the "
-            "whole completion must match) or 'module:function', your own: called once per rollout batch "
-            "with (prompts, completions, records), it returns one float per completion. The first is the "
-            "held-out accuracy's."
-        )},
+        metadata={
+            "doc": (
+                "The reward is the weighted sum of these, each a table { fn, weight = 1.0 }: fn = 'exact' (the "
+                "answer before the stop text equals the reference), 'math' (the same value by math-verify: "
+                "'#### 42', \\boxed{}, fractions, LaTeX), 'format' (with pattern = a regular expression the "
+                "whole completion must match) or 'module:function', your own: called once per rollout batch "
+                "with (prompts, completions, records), it returns one float per completion. The first is the "
+                "held-out accuracy's."
+            )
+        },
     )
     reference_field: str = opt("answer", "Record field holding the reference answer that exact and math compare with.")
     max_operand: int = opt(99, "arithmetic: operands are integers in [0, max_operand].")
@@ -85,13 +90,19 @@ class RLConfig:
     )
 
     def validate(self) -> None:
-        require(self.group_size >= 2, "rl.group_size", f"must be >= 2 (a group is its own baseline), got {self.group_size}")
+        require(
+            self.group_size >= 2, "rl.group_size", f"must be >= 2 (a group is its own baseline), got {self.group_size}"
+        )
         require(self.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {self.prompts_per_step}")
-        require(self.updates_per_rollout >= 1, "rl.updates_per_rollout", f"must be >= 1, got {self.updates_per_rollout}")
+        require(
+            self.updates_per_rollout >= 1, "rl.updates_per_rollout", f"must be >= 1, got {self.updates_per_rollout}"
+        )
         for key in ("eps_low", "eps_high"):
             value = getattr(self, key)
             require(0 < value < 10, f"rl.{key}", f"must be in (0, 10), got {value}")
-        require(self.eps_low < 1, "rl.eps_low", f"must be < 1 (the lower clip 1 - eps_low stays > 0), got {self.eps_low}")
+        require(
+            self.eps_low < 1, "rl.eps_low", f"must be < 1 (the lower clip 1 - eps_low stays > 0), got {self.eps_low}"
+        )
         require(self.beta >= 0, "rl.beta", f"must be >= 0, got {self.beta}")
         require(self.advantage_eps > 0, "rl.advantage_eps", f"must be > 0, got {self.advantage_eps}")
         require(self.temperature >= 0, "rl.temperature", f"must be >= 0, got {self.temperature}")
@@ -133,11 +144,16 @@ def _check_reward_table(table: dict[str, Any], where: str) -> None:
     weight = table.get("weight", 1.0)
     require(
         isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight),
-        f"{where}.weight", f"must be a finite number, got {weight!r}",
+        f"{where}.weight",
+        f"must be a finite number, got {weight!r}",
     )
     pattern = table.get("pattern")
     if fn == "format":
-        require(isinstance(pattern, str) and bool(pattern), f"{where}.pattern", "is required for fn = 'format' (a regular expression)")
+        require(
+            isinstance(pattern, str) and bool(pattern),
+            f"{where}.pattern",
+            "is required for fn = 'format' (a regular expression)",
+        )
         try:
             re.compile(pattern)
         except re.error as err:

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from titan_tpu.checkpoint.hf_import import load_hf_weights
-from titan_tpu.models.registry import get_model_spec
 from titan_tpu.generation.sampler import generate
+from titan_tpu.models.registry import get_model_spec
 from titan_tpu.protocols.model_spec import Decoding
 from titan_tpu.protocols.rollout import SamplingParams
 
@@ -57,7 +57,12 @@ def greedy_transformers(
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     answers = []
     for prompt in prompts:
-        out = model.generate(torch.tensor([list(prompt)]), do_sample=False, max_new_tokens=max_new_tokens,
-                             eos_token_id=list(stop_ids), pad_token_id=pad_id)  # fmt: skip
+        out = model.generate(
+            torch.tensor([list(prompt)]),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=list(stop_ids),
+            pad_token_id=pad_id,
+        )
         answers.append(out[0, len(prompt) :].tolist())
     return answers

@@ -61,8 +61,15 @@ def prompt_set(config: TrainConfig, tokenizer: Any) -> PromptSet:
         problems = ArithmeticProblems(rl.max_operand, rl.held_out_fraction)
 
         def arithmetic(items: list[Any]) -> list[Prompt]:
-            return [Prompt(p.prompt, tokenizer.encode(ARITHMETIC_PREFIX + p.prompt), p.record(rl.reference_field),
-                           f"arithmetic problem {p.prompt}") for p in items]  # fmt: skip
+            return [
+                Prompt(
+                    p.prompt,
+                    tokenizer.encode(ARITHMETIC_PREFIX + p.prompt),
+                    p.record(rl.reference_field),
+                    f"arithmetic problem {p.prompt}",
+                )
+                for p in items
+            ]
 
         return PromptSet(arithmetic(problems.train), arithmetic(problems.held_out), _stop_text(rl.stop_text, None))
     template = chat_template_of(config)
@@ -104,7 +111,9 @@ def _stop_text(setting: str, template: ChatTemplate | None, **switches: Any) -> 
 
 def _records(source: str, path: str, split: str, key: str) -> list[tuple[str, dict[str, Any]]]:
     if not path:
-        raise ConfigError(f"{key}: rl.task = 'data' needs the prompt records' path (.jsonl/.parquet files or a dataset)")
+        raise ConfigError(
+            f"{key}: rl.task = 'data' needs the prompt records' path (.jsonl/.parquet files or a dataset)"
+        )
     if source == "files":
         reader: Any = FileRecords(path)
     elif source == "huggingface":
@@ -128,7 +137,9 @@ def _prompt_text(record: dict[str, Any], where: str, template: ChatTemplate | No
             f"(the record has {fields})"
         )
     if rl.reference_field not in record and rl.needs_reference():
-        raise ConfigError(f"{where}: no {rl.reference_field!r} field (rl.reference_field), which the exact and math rewards read")
+        raise ConfigError(
+            f"{where}: no {rl.reference_field!r} field (rl.reference_field), which the exact and math rewards read"
+        )
     if template is None:
         if not isinstance(prompt, str):
             raise ConfigError(f"{where}: a list of turns needs a chat template; data.tokenizer 'byte' has none")

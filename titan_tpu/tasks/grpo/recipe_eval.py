@@ -14,10 +14,10 @@ from pathlib import Path
 
 from titan_tpu.config import TrainConfig
 from titan_tpu.data.tokenizer import build_tokenizer
+from titan_tpu.tasks.grpo.config import RLConfig
 from titan_tpu.tasks.grpo.hf_greedy import greedy_ours, greedy_transformers, load_exported
 from titan_tpu.tasks.grpo.prompts import prompt_set, stop_ids
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score
-from titan_tpu.tasks.grpo.config import RLConfig
 
 COMPARED = 16
 
@@ -40,8 +40,12 @@ def evaluate_export(folder: Path, config: TrainConfig, compared: int = COMPARED)
     model, decoding = load_exported(folder, config.model.name, config.model.flavor)
     ours = greedy_ours(model, decoding, ids, rl.max_new_tokens, stops, tokenizer.eos_id)
     first = build_rewards(rl.rewards, rl.reference_field, prompts.stop_text)[0]
-    batch = Completions([p.text for p in held_out], [tokenizer.decode(o) for o in ours],
-                        [p.record for p in held_out], [p.place for p in held_out])  # fmt: skip
+    batch = Completions(
+        [p.text for p in held_out],
+        [tokenizer.decode(o) for o in ours],
+        [p.record for p in held_out],
+        [p.place for p in held_out],
+    )
     correct = sum(score([first], batch)[first.name])
     theirs = greedy_transformers(folder, ids[:compared], rl.max_new_tokens, stops, tokenizer.eos_id)
     matching = sum(a == b for a, b in zip(ours[:compared], theirs))

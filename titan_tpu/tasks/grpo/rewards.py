@@ -64,8 +64,10 @@ def _math(reference_field: str, stop_text: str) -> RewardFn:
     from titan_tpu.tasks.grpo.math_reward import math_equivalent  # imports math-verify only when asked for
 
     def math_reward(prompts: list[str], completions: list[str], records: list[Record]) -> list[float]:
-        return [float(math_equivalent(_before_stop(c, stop_text), str(r[reference_field])))
-                for c, r in zip(completions, records)]  # fmt: skip
+        return [
+            float(math_equivalent(_before_stop(c, stop_text), str(r[reference_field])))
+            for c, r in zip(completions, records)
+        ]
 
     return math_reward
 

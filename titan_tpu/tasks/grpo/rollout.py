@@ -15,11 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-from torch import nn
-
 
 
 @dataclass
@@ -109,7 +106,9 @@ def build_micro_batches(
                 MicroBatch(
                     tokens=tokens,
                     mask=mask,
-                    old_logps=None if on_policy else place_completion_logps(
+                    old_logps=None
+                    if on_policy
+                    else place_completion_logps(
                         [len(prompts[r]) for r in chunk], [sampled_logps[r] for r in chunk], mask
                     ),
                     ref_logps=reference_logps(tokens) if reference_logps is not None else None,

@@ -23,20 +23,20 @@ from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.parallelize import parallelize_model, reshard_setting
-from titan_tpu.protocols.model_spec import ModelSpec
-from titan_tpu.protocols.planning import Workload
 from titan_tpu.generation.answers import greedy_answer_score
 from titan_tpu.generation.builtin import BuiltinEngine
 from titan_tpu.generation.logprobs import logps_of, token_logps
+from titan_tpu.protocols.model_spec import ModelSpec
+from titan_tpu.protocols.planning import Workload
 from titan_tpu.protocols.rollout import RolloutEngine, SamplingParams
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.decoder import decoder_args, decoder_workload
+from titan_tpu.tasks.grpo.config import RLConfig
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
 from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set, stop_ids
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, rank_rows
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
-from titan_tpu.tasks.grpo.config import RLConfig
 
 
 class GRPOTask(TrainingTask):
@@ -104,7 +104,9 @@ class GRPOTask(TrainingTask):
         longest = max(len(p.ids) for p in (*self.prompts.train, *self.prompts.held_out))
         needed = longest + self.rl.max_new_tokens
         if config.training.seq_len < needed:
-            raise ConfigError(f"training.seq_len {config.training.seq_len} is below the longest prompt + rl.max_new_tokens = {needed}")
+            raise ConfigError(
+                f"training.seq_len {config.training.seq_len} is below the longest prompt + rl.max_new_tokens = {needed}"
+            )
         self.args = decoder_args(self.ctx, self.tokenizer, args)
         return self.args
 
@@ -117,7 +119,9 @@ class GRPOTask(TrainingTask):
         self.args = model.args
         reshard_after, lockstep = self._reshard_after(model), self._lockstep()
         self.engines = {
-            "rollout": BuiltinEngine(self.decoding, self.pad_id, self.ctx.device, reshard_after, self.rl.rollout_buckets, lockstep),
+            "rollout": BuiltinEngine(
+                self.decoding, self.pad_id, self.ctx.device, reshard_after, self.rl.rollout_buckets, lockstep
+            ),
             "evaluation": BuiltinEngine(self.decoding, self.pad_id, self.ctx.device, reshard_after, 1, lockstep),
         }
         if self.rl.beta == 0:
@@ -130,7 +134,9 @@ class GRPOTask(TrainingTask):
         )
         if config.checkpoint.initial_load_path:
             what = f"reference model {config.model.name} flavor {config.model.flavor}"
-            load_hf_weights(reference, config.checkpoint.initial_load_path, ctx.spec.state_dict_adapter, self.args, what=what)
+            load_hf_weights(
+                reference, config.checkpoint.initial_load_path, ctx.spec.state_dict_adapter, self.args, what=what
+            )
         self.reference = reference.requires_grad_(False)
 
     def data_state(self) -> PromptStream:
@@ -199,8 +205,9 @@ class GRPOTask(TrainingTask):
         completions = dict(zip(mine, out.tokens))
         sampled_logps = dict(zip(mine, out.logps))
         # Rewards, each reward's part and lengths of this rank's rows, summed with the other ranks'.
-        parts = score(self.rewards, self._completions([taken[r // rl.group_size] for r in mine],
-                                                      [completions[r] for r in mine]))  # fmt: skip
+        parts = score(
+            self.rewards, self._completions([taken[r // rl.group_size] for r in mine], [completions[r] for r in mine])
+        )
         table = torch.zeros(2 + len(self.rewards), self.rows, dtype=torch.float64)
         rows_mine = torch.tensor(mine, dtype=torch.long)
         table[0, rows_mine] = torch.tensor(weighted_total(self.rewards, parts, len(mine)), dtype=torch.float64)
@@ -213,8 +220,17 @@ class GRPOTask(TrainingTask):
 
         reference = self.reference
         batches = build_micro_batches(
-            rows, prompts, completions, advantages, lengths, global_batch, ctx.local_batch_size, ctx.dp_world,
-            self.pad_id, ctx.device, sampled_logps,
+            rows,
+            prompts,
+            completions,
+            advantages,
+            lengths,
+            global_batch,
+            ctx.local_batch_size,
+            ctx.dp_world,
+            self.pad_id,
+            ctx.device,
+            sampled_logps,
             (lambda tokens: token_logps(reference, tokens)) if reference is not None else None,
             first_on_policy=rl.updates_per_rollout == 1,
         )
@@ -245,9 +261,17 @@ class GRPOTask(TrainingTask):
         logps = logps_of(output, batch.tokens)
         old_logps = logps.detach() if batch.old_logps is None else batch.old_logps
         terms = grpo_loss(
-            logps, old_logps, batch.advantages, batch.mask, eps_low=rl.eps_low, eps_high=rl.eps_high,
-            aggregation=rl.loss_aggregation, max_completion_tokens=rl.max_new_tokens, beta=rl.beta,  # type: ignore[arg-type]
-            ref_logps=batch.ref_logps, token_normaliser=batch.token_normaliser,
+            logps,
+            old_logps,
+            batch.advantages,
+            batch.mask,
+            eps_low=rl.eps_low,
+            eps_high=rl.eps_high,
+            aggregation=rl.loss_aggregation,
+            max_completion_tokens=rl.max_new_tokens,
+            beta=rl.beta,  # type: ignore[arg-type]
+            ref_logps=batch.ref_logps,
+            token_normaliser=batch.token_normaliser,
         )
         loss, aux_loss = terms.loss, torch.zeros((), device=terms.loss.device)
         if not isinstance(output, torch.Tensor):
@@ -264,8 +288,18 @@ class GRPOTask(TrainingTask):
     # ------------------------------------------------------------------------------ metrics
 
     def _reset_stats(self) -> None:
-        keys = ("rollouts", "reward_sum", "reward_std_sum", "length_sum", "rollout_time", "rollout_flops",
-                "micro_batches", "train_tokens", "train_time", *(f"reward/{r.name}" for r in self.rewards))  # fmt: skip
+        keys = (
+            "rollouts",
+            "reward_sum",
+            "reward_std_sum",
+            "length_sum",
+            "rollout_time",
+            "rollout_flops",
+            "micro_batches",
+            "train_tokens",
+            "train_time",
+            *(f"reward/{r.name}" for r in self.rewards),
+        )
         self._stats: dict[str, float] = dict.fromkeys(keys, 0.0)
         # k3 KL, clip fraction and (MoE) router aux loss of each micro-batch
         self._loss_sums = torch.zeros(3, device=self.ctx.device)
@@ -322,7 +356,14 @@ class GRPOTask(TrainingTask):
 
         ctx = self.ctx
         correct, count = greedy_answer_score(
-            self._engine("evaluation", model, step), [p.ids for p in held_out], self.greedy, first_reward,
-            ctx.dp_rank, ctx.dp_world, self.dp_mesh, ctx.device, in_lockstep=self._lockstep() is not None,
-        )  # fmt: skip
+            self._engine("evaluation", model, step),
+            [p.ids for p in held_out],
+            self.greedy,
+            first_reward,
+            ctx.dp_rank,
+            ctx.dp_world,
+            self.dp_mesh,
+            ctx.device,
+            in_lockstep=self._lockstep() is not None,
+        )
         return {"heldout_accuracy": correct / count if count else float("nan")}

@@ -48,26 +48,42 @@ def _write(path: Path, records: Iterable[dict[str, Any]]) -> Path:
     return path
 
 
-def _demonstrated(stream: Iterator[WordProblem], count: int, error_rate: float, rng: random.Random) -> Iterator[tuple[str, str]]:
+def _demonstrated(
+    stream: Iterator[WordProblem], count: int, error_rate: float, rng: random.Random
+) -> Iterator[tuple[str, str]]:
     for problem in islice(stream, count):
         yield problem.question, problem.solution(forget_last_step=rng.random() < error_rate)
 
 
 def write_recipe_data(
-    folder: Path, seed: int, error_rate: float, held_out: int,
-    pretraining_docs: int = 50_000, sft_examples: int = 10_000, grpo_prompts: int = 5_000,
-) -> RecipeData:  # fmt: skip
+    folder: Path,
+    seed: int,
+    error_rate: float,
+    held_out: int,
+    pretraining_docs: int = 50_000,
+    sft_examples: int = 10_000,
+    grpo_prompts: int = 5_000,
+) -> RecipeData:
     if not 0 <= error_rate <= 1:
         raise ValueError(f"error_rate must be in [0, 1], got {error_rate}")
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     train = problems("train", seed, HELD_OUT_SHARE)
-    pretraining = _write(folder / "pretraining.jsonl",
-                         ({"text": f"{q}\n{s}"} for q, s in _demonstrated(train, pretraining_docs, error_rate, rng)))  # fmt: skip
-    conversations = ({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": s}]}
-                     for q, s in _demonstrated(train, sft_examples, error_rate, rng))  # fmt: skip
+    pretraining = _write(
+        folder / "pretraining.jsonl",
+        ({"text": f"{q}\n{s}"} for q, s in _demonstrated(train, pretraining_docs, error_rate, rng)),
+    )
+    conversations = (
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": s}]}
+        for q, s in _demonstrated(train, sft_examples, error_rate, rng)
+    )
     sft = _write(folder / "sft.jsonl", conversations)
-    prompts = _write(folder / "grpo_prompts.jsonl", ({"question": p.question, "answer": p.answer} for p in islice(train, grpo_prompts)))
+    prompts = _write(
+        folder / "grpo_prompts.jsonl",
+        ({"question": p.question, "answer": p.answer} for p in islice(train, grpo_prompts)),
+    )
     evaluation = problems("held_out", seed, HELD_OUT_SHARE)
-    held = _write(folder / "held_out.jsonl", ({"question": p.question, "answer": p.answer} for p in islice(evaluation, held_out)))
+    held = _write(
+        folder / "held_out.jsonl", ({"question": p.question, "answer": p.answer} for p in islice(evaluation, held_out))
+    )
     return RecipeData(pretraining, sft, prompts, held, folder / "tokenizer")

@@ -59,7 +59,9 @@ class WordProblem:
     def solution(self, forget_last_step: bool = False) -> str:
         """The worked steps and the final answer; with `forget_last_step`, the final answer of a
         two-step problem is the first step's result (one-step problems are always right)."""
-        lines = [f"{before} {'+' if change > 0 else '-'} {abs(change)} = {before + change}." for before, change in self.steps]
+        lines = [
+            f"{before} {'+' if change > 0 else '-'} {abs(change)} = {before + change}." for before, change in self.steps
+        ]
         final = str(self.start + self.first) if forget_last_step and self.second else self.answer
         return " ".join(lines) + f" {GSM8K_MARK} {final}"
 

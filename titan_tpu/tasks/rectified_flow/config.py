@@ -67,9 +67,7 @@ class FluxConfig:
         require(self.clip_max_length >= 2, "flux.clip_max_length", "must be >= 2")
         require(self.logit_std > 0, "flux.logit_std", f"must be > 0, got {self.logit_std}")
         require(self.time_shift > 0, "flux.time_shift", f"must be > 0, got {self.time_shift}")
-        require(
-            0 <= self.caption_dropout < 1, "flux.caption_dropout", f"must be in [0, 1), got {self.caption_dropout}"
-        )
+        require(0 <= self.caption_dropout < 1, "flux.caption_dropout", f"must be in [0, 1), got {self.caption_dropout}")
         require(bool(self.prompts()), "flux.sample_prompts", "must hold at least one prompt")
         require(self.sample_steps >= 1, "flux.sample_steps", "must be >= 1")
         require(self.samples_per_prompt >= 1, "flux.samples_per_prompt", "must be >= 1")

@@ -24,8 +24,8 @@ from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.tasks.rectified_flow.config import FluxConfig
 from titan_tpu.data.loader import stateful_loader
+from titan_tpu.tasks.rectified_flow.config import FluxConfig
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 COLORS = {

@@ -83,9 +83,16 @@ class TextEncoders(nn.Module):
 
         if config.t5_encoder == "random":
             t5_config = T5Config(
-                vocab_size=BYTE_VOCAB, d_model=context_dim, d_kv=16, d_ff=2 * context_dim, num_layers=2,
-                num_heads=4, pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID,
-            )  # fmt: skip
+                vocab_size=BYTE_VOCAB,
+                d_model=context_dim,
+                d_kv=16,
+                d_ff=2 * context_dim,
+                num_layers=2,
+                num_heads=4,
+                pad_token_id=PAD_ID,
+                eos_token_id=EOS_ID,
+                decoder_start_token_id=PAD_ID,
+            )
             self.t5 = _seeded(seed, lambda: T5EncoderModel(t5_config))
             self.t5_tokenizer: Any = ByteTokenizer(config.t5_max_length)
         else:
@@ -94,10 +101,16 @@ class TextEncoders(nn.Module):
             self.t5_tokenizer = HFTokenizer(folder, config.t5_max_length)
         if config.clip_encoder == "random":
             clip_config = CLIPTextConfig(
-                vocab_size=BYTE_VOCAB, hidden_size=pooled_dim, intermediate_size=2 * pooled_dim,
-                num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=config.clip_max_length,
-                pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=EOS_ID,
-            )  # fmt: skip
+                vocab_size=BYTE_VOCAB,
+                hidden_size=pooled_dim,
+                intermediate_size=2 * pooled_dim,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                max_position_embeddings=config.clip_max_length,
+                pad_token_id=PAD_ID,
+                eos_token_id=EOS_ID,
+                bos_token_id=EOS_ID,
+            )
             self.clip = _seeded(seed + 1, lambda: CLIPTextModel(clip_config))
             self.clip_tokenizer: Any = ByteTokenizer(config.clip_max_length)
         else:
@@ -123,9 +136,7 @@ class Autoencoder(nn.Module):
     as FLUX.1 does: (mean - shift_factor) * scaling_factor. The encoder's mean is used (no sampling), so
     latents are a deterministic function of the image and can be cached."""
 
-    def __init__(
-        self, config: FluxConfig, latent_channels: int, seed: int, dtype: torch.dtype = torch.float32
-    ) -> None:
+    def __init__(self, config: FluxConfig, latent_channels: int, seed: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         from diffusers import AutoencoderKL
 
@@ -134,12 +145,20 @@ class Autoencoder(nn.Module):
             channels, self.downsample, self.scale, self.shift = 3, 1, 1.0, 0.0
         else:
             if config.autoencoder == "random":
-                self.vae = _seeded(seed + 2, lambda: AutoencoderKL(
-                    in_channels=3, out_channels=3, latent_channels=latent_channels,
-                    down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                    block_out_channels=(32, 32), layers_per_block=1, norm_num_groups=8,
-                    sample_size=config.image_size,
-                ))  # fmt: skip
+                self.vae = _seeded(
+                    seed + 2,
+                    lambda: AutoencoderKL(
+                        in_channels=3,
+                        out_channels=3,
+                        latent_channels=latent_channels,
+                        down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2,
+                        block_out_channels=(32, 32),
+                        layers_per_block=1,
+                        norm_num_groups=8,
+                        sample_size=config.image_size,
+                    ),
+                )
             else:
                 self.vae = AutoencoderKL.from_pretrained(_folder(config.autoencoder, "autoencoder"), torch_dtype=dtype)
             vae_config = self.vae.config

@@ -22,14 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from titan_tpu.models.flux.args import FluxArgs
-from titan_tpu.models.flux.flops import flux_training_flops_per_sample
 from titan_tpu.config import TrainConfig
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.models.flux.args import FluxArgs
+from titan_tpu.models.flux.flops import flux_training_flops_per_sample
 from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.protocols.planning import Workload
-from titan_tpu.tasks.rectified_flow.config import FluxConfig
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
+from titan_tpu.tasks.rectified_flow.config import FluxConfig
 from titan_tpu.tasks.rectified_flow.data import GeneratedShapes, build_image_dataloader, to_pixels
 from titan_tpu.tasks.rectified_flow.encoders import Autoencoder, TextEncoders
 from titan_tpu.tasks.rectified_flow.flow import image_ids, interpolate, pack, sample_time, text_ids, unpack
@@ -65,7 +65,9 @@ class RectifiedFlowTask(TrainingTask):
 
     def model_args(self, args: Any) -> Any:
         if not isinstance(args, FluxArgs):
-            raise ConfigError(f"training.task 'rectified_flow' trains FLUX models; model.name is {self.ctx.config.model.name!r}")
+            raise ConfigError(
+                f"training.task 'rectified_flow' trains FLUX models; model.name is {self.ctx.config.model.name!r}"
+            )
         if args.in_channels % 4:
             raise ConfigError(f"model flavor in_channels {args.in_channels} is not 4 x latent channels (2x2 packing)")
         self.args = args
@@ -187,7 +189,9 @@ class RectifiedFlowTask(TrainingTask):
             metrics = {"eval_loss": self._held_out_loss(model)}
             grid = self._sample_grid(model)
             if self.ctx.is_writer:
-                path = save_grid(grid, len(self.flux.prompts()), self.ctx.dump_folder / "samples" / f"step-{step:06d}.png")
+                path = save_grid(
+                    grid, len(self.flux.prompts()), self.ctx.dump_folder / "samples" / f"step-{step:06d}.png"
+                )
                 logger.info("samples: %s", path)
         finally:
             model.train(was_training)

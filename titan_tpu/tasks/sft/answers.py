@@ -58,7 +58,12 @@ def _answers(source: RecordSource, encoding: ChatEncoding, longest: int) -> Iter
 
 @torch.no_grad()
 def exact_answer_rate(
-    model: nn.Module, answers: list[HeldOutAnswer], encoding: ChatEncoding, max_new_tokens: int, ctx: TaskContext, step: int
+    model: nn.Module,
+    answers: list[HeldOutAnswer],
+    encoding: ChatEncoding,
+    max_new_tokens: int,
+    ctx: TaskContext,
+    step: int,
 ) -> dict[str, float]:
     """{"sft/exact_answers": share of held-out answers generated exactly, "sft/answers": how many}."""
     decoding = ctx.spec.capabilities.decoding
@@ -76,9 +81,15 @@ def exact_answer_rate(
     model.eval()
     try:
         correct, total = greedy_answer_score(
-            engine, [a.prompt for a in answers], params, exact,
-            ctx.dp_rank, ctx.dp_world, ctx.parallel.dp_reduce_mesh, ctx.device,
-        )  # fmt: skip
+            engine,
+            [a.prompt for a in answers],
+            params,
+            exact,
+            ctx.dp_rank,
+            ctx.dp_world,
+            ctx.parallel.dp_reduce_mesh,
+            ctx.device,
+        )
     finally:
         model.train(was_training)
     return {"sft/exact_answers": correct / total if total else 0.0, "sft/answers": total}

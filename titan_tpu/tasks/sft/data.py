@@ -43,7 +43,9 @@ def held_out_records(config: TrainConfig) -> RecordSource:
     sft, validation = config.section(SftConfig), config.validation
     if validation.source == "generated":
         if sft.dataset != "generated":
-            raise ConfigError("validation.source: 'generated' holds the held-out part of sft.dataset = 'generated' only")
+            raise ConfigError(
+                "validation.source: 'generated' holds the held-out part of sft.dataset = 'generated' only"
+            )
         return GeneratedChat(config.training.seed, "held_out", sft.generated_held_out, sft.messages_field)
     if validation.source == "files":
         return FileRecords(validation.path)
@@ -82,14 +84,22 @@ class ChatEncoding:
         stops = [i for i in (eot, token_id(template.tokens.get("eos_token")), tokenizer.eos_id) if i is not None]
         pad = token_id(template.tokens.get("pad_token"))
         fields = RecordFields(sft.messages_field, sft.prompt_field, sft.completion_field)
-        return cls(tokenizer, template, fields, sft.train_on, switches, tokenizer.eos_id if pad is None else pad,
-                   tuple(dict.fromkeys(stops)))  # fmt: skip
+        return cls(
+            tokenizer,
+            template,
+            fields,
+            sft.train_on,
+            switches,
+            tokenizer.eos_id if pad is None else pad,
+            tuple(dict.fromkeys(stops)),
+        )
 
     def encode(self, record: dict[str, Any], where: str) -> MaskedTokens:
         """The record's ids and mask; any failure names the record (file and line)."""
         try:
-            return record_tokens(record, where, self.fields, self.template, self.tokenizer,
-                                 self.train_on, self.switches)  # type: ignore[arg-type]  # fmt: skip
+            return record_tokens(
+                record, where, self.fields, self.template, self.tokenizer, self.train_on, self.switches
+            )  # type: ignore[arg-type]
         except ChatTemplateError as err:
             if str(err).startswith(where):
                 raise
@@ -98,8 +108,15 @@ class ChatEncoding:
 
 def packing_of(config: TrainConfig, encoding: ChatEncoding, shuffle: bool) -> Packing:
     data, sft = config.data, config.section(SftConfig)
-    return Packing(config.training.seq_len, encoding.pad_id, sft.packing, sft.overflow,
-                   data.shuffle_buffer, shuffle and data.shuffle, config.training.seed)  # fmt: skip
+    return Packing(
+        config.training.seq_len,
+        encoding.pad_id,
+        sft.packing,
+        sft.overflow,
+        data.shuffle_buffer,
+        shuffle and data.shuffle,
+        config.training.seed,
+    )
 
 
 def fingerprint(config: TrainConfig, encoding: ChatEncoding) -> dict[str, Any]:

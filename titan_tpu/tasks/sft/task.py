@@ -37,9 +37,9 @@ from titan_tpu.protocols.planning import Workload
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.decoder import decoder_args, decoder_workload
 from titan_tpu.tasks.sft.answers import HeldOutAnswer, exact_answer_rate, held_out_answers
+from titan_tpu.tasks.sft.config import SftConfig
 from titan_tpu.tasks.sft.data import ChatEncoding, fingerprint, held_out_records, packing_of, training_records
 from titan_tpu.tasks.validation import held_out_loss, micro_batches_per_evaluation, require_held_out_rows
-from titan_tpu.tasks.sft.config import SftConfig
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +101,14 @@ class SftTask(TrainingTask):
     def setup(self, model: nn.Module) -> None:
         ctx = self.ctx
         self.loss_chunk_elements: int = model.args.loss_chunk_elements
-        dataset = SftDataset(self.records, self.encoding.encode, self.packing, ctx.dp_rank, ctx.dp_world,
-                             fingerprint(ctx.config, self.encoding))  # fmt: skip
+        dataset = SftDataset(
+            self.records,
+            self.encoding.encode,
+            self.packing,
+            ctx.dp_rank,
+            ctx.dp_world,
+            fingerprint(ctx.config, self.encoding),
+        )
         self.dataloader = stateful_loader(dataset, ctx.local_batch_size, ctx.config.training.seed)
         if self.held_out is not None and self._generates():
             longest = ctx.config.training.seq_len
@@ -162,7 +168,9 @@ class SftTask(TrainingTask):
         if self.ctx.config.validation.enable:
             metrics.update(held_out_loss(model, self._validation_batches(), self.ctx, self.loss_chunk_elements))
         if self._generates():
-            metrics.update(exact_answer_rate(model, self._answers, self.encoding, self.sft.max_new_tokens, self.ctx, step))
+            metrics.update(
+                exact_answer_rate(model, self._answers, self.encoding, self.sft.max_new_tokens, self.ctx, step)
+            )
         return metrics
 
     def _validation_batches(self) -> Iterator[dict[str, torch.Tensor]]:
