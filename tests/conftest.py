@@ -27,8 +27,8 @@ import pytest  # noqa: E402
 
 @pytest.fixture
 def one_thread() -> Iterator[None]:
-    """The test trains in this process on one intra-op thread; see tests/one_thread.py."""
-    from tests.one_thread import one_intra_op_thread  # here, so collecting torch-free tests loads no torch
+    """The test trains in this process on one intra-op thread; see tests/support/one_thread.py."""
+    from tests.support.one_thread import one_intra_op_thread  # here, so collecting torch-free tests loads no torch
 
     with one_intra_op_thread():
         yield

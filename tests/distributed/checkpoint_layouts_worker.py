@@ -29,19 +29,18 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-for path in (ROOT, HERE):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from launch import fixed_kernels  # noqa: E402
-from parity import capture_states, full_state, train_and_capture  # noqa: E402
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
 
+from tests.distributed.worker_cases import run_cases  # noqa: E402
+from tests.support.launch import fixed_kernels  # noqa: E402
+from tests.support.parity import capture_states, full_state, train_and_capture  # noqa: E402
 from titan_tpu.checkpoint.hf_export import export_model_to_hf  # noqa: E402
 from titan_tpu.checkpoint.hf_import import local_block  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402

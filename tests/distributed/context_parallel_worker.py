@@ -32,15 +32,13 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 ROOT = Path(__file__).resolve().parents[2]
-for path in (ROOT, ROOT / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from parallel_worker import layout_run  # noqa: E402
-from parity import RunResult, train_and_capture  # noqa: E402
-from plan_measure import LiveTensorPeak  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
-
+from tests.distributed.parallel_worker import layout_run  # noqa: E402
+from tests.distributed.worker_cases import run_cases  # noqa: E402
+from tests.support.parity import RunResult, train_and_capture  # noqa: E402
+from tests.support.plan_measure import LiveTensorPeak  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.context_parallel import (  # noqa: E402
     ContextParallelAttention,
@@ -124,7 +122,7 @@ def attention_case() -> dict[str, float]:
     }
 
 
-# As tests/unit/test_plan_activations.py: activations (about 50 to 100 MB per rank here) dwarf anything
+# As tests/unit/plan/test_activations.py: activations (about 50 to 100 MB per rank here) dwarf anything
 # incidental. As many kv heads as query heads, so the gathered keys and values weigh (10% to 23%).
 ACTIVATION_RUN = [
     "--training.seq_len=512",

@@ -15,7 +15,7 @@ One launch runs, on the same 4 processes:
   4. EP 2 x FSDP 2 again in bfloat16: it must train, gather the experts in bf16 (the run's FSDP
      policy) and stay near the float32 losses;
   5. EP 2 x FSDP 2 on TorchTPU's MoE path (experts through ragged_dot, tokens through
-     ragged_all_to_all) with the CPU references of both ops (tests/ragged_reference.py) plugged in
+     ragged_all_to_all) with the CPU references of both ops (tests/support/ragged_reference.py) plugged in
      where the run looks the TPU's up; the test compares it with the all-to-all path's run.
 Rank 0 writes OUT (JSON) and OUT's folder/<layout>.pt. `reference()` is the single-process side, run by
 the test.
@@ -41,11 +41,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from parallel_worker import layout_run, single_process_init  # noqa: E402
-from parity import RunResult, train_and_capture  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
-
-from tests.ragged_reference import GlooRaggedAllToAll, ragged_dot  # noqa: E402
+from tests.distributed.parallel_worker import layout_run, single_process_init  # noqa: E402
+from tests.distributed.worker_cases import run_cases  # noqa: E402
+from tests.support.parity import RunResult, train_and_capture  # noqa: E402
+from tests.support.ragged_reference import GlooRaggedAllToAll, ragged_dot  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.device.select import Device  # noqa: E402
 from titan_tpu.distributed import expert_parallel  # noqa: E402

@@ -15,12 +15,10 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-for path in (ROOT, HERE):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from parity import train_and_capture  # noqa: E402
-
+from tests.support.parity import train_and_capture  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.training.trainer import Trainer  # noqa: E402
 

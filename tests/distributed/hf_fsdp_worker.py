@@ -25,10 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from parallel_worker import layout_run, max_diff  # noqa: E402
-from parity import RunResult, train_and_capture  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
-
+from tests.distributed.parallel_worker import layout_run, max_diff  # noqa: E402
+from tests.distributed.worker_cases import run_cases  # noqa: E402
+from tests.support.parity import RunResult, train_and_capture  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims  # noqa: E402
 from titan_tpu.distributed.parallelize import parallelize_model  # noqa: E402

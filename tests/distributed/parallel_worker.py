@@ -37,11 +37,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from launch import fixed_kernels  # noqa: E402
-from parity import RunResult, train_and_capture  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
-
-from tests.kernel_fakes import SHAPE, FakeArgs, FakeClock, FakeKernel, fake_tunable  # noqa: E402
+from tests.distributed.worker_cases import run_cases  # noqa: E402
+from tests.support.kernel_fakes import SHAPE, FakeArgs, FakeClock, FakeKernel, fake_tunable  # noqa: E402
+from tests.support.launch import fixed_kernels  # noqa: E402
+from tests.support.parity import RunResult, train_and_capture  # noqa: E402
 from titan_tpu.autotune.choose import choose_kernels  # noqa: E402
 from titan_tpu.autotune.measure import measure  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
@@ -110,7 +109,7 @@ LAYOUTS: dict[str, list[str]] = {
     "tp4": ["--parallelism.tp=4", "--parallelism.loss_parallel=true"],
     # Extra coverage, same loss: replication only (fully_shard on a (2, 1) mesh), TP without
     # sequence parallelism, full activation checkpointing under FSDP with the offload hooks on each
-    # block beside FSDP's (on this CPU host they copy nothing: tests/unit/test_activation_offload.py).
+    # block beside FSDP's (on this CPU host they copy nothing: tests/unit/distributed/test_activation_offload.py).
     "tp2_replicate2_nosp_ac": [
         "--parallelism.tp=2",
         "--parallelism.dp_replicate=2",

@@ -30,15 +30,13 @@ import torch.distributed as dist
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
-for path in (ROOT, ROOT / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from checkpoint_layouts_worker import LINKS, trainer_for  # noqa: E402
-from parallel_worker import layout_run, max_diff, single_process_init  # noqa: E402
-from parity import RunResult, full_state  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
-
+from tests.distributed.checkpoint_layouts_worker import LINKS, trainer_for  # noqa: E402
+from tests.distributed.parallel_worker import layout_run, max_diff, single_process_init  # noqa: E402
+from tests.distributed.worker_cases import run_cases  # noqa: E402
+from tests.support.parity import RunResult, full_state  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.sharded_init import canonical_name  # noqa: E402
 
@@ -204,8 +202,7 @@ def checkpoint_chain(work: Path) -> None:
 
 def reference(dump: Path, moe: bool = False) -> RunResult:
     """The single process, same config (for the MoE layouts, with MOE_REFERENCE)."""
-    from parity import train_and_capture
-
+    from tests.support.parity import train_and_capture
     from titan_tpu.training.trainer import Trainer
 
     args = [*MOE_BASE, *MOE_REFERENCE] if moe else BASE

@@ -15,14 +15,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-for path in (ROOT, ROOT / "tests"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from plan_measure import LiveTensorPeak, measure_state  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
+from tests.support.plan_measure import LiveTensorPeak, measure_state  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.training.trainer import Trainer  # noqa: E402
 

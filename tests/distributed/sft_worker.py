@@ -19,10 +19,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch.distributed as dist  # noqa: E402
-from launch import fixed_kernels  # noqa: E402
-from parity import RunResult, train_and_capture  # noqa: E402
-from worker_cases import run_cases  # noqa: E402
 
+from tests.distributed.worker_cases import run_cases  # noqa: E402
+from tests.support.launch import fixed_kernels  # noqa: E402
+from tests.support.parity import RunResult, train_and_capture  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 
 STEPS = 6

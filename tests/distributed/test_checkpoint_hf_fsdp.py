@@ -4,7 +4,6 @@ logits match transformers', and the export gathered from the shards loads in tra
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,9 @@ from transformers import AutoModelForCausalLM
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("checkpoint_hf_worker.py")
-sys.path.insert(0, str(ROOT / "tests" / "parity"))
-sys.path.insert(0, str(Path(__file__).parent))
 
-from launch import torchrun  # noqa: E402
-from test_hf_roundtrip import ARGS, assert_logits_match, random_hf_model  # noqa: E402
+from tests.parity.models.test_hf_roundtrip import ARGS, assert_logits_match, random_hf_model  # noqa: E402
+from tests.support.launch import torchrun  # noqa: E402
 
 
 @pytest.mark.slow

@@ -16,7 +16,6 @@ tolerances in parity.py). The 4-process links run in one launch (checkpoint_layo
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,19 +24,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from tests.one_thread import one_intra_op_thread
+from tests.support.one_thread import one_intra_op_thread
 from titan_tpu.checkpoint.hf_import import hf_tensor_index
 from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("checkpoint_layouts_worker.py")
-sys.path.insert(0, str(ROOT / "tests" / "parity"))
-sys.path.insert(0, str(WORKER.parent))
 
-from checkpoint_layouts_worker import ASYNC_STEPS, CHAINS, LINKS, STEPS, resume, trainer_for  # noqa: E402
-from launch import torchrun  # noqa: E402
-from parity import (  # noqa: E402
+from tests.distributed.checkpoint_layouts_worker import ASYNC_STEPS, CHAINS, LINKS, STEPS, resume, trainer_for  # noqa: E402
+from tests.parity.models.test_hf_roundtrip import ARGS as LLAMA_ARGS  # noqa: E402
+from tests.parity.models.test_hf_roundtrip import assert_logits_match, random_hf_model  # noqa: E402
+from tests.support.launch import torchrun  # noqa: E402
+from tests.support.parity import (  # noqa: E402
     EXACT,
     RunResult,
     assert_checkpoint_chain,
@@ -46,8 +45,6 @@ from parity import (  # noqa: E402
     compare_states,
     train_and_capture,
 )
-from test_hf_roundtrip import ARGS as LLAMA_ARGS  # noqa: E402
-from test_hf_roundtrip import assert_logits_match, random_hf_model  # noqa: E402
 
 MOE_ARGS = QWEN3_MOE_FLAVORS["debug_moe"]
 HF_SHAPES = {"llama": LLAMA_ARGS, "moe": MOE_ARGS}

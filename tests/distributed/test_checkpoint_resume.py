@@ -14,21 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.trained_losses import trained_losses
+from tests.support.trained_losses import trained_losses
 from titan_tpu.checkpoint import layout
 from titan_tpu.config import load_config
 from titan_tpu.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).parent))
 
-import launch  # noqa: E402
+from tests.support import launch  # noqa: E402
 
 KILL_WORKER = Path(__file__).with_name("checkpoint_kill_worker.py")
 BASE = [*launch.DETERMINISTIC_DEBUG_RUN, "--checkpoint.enable=true", "--training.steps=20"]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/one_thread.py says why
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/support/one_thread.py says why
 
 
 def torchrun(nproc: int, dump: Path, *args: str) -> dict[int, float]:

@@ -26,28 +26,26 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from plan_measure import within
+
+from tests.support.plan_measure import within
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
-import context_parallel_worker as worker  # noqa: E402
-from launch import DETERMINISTIC_DEBUG_RUN, torchrun  # noqa: E402
-from parallel_worker import STEPS  # noqa: E402
-from parity import RunResult, assert_matches_single_process, compare  # noqa: E402
+from tests.distributed import context_parallel_worker as worker  # noqa: E402
+from tests.distributed.parallel_worker import STEPS  # noqa: E402
+from tests.support.launch import DETERMINISTIC_DEBUG_RUN, torchrun  # noqa: E402
+from tests.support.parity import RunResult, assert_matches_single_process, compare  # noqa: E402
 
 pytestmark = pytest.mark.slow
 LAUNCHES = {
     2: ["attention", "activations", "cp2", worker.UNBALANCED_MASK],
     4: ["attention", "activations", "cp2_fsdp2", "cp2_replicate2", "cp2_tp2_ac"],
 }
-ACTIVATION_TOLERANCE = 0.10  # as the planner's other checks (tests/unit/test_plan_activations.py)
+ACTIVATION_TOLERANCE = 0.10  # as the planner's other checks (tests/unit/plan/test_activations.py)
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,14 @@ disagreeing), a slow collective that no verdict can flag, and a run that exits n
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-from doctor_worker import SLOWED  # noqa: E402
-from launch import torchrun  # noqa: E402
+from tests.distributed.doctor_worker import SLOWED  # noqa: E402
+from tests.support.launch import torchrun  # noqa: E402
 
 pytestmark = pytest.mark.slow
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")

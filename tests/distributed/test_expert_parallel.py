@@ -19,7 +19,6 @@ The layout rule's error messages are checked without processes.
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,11 @@ from titan_tpu.distributed.expert_parallel import validate_expert_parallel
 from titan_tpu.distributed.parallel_dims import ParallelDims
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-import expert_parallel_worker  # noqa: E402
-from launch import launch_layout_worker  # noqa: E402
-from parallel_worker import STEPS  # noqa: E402
-from parity import assert_matches_single_process, compare  # noqa: E402
+from tests.distributed import expert_parallel_worker  # noqa: E402
+from tests.distributed.parallel_worker import STEPS  # noqa: E402
+from tests.support.launch import launch_layout_worker  # noqa: E402
+from tests.support.parity import assert_matches_single_process, compare  # noqa: E402
 
 
 @pytest.fixture(scope="module")

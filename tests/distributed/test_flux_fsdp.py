@@ -9,17 +9,15 @@ leave the loss almost unchanged by a mis-scaled gradient; the gradient norm and 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from flux_fsdp_worker import STEPS  # noqa: E402
-from launch import torchrun  # noqa: E402
-from parity import RunResult, assert_matches_single_process  # noqa: E402
+from tests.distributed.flux_fsdp_worker import STEPS  # noqa: E402
+from tests.support.launch import torchrun  # noqa: E402
+from tests.support.parity import RunResult, assert_matches_single_process  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

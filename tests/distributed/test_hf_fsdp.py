@@ -13,19 +13,17 @@ negative controls (per-head norms' gradients not summed over tp, expert gradient
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-import hf_fsdp_worker  # noqa: E402
-from launch import launch_layout_worker  # noqa: E402
-from parallel_worker import STEPS  # noqa: E402
-from parity import DEFAULT, Tolerance, assert_matches_single_process, compare  # noqa: E402
+from tests.distributed import hf_fsdp_worker  # noqa: E402
+from tests.distributed.parallel_worker import STEPS  # noqa: E402
+from tests.support.launch import launch_layout_worker  # noqa: E402
+from tests.support.parity import DEFAULT, Tolerance, assert_matches_single_process, compare  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -27,9 +27,8 @@ from titan_tpu.config import load_config
 from titan_tpu.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).parent))
 
-import launch  # noqa: E402
+from tests.support import launch  # noqa: E402
 
 STALL_WORKER = Path(__file__).with_name("multihost_stall_worker.py")
 STEPS = 8

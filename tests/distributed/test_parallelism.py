@@ -21,18 +21,16 @@ results:
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-import parallel_worker  # noqa: E402
-from launch import launch_layout_worker  # noqa: E402
-from parity import assert_matches_single_process, assert_parity  # noqa: E402
+from tests.distributed import parallel_worker  # noqa: E402
+from tests.support.launch import launch_layout_worker  # noqa: E402
+from tests.support.parity import assert_matches_single_process, assert_parity  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -38,7 +38,6 @@ with its own negative control.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +45,13 @@ import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
-import pipeline_worker as worker  # noqa: E402
-from checkpoint_layouts_worker import LINKS, resume, trainer_for  # noqa: E402
-from launch import torchrun  # noqa: E402
-from parallel_worker import STEPS  # noqa: E402
-from parity import (  # noqa: E402
+from tests.distributed import pipeline_worker as worker  # noqa: E402
+from tests.distributed.checkpoint_layouts_worker import LINKS, resume, trainer_for  # noqa: E402
+from tests.distributed.parallel_worker import STEPS  # noqa: E402
+from tests.support.launch import torchrun  # noqa: E402
+from tests.support.one_thread import one_intra_op_thread  # noqa: E402
+from tests.support.parity import (  # noqa: E402
     EXACT,
     RunResult,
     assert_checkpoint_chain,
@@ -63,8 +61,6 @@ from parity import (  # noqa: E402
     compare_states,
     train_and_capture,
 )
-
-from tests.one_thread import one_intra_op_thread  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CASES = [*worker.LAYOUTS, worker.DETACHED_BOUNDARY, *worker.MOE_LAYOUTS, worker.MOE_TOTALS_CUT]

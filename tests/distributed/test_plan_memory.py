@@ -4,7 +4,7 @@ under FSDP 2 with expert parallelism 2 (MoE), CP 2 (Llama 3), FSDP 4 (Llama 3), 
 (Qwen 3) and PP 2 (1F1B) x FSDP 2 (Llama 3, each pp rank against the planner's figure for that rank;
 there also the planner's whole per-rank total, state + activations + buffers, against the rank's
 parameters and optimizer state plus the live-tensor peak of a step: two micro-batches in flight on pp
-rank 0, the stage gathered and its gradients unsharded across the step), in one launch per process count (one process: tests/unit/test_plan_activations.py). Within 10% on every rank.
+rank 0, the stage gathered and its gradients unsharded across the step), in one launch per process count (one process: tests/unit/plan/test_activations.py). Within 10% on every rank.
 
 Bugs caught: a sharding rule the planner gets wrong (a tp-split weight counted whole, experts not
 divided by ep, norms divided by tp, parameters not sharded over the cp ranks, a pipeline stage's
@@ -15,19 +15,15 @@ the whole model counted on each pp rank; the last three are shown to fail the sa
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
-from launch import torchrun  # noqa: E402
-from plan_measure import within  # noqa: E402
-from plan_memory_worker import LAYOUTS, PIPELINE_DEGREES, overrides  # noqa: E402
-
+from tests.distributed.plan_memory_worker import LAYOUTS, PIPELINE_DEGREES, overrides  # noqa: E402
+from tests.support.launch import torchrun  # noqa: E402
+from tests.support.plan_measure import within  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.plan.planner import plan_memory  # noqa: E402
 

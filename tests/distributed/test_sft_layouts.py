@@ -11,18 +11,16 @@ positions lost under tensor or sequence parallelism, a held-out loss not summed 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-import sft_worker  # noqa: E402
-from launch import launch_layout_worker  # noqa: E402
-from parity import assert_matches_single_process  # noqa: E402
+from tests.distributed import sft_worker  # noqa: E402
+from tests.support.launch import launch_layout_worker  # noqa: E402
+from tests.support.parity import assert_matches_single_process  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

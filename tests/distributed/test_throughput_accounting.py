@@ -10,15 +10,13 @@ degree) make the two layouts' TFLOP/s per token differ. Both checks are exact, n
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-from launch import torchrun  # noqa: E402
+from tests.support.launch import torchrun  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

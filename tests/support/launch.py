@@ -51,7 +51,7 @@ def launch_layout_worker(
     """One 4-process launch of a layout worker, read back: its results.json, with each layout's
     captured run (`layouts`: result key -> the .pt file the worker saved it in) under "run", and
     `reference(out_dir)`, the single process run here, under "single". Prints where the time went."""
-    from parity import RunResult
+    from tests.support.parity import RunResult
 
     start = time.perf_counter()
     torchrun(4, worker, str(out_dir / "results.json"), timeout=timeout)

@@ -1,7 +1,7 @@
 """One intra-op thread for a test that trains in its own process, and the process left as found.
 
 On a busy 2-core machine OpenMP threads spin against each other (a 20-step debug run takes a minute
-instead of a second); torchrun workers get one thread too (tests/distributed/launch.py), so in-process
+instead of a second); torchrun workers get one thread too (tests/support/launch.py), so in-process
 runs compared with theirs do the same arithmetic. The Trainer turns deterministic algorithms on for
 the whole process, which would slow or change every later test in it.
 """

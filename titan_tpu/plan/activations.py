@@ -23,7 +23,7 @@ logits' gradient (a V) and one float32 chunk of the softmax (at most 2^26 elemen
 token count); F.cross_entropy's holds float32 gradients of log-probs and logits (8 V / t_loss).
 
 Checked against a live-tensor count of a real forward + backward on the CPU
-(tests/unit/test_plan_activations.py, every checkpointing mode within 10%).
+(tests/unit/plan/test_activations.py, every checkpointing mode within 10%).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from tests.parity.test_llama3_parity import _args, _hf_config, _randomize, hf_to_titan
+from tests.parity.models.test_llama3 import _args, _hf_config, _randomize, hf_to_titan
 from titan_tpu.models.common.attention_kernels import attention_kernel
 from titan_tpu.models.common.documents import document_causal_mask, document_positions
 from titan_tpu.models.llama3.model import Llama3Model

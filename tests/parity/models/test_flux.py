@@ -12,7 +12,14 @@ import pytest
 import torch
 from diffusers import FluxTransformer2DModel
 
-from tests.flux_reference import diffusers_model, inputs, random_diffusers_model, randomize, run_diffusers, run_ours
+from tests.support.flux_reference import (
+    diffusers_model,
+    inputs,
+    random_diffusers_model,
+    randomize,
+    run_diffusers,
+    run_ours,
+)
 from titan_tpu.models.flux.args import FLUX_FLAVORS, FluxArgs
 from titan_tpu.models.flux.flops import flux_param_count
 from titan_tpu.models.flux.model import FluxModel

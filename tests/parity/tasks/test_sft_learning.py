@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from scripts.convert_checkpoint import main as convert_checkpoint
+from tests.support.paths import REPO
 from titan_tpu.config import load_config
 from titan_tpu.data.generated_chat import conversation
 from titan_tpu.models.common.decode_step import DECODER_DECODING
@@ -26,7 +27,7 @@ from titan_tpu.tasks.sft.data import ChatEncoding
 
 transformers = pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 PROMPTS = 16
 MAX_NEW_TOKENS = 24
 

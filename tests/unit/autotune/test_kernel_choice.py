@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.kernel_fakes import SHAPE, FakeArgs, FakeClock, FakeKernel, fake_tunable
+from tests.support.kernel_fakes import SHAPE, FakeArgs, FakeClock, FakeKernel, fake_tunable
 from titan_tpu.autotune.cache import FILE_NAME, KernelCache
 from titan_tpu.autotune.choose import KernelChoice, choose_kernels
 from titan_tpu.autotune.measure import BUDGET_S, MAX_ROUNDS, MIN_ROUNDS

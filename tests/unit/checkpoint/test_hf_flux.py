@@ -14,8 +14,9 @@ import torch
 from diffusers import FluxTransformer2DModel
 from safetensors.torch import load_file
 
-from tests import flux_reference
-from tests.flux_reference import random_diffusers_model, run_diffusers, run_ours
+from tests.support import flux_reference
+from tests.support.flux_reference import random_diffusers_model, run_diffusers, run_ours
+from tests.support.paths import REPO
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import ConfigError, load_config
@@ -24,7 +25,7 @@ from titan_tpu.models.flux.model import FluxModel
 from titan_tpu.models.flux.state_dict_adapter import FLUX_STATE_DICT_ADAPTER as ADAPTER
 from titan_tpu.training.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 _spec = importlib.util.spec_from_file_location("convert_checkpoint", ROOT / "scripts" / "convert_checkpoint.py")
 assert _spec is not None and _spec.loader is not None
 convert = importlib.util.module_from_spec(_spec)

@@ -14,13 +14,14 @@ import pytest
 import tomllib
 
 import train
+from tests.support.paths import REPO
 from titan_tpu.config import ConfigError, help_text, load_config, to_toml
 from titan_tpu.config.loader import CONFIG_DIR
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.plan.__main__ import main as plan_main
 from titan_tpu.training.registered_names import check_registered_names
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def run_train(*args: str) -> subprocess.CompletedProcess:

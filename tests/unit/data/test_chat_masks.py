@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from chat_fixtures import CONVERSATION, checkpoint_folder
 
+from tests.support.chat_fixtures import CONVERSATION, checkpoint_folder
 from titan_tpu.data.chat_masks import MaskedTokens, completion_tokens, conversation_tokens, end_of_turn
 from titan_tpu.data.chat_template import ChatTemplate, ChatTemplateError
 from titan_tpu.data.tokenizer import HFTokenizer

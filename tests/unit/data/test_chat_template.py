@@ -1,6 +1,6 @@
 """Chat templates rendered as transformers' `apply_chat_template` renders them (titan_tpu/data/chat_template.py).
 
-On the published Qwen 3 and Llama 3.1 templates (tests/chat_fixtures.py) and a multi-turn
+On the published Qwen 3 and Llama 3.1 templates (tests/support/chat_fixtures.py) and a multi-turn
 conversation with a system prompt: the same text and the same token ids, with and without the
 generation prompt and Qwen 3's thinking switch. Bugs caught: Jinja settings that change whitespace
 (trim_blocks, lstrip_blocks), a missing helper or special-token variable, None fields passed to the
@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 
 import pytest
-from chat_fixtures import CONVERSATION, checkpoint_folder, published_template
 from transformers import AutoTokenizer
 
+from tests.support.chat_fixtures import CONVERSATION, checkpoint_folder, published_template
 from titan_tpu.config import ConfigError
 from titan_tpu.data.chat_template import ChatTemplate, ChatTemplateError
 from titan_tpu.data.tokenizer import HFTokenizer

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from chat_fixtures import CONVERSATION, checkpoint_folder
 
+from tests.support.chat_fixtures import CONVERSATION, checkpoint_folder
 from titan_tpu.data.chat_masks import completion_tokens, conversation_tokens, conversational_completion_tokens
 from titan_tpu.data.chat_template import ChatTemplate, ChatTemplateError
 from titan_tpu.data.sft_examples import RecordFields, record_tokens

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from tests.cpu_kinds import ARM64_BF16, ARM64_NO_BF16, AVX2_ONLY, AVX512_NO_BF16, COOPER_LAKE, SAPPHIRE_RAPIDS
+from tests.support.cpu_kinds import ARM64_BF16, ARM64_NO_BF16, AVX2_ONLY, AVX512_NO_BF16, COOPER_LAKE, SAPPHIRE_RAPIDS
 from titan_tpu.config import ConfigError
 from titan_tpu.device import DTYPES, Device, dtype_from_name, dtype_name, native_bf16, resolve_compute_dtype
 from titan_tpu.device import dtype as dtype_module

@@ -14,10 +14,11 @@ import pytest
 import torch
 from torch import nn
 
+from tests.support.paths import REPO
 from titan_tpu.device import Device, host_peak_flops, peak
 from titan_tpu.device.peak import measure_matmul_flops, table_peak_flops
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def named(monkeypatch: pytest.MonkeyPatch, device_type: str, name: str) -> Device:

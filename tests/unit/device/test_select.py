@@ -9,17 +9,17 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from tests.support.paths import REPO
 from titan_tpu import device as device_layer
 from titan_tpu.config import ConfigError
 from titan_tpu.device import memory, select
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def pretend_accelerator(monkeypatch: pytest.MonkeyPatch, device_type: str | None, count: int = 0) -> list:

@@ -20,6 +20,7 @@ torch_tpu = pytest.importorskip("torch_tpu", reason="torch_tpu is not installed 
 
 import torch  # noqa: E402
 
+from tests.support.paths import REPO  # noqa: E402
 from titan_tpu.config import ConfigError  # noqa: E402
 from titan_tpu.device import TORCH_TPU_CALLS, resolve_device_type, torch_tpu_function  # noqa: E402
 from titan_tpu.device.tpu_runtime import host_has_tpu_device_files  # noqa: E402
@@ -27,7 +28,7 @@ from titan_tpu.distributed.compile import resolve_backend  # noqa: E402
 
 pytestmark = pytest.mark.tpu
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 PROJECT_SOURCES = ["titan_tpu", "models", "scripts"]
 chips_visible = torch.accelerator.current_accelerator(check_available=True) is not None
 needs_no_chip = pytest.mark.skipif(chips_visible, reason="this host has an accelerator; the no-chip path cannot run")

@@ -10,13 +10,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.paths import REPO
 from titan_tpu.device import tpu_runtime
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 VARIABLES = (tpu_runtime.SKIP_METADATA_VARIABLE, tpu_runtime.AUTOLOAD_VARIABLE)
 
 

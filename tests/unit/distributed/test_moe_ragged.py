@@ -1,5 +1,5 @@
 """TorchTPU's MoE path on CPU: the experts through `ragged_dot` and expert parallelism's exchange
-through `ragged_all_to_all`, with references of the ops' documented semantics (tests/ragged_reference.py)
+through `ragged_all_to_all`, with references of the ops' documented semantics (tests/support/ragged_reference.py)
 plugged in where the TPU's ops go, so that everything but the ops themselves is tested here.
 
 Bugs these catch: references that misread the documentation (hand examples); group sizes or weight
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.ragged_reference import exchange_every_rank, operand_gradients, ragged_dot
+from tests.support.ragged_reference import exchange_every_rank, operand_gradients, ragged_dot
 from titan_tpu.autotune.for_run import choose_run_kernels
 from titan_tpu.autotune.measure import check
 from titan_tpu.config.errors import ConfigError

@@ -21,17 +21,17 @@ import json
 import math
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.support.paths import ASSETS
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.device import torch_tpu_function
 from titan_tpu.distributed import topology
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets" / "topologies"
+TOPOLOGIES_FOLDER = ASSETS / "topologies"
 NAMES = ("dp_replicate", "dp_shard", "tp")
 TOPOLOGIES = ["v5e_2x4", "v5p_2x2x2", "v6e_4x4", "v6e_4x4_two_slices", "v7x_2x2x2"]
 # A launcher that numbers hosts in the order they joined the rendezvous (torchrun's c10d backend
@@ -45,7 +45,7 @@ HOSTS_OUT_OF_ORDER = {
 
 def load(name: str) -> list[types.SimpleNamespace]:
     """The recorded devices, indexed by torch rank."""
-    data = json.loads((ASSETS / f"{name}.json").read_text(encoding="utf-8"))
+    data = json.loads((TOPOLOGIES_FOLDER / f"{name}.json").read_text(encoding="utf-8"))
     devices = [types.SimpleNamespace(**{**d, "coords": tuple(d["coords"])}) for d in data["devices"]]
     assert [d.rank for d in devices] == list(range(len(devices))), f"{name}: devices must be listed by rank"
     return devices

@@ -15,7 +15,8 @@ import pytest
 import tomllib
 import torch
 
-from tests.one_thread import one_intra_op_thread
+from tests.support.one_thread import one_intra_op_thread
+from tests.support.paths import REPO
 from titan_tpu.device.select import Device
 from titan_tpu.distributed.compile import available_backends
 from titan_tpu.doctor import kernel_checks, training_check
@@ -28,7 +29,7 @@ from titan_tpu.models.qwen3.args import ExpertImpl
 from titan_tpu.plan.calibration import load_calibration
 from titan_tpu.plan.chips import parse_chips
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -20,10 +19,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.support.paths import REPO
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.launch.jobset import JobSetRequest, render_jobset
 
-REPO = Path(__file__).resolve().parents[2]
 # Ironwood (TPU7x) needs GKE 1.34 or later, so the manifest has to hold for that Kubernetes.
 KUBERNETES_VERSION = "1.34"
 

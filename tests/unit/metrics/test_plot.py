@@ -14,10 +14,11 @@ import pytest
 from PIL import Image
 
 import titan_tpu.metrics.plot as plot
+from tests.support.paths import REPO
 from titan_tpu.config import load_config
 from titan_tpu.training.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 _spec = importlib.util.spec_from_file_location("plot_script", ROOT / "scripts" / "plot.py")
 assert _spec is not None and _spec.loader is not None
 plot_script = importlib.util.module_from_spec(_spec)

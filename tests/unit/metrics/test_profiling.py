@@ -8,12 +8,9 @@ loses the trace; `memory` that records nothing; a start step the run never reach
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.training.trainer import Trainer  # noqa: E402

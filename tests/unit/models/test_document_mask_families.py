@@ -30,7 +30,7 @@ def test_a_document_begins_after_each_eos() -> None:
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
 def test_packed_logits_equal_each_document_alone(family: str) -> None:
     """Our own model packed against our own model per document (transformers parity is in
-    tests/parity/test_document_mask.py); the MoE routes each token alone, so its logits agree too."""
+    tests/parity/models/test_document_mask.py); the MoE routes each token alone, so its logits agree too."""
     torch.manual_seed(0)
     if family == "qwen3":
         model: torch.nn.Module = Qwen3Model(dataclasses.replace(QWEN3_FLAVORS["debug"], n_layers=2))

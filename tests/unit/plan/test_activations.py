@@ -17,16 +17,10 @@ activations backward has already freed (selective was 38% high that way).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from plan_measure import LiveTensorPeak, measure_state, within  # noqa: E402
-
+from tests.support.plan_measure import LiveTensorPeak, measure_state, within  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.distributed.activation_checkpoint import apply_activation_checkpointing  # noqa: E402
 from titan_tpu.distributed.parallelize import block_containers  # noqa: E402

@@ -8,11 +8,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+
+ROOT = REPO
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from published_mfu import PUBLISHED, PublishedResult  # noqa: E402

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from tests.support.paths import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
 
 import plan_tables  # noqa: E402
 

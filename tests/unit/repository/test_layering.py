@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 # Everything the engine has above the configuration and the shared interfaces, for "nothing of it"
 # rules.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 # `python3 -m venv DIR` makes DIR/bin/pip, a script that appends its arguments to pip.log.
 FAKE_PYTHON3 = """#!/usr/bin/env bash

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import REPO
 from titan_tpu.config import ConfigError
 from titan_tpu.metrics.plot import draw_bench_chart, read_bench
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 BENCH = ROOT / "scripts" / "bench.py"
 # One narrow layer and short sequences: the case's own start-up is most of the test's time.
 TINY_CASE = [

@@ -13,7 +13,7 @@ import titan_tpu.device as device
 import titan_tpu.training.trainer  # noqa: F401  (bound to the real probe before the test replaces bench's)
 from scripts import bench
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/one_thread.py says why
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/support/one_thread.py says why
 
 PEAK = 1e12
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from tests.support.paths import REPO
 from titan_tpu.checkpoint import layout
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.checkpoint.storage import read_metadata_file
@@ -21,7 +22,7 @@ from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.model import Qwen3MoeModel
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 _spec = importlib.util.spec_from_file_location("convert_checkpoint", ROOT / "scripts" / "convert_checkpoint.py")
 assert _spec is not None and _spec.loader is not None
 convert = importlib.util.module_from_spec(_spec)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+
+ROOT = REPO
 sys.path.insert(0, str(ROOT))
 
 from scripts.trace_summary import BETWEEN_OPS, main, self_times, summary  # noqa: E402

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import REPO
 from tests.support.toy_task import ToyConfig, ToyTask
 from titan_tpu.config import ConfigError, catalogue, help_text, load_config
 from titan_tpu.tasks.registry import register_task
 from titan_tpu.training.trainer import Trainer
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

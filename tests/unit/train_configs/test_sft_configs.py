@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from chat_fixtures import CONVERSATION, checkpoint_folder
 
+from tests.support.chat_fixtures import CONVERSATION, checkpoint_folder
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.config import load_config
 from titan_tpu.data.chat_tokenizer import tokenizer_export_files

@@ -17,7 +17,7 @@ from titan_tpu.training.registered_names import check_registered_names
 
 # Config file -> total parameters as published, written as published ("8.03B"): the check allows
 # half a unit in the last digit, the rounding of the figure itself. Sources: Meta's Llama 3.1 / 3.2
-# and Qwen's Qwen3 model cards (the same figures as tests/unit/test_llama3_model.py and
+# and Qwen's Qwen3 model cards (the same figures as tests/unit/models/llama3/test_model.py and
 # test_qwen3_model.py). Our own flavors (debug, 100M) have no published figure; theirs is the exact
 # count of the shape defined in titan_tpu/models/*/args.py, so any change to that shape is noticed here.
 EXPECTED_PARAMS: dict[str, str] = {

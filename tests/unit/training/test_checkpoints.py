@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trained_losses import trained_losses
+from tests.support.trained_losses import trained_losses
 from titan_tpu.checkpoint import layout
 from titan_tpu.config import load_config
 from titan_tpu.training.trainer import Trainer
@@ -24,7 +24,7 @@ BASE = [
 ]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/one_thread.py says why
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/support/one_thread.py says why
 
 
 def make_trainer(dump: Path, *overrides: str) -> Trainer:

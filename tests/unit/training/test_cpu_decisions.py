@@ -21,8 +21,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.cpu_kinds import DECISIONS
-from tests.token_sum_reward import REWARDS
+from tests.support.cpu_kinds import DECISIONS
+from tests.support.token_sum_reward import REWARDS
 from titan_tpu.config.loader import load_config
 from titan_tpu.models.common.decode_step import FusedDecoder
 from titan_tpu.training.trainer import Trainer

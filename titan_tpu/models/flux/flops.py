@@ -44,7 +44,7 @@ def flux_training_flops_per_sample(args: FluxArgs, image_tokens: int, text_token
       overhead, not useful work, and is not counted.
 
     This equals torch.utils.flop_counter's count of a forward + backward with inputs that require grad
-    (tests/unit/test_flux_flops.py).
+    (tests/unit/models/flux/test_model.py).
     """
     dim, hidden = args.dim, args.mlp_hidden_dim
     stream_per_token = 4 * dim * dim + 2 * dim * hidden  # q, k, v, attention out, MLP in + out

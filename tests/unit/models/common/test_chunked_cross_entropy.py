@@ -6,18 +6,13 @@ backward create, with the logits (made by the model anyway) not counted.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from plan_measure import LiveTensorPeak  # noqa: E402
-
+from tests.support.plan_measure import LiveTensorPeak  # noqa: E402
 from titan_tpu.models.common.chunked_cross_entropy import ChunkedCrossEntropy, chunk_tokens, chunked_cross_entropy  # noqa: E402
 from titan_tpu.models.common.loss import IGNORE_INDEX, cross_entropy_loss  # noqa: E402
 

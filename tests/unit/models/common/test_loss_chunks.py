@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.cpu_kinds import DECISIONS
+from tests.support.cpu_kinds import DECISIONS
 from titan_tpu.autotune.measure import check
 from titan_tpu.config import load_config
 from titan_tpu.models.common import loss as loss_module

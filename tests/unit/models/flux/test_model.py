@@ -9,7 +9,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from tests.flux_reference import inputs, run_ours
+from tests.support.flux_reference import inputs, run_ours
 from titan_tpu.distributed.parallelize import blocks
 from titan_tpu.models.flux.args import FLUX_FLAVORS
 from titan_tpu.models.flux.flops import flux_param_count, flux_training_flops_per_sample

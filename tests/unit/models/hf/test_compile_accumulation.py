@@ -1,6 +1,6 @@
 """The hf family under per-layer compile, activation checkpointing and gradient accumulation changes
 nothing numerically (one process, fp32), as for the native families (tests/distributed/
-test_ac_compile.py, tests/unit/test_trainer.py).
+test_ac_compile.py, tests/unit/training/test_trainer.py).
 
 Bugs caught: transformers' decoder layers not found as the compile / checkpoint units (the type
 checks), a compiled or recomputed layer that computes something else (a graph break that drops the

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from scripts import hf_parity as parity
+from tests.support.paths import REPO
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.models.hf.flops import hf_flops_per_token, hf_param_count
 from titan_tpu.models.hf.model import HFCausalLM
@@ -299,9 +300,8 @@ def test_the_planner_plans_an_hf_config_from_the_command_line() -> None:
     no activation estimate). Its numbers are tested against the native twin in test_hf_planning.py."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = REPO
     done = subprocess.run(
         [sys.executable, "-m", "titan_tpu.plan", "--config", "hf_mistral_debug", "--chips", "v6e-8"],
         cwd=root,

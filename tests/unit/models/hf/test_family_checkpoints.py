@@ -14,14 +14,15 @@ import pytest
 import torch
 import transformers
 
-from tests.unit.test_hf_family import SEQ, built_like_a_run
+from tests.support.paths import REPO
+from tests.unit.models.hf.test_family import SEQ, built_like_a_run
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import ConfigError
 from titan_tpu.models.hf.model import HFCausalLM
 from titan_tpu.models.registry import get_model_spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 ADAPTER = get_model_spec("hf").state_dict_adapter
 
 

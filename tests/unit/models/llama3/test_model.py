@@ -5,11 +5,11 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.paths import REPO
 from titan_tpu.models.common.attention import Attention
 from titan_tpu.models.common.loss import IGNORE_INDEX, cross_entropy_loss
 from titan_tpu.models.common.rope import RotaryEmbedding
@@ -18,7 +18,7 @@ from titan_tpu.models.llama3.flops import llama3_param_count
 from titan_tpu.models.llama3.model import Llama3Model
 from titan_tpu.models.registry import get_model_spec
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = REPO
 
 # Published sizes (Meta model cards / HF configs); 100M is our own benchmark flavor.
 PUBLISHED_PARAMS = {"100M": 100.7e6, "1B": 1.24e9, "3B": 3.21e9, "8B": 8.03e9, "70B": 70.6e9, "405B": 405.9e9}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.paths import REPO
 from titan_tpu.config.loader import CONFIG_DIR
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS, QWEN3_MOE_FLAVORS, Qwen3Args, Qwen3MoeArgs
@@ -20,7 +21,7 @@ from titan_tpu.models.qwen3.moe import GroupedExperts, MoEFeedForward, load_bala
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
 from titan_tpu.models.registry import get_model_spec
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = REPO
 
 # Published totals (Qwen model cards: 8.2B, 32.8B, 30.5B, 235B) and exact config-derived counts.
 PUBLISHED_TOTAL = {"8B": 8.19e9, "32B": 32.8e9, "30B-A3B": 30.5e9, "235B-A22B": 235e9}

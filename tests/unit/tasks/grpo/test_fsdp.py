@@ -11,7 +11,7 @@ sample the same tokens from replicated logits (a rank that sampled differently w
 the rewards). This file is also the worker that
 torchrun starts. From random weights the arithmetic reward is always 0 (so every loss would be 0); the
 run uses a test reward that depends on the sampled tokens, through `rl.rewards`
-(tests/token_sum_reward.py).
+(tests/support/token_sum_reward.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.token_sum_reward import REWARDS
+from tests.support.paths import REPO
+from tests.support.token_sum_reward import REWARDS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 OVERRIDES = [
     "--training.steps=2",
     "--training.global_batch_size=16",
@@ -51,7 +52,7 @@ MOE = ["--model.name=qwen3_moe", "--model.flavor=debug_moe", "--metrics.eval_fre
 def worker(out: Path, decision: str, *layout: str) -> None:
     import torch.distributed as dist
 
-    from tests.cpu_kinds import pretend_cpu
+    from tests.support.cpu_kinds import pretend_cpu
     from titan_tpu.config.loader import load_config
     from titan_tpu.training.trainer import Trainer
 
@@ -66,8 +67,7 @@ def worker(out: Path, decision: str, *layout: str) -> None:
 
 
 def _run(tmp_path: Path, nproc: int, decision: str, *layout: str) -> list[dict]:
-    sys.path.insert(0, str(ROOT / "tests" / "distributed"))
-    from launch import torchrun
+    from tests.support.launch import torchrun
 
     out = tmp_path / f"run{len(list(tmp_path.iterdir()))}-{decision}-p{nproc}"
     out.mkdir()

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cpu_kinds import DECISIONS
+from tests.support.cpu_kinds import DECISIONS
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from grpo_arithmetic import grpo, pretrain  # noqa: E402

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.token_sum_reward import REWARDS
+from tests.support.token_sum_reward import REWARDS
 from titan_tpu.config import load_config
 from titan_tpu.training.trainer import Trainer
 

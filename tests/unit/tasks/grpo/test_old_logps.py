@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tests.token_sum_reward import REWARDS
+from tests.support.token_sum_reward import REWARDS
 from titan_tpu.config import load_config
 from titan_tpu.generation.logprobs import token_logps
 from titan_tpu.tasks.grpo.rollout import MicroBatch

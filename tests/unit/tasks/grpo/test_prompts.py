@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from chat_fixtures import checkpoint_folder
 
+from tests.support.chat_fixtures import checkpoint_folder
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.tasks.grpo.prompts import prompt_set

@@ -18,7 +18,7 @@ import pytest
 from titan_tpu.config import load_config
 from titan_tpu.training.trainer import Trainer
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/one_thread.py says why
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/support/one_thread.py says why
 
 REWARD_MODULE = """
 calls = []

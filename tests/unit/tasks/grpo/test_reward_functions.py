@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.reward_batches import batch_of
+from tests.support.paths import REPO
+from tests.support.reward_batches import batch_of
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.tasks.grpo.rewards import RewardError, build_rewards, score
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 GSM8K_SOLUTION = "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\n#### 72"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reward_batches import batch_of
+from tests.support.reward_batches import batch_of
 from titan_tpu.tasks.grpo.arithmetic import ArithmeticProblems, Problem, pretraining_corpus
 from titan_tpu.tasks.grpo.prompts import PromptStream
 from titan_tpu.tasks.grpo.rewards import build_rewards, score

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.token_sum_reward import REWARDS
+from tests.support.token_sum_reward import REWARDS
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.generation import sampler
 from titan_tpu.protocols.model_spec import Decoding

@@ -12,7 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import titan_tpu.training.trainer as trainer_module
-from tests.token_sum_reward import REWARDS
+from tests.support.token_sum_reward import REWARDS
 from titan_tpu.config import load_config
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
 from titan_tpu.training.trainer import Trainer
@@ -36,7 +36,7 @@ def grpo_trainer(tmp_path: Path, *overrides: str) -> Trainer:
 def test_the_rollout_is_charged_what_it_computes(tmp_path: Path) -> None:
     """One prompt x 4 completions that never stop, so nothing in the rollout is padding, in two
     mini-batches of 2: the task's count equals the counter's on sampling and the reference's
-    log-prob pass (the policy's log-probs come from the sampling, tests/unit/test_grpo_old_logps.py).
+    log-prob pass (the policy's log-probs come from the sampling, tests/unit/tasks/grpo/test_old_logps.py).
     Catches a pass left out (the reference's: a negative control) or charged where none runs (the
     policy's: the other), a row's prompt or completion length miscounted, and a rollout_tflops not
     made of that count over the rollout's time."""
@@ -56,7 +56,7 @@ def test_the_rollout_is_charged_what_it_computes(tmp_path: Path) -> None:
     counted = counter.get_total_flops()
     prompt_len = int(batch.tokens.shape[1]) - 4
     print(f"charged {charged:.4e}, counted {counted:.4e}, ratio {charged / counted:.5f}")
-    # Within the RMSNorm weights the convention counts and the counter does not (tests/unit/test_rollout_flops.py).
+    # Within the RMSNorm weights the convention counts and the counter does not (tests/unit/tasks/grpo/test_rollout_flops.py).
     assert charged == pytest.approx(counted, rel=0.002)
     cost = ForwardCost.of_family(task.ctx.spec.flops_per_token, task.args)
     rows = [(prompt_len, 4)] * 4

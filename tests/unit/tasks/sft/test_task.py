@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.paths import REPO
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.tasks.base import TaskLoss
 from titan_tpu.training.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 GOOD = {"messages": [{"role": "user", "content": "Spell abc."}, {"role": "assistant", "content": "a-b-c"}]}
 
 

@@ -3,16 +3,11 @@ below its tolerances, and fails each kind of damage the multi-process tests rely
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from parity import DEFAULT, EXACT, RunResult, compare, compare_states, full_state  # noqa: E402
+from tests.support.parity import DEFAULT, EXACT, RunResult, compare, compare_states, full_state  # noqa: E402
 
 
 def trained_state(steps: int = 2) -> dict[str, torch.Tensor]:
