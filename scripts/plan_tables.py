@@ -1,8 +1,8 @@
-"""Regenerate the README's planner tables (between `<!-- plan-tables:begin -->` and
+"""Regenerate the planner tables of docs/planner.md (between `<!-- plan-tables:begin -->` and
 `<!-- plan-tables:end -->`) from the planner itself, so no figure in them is typed by hand.
 
-    .venv/bin/python scripts/plan_tables.py           # rewrite the README block
-    .venv/bin/python scripts/plan_tables.py --check   # exit 1 when the README block is stale
+    .venv/bin/python scripts/plan_tables.py           # rewrite the block in docs/planner.md
+    .venv/bin/python scripts/plan_tables.py --check   # exit 1 when that block is stale
 
 Table 1: shipped configs on TPU v6e and TPU7x slices with their own layouts (the TOML's tp / ep, FSDP
 over the rest; on several slices dp_replicate spans them). Table 2: the planner beside MaxText's
@@ -32,7 +32,9 @@ from titan_tpu.plan.chips import GIB, parse_chips  # noqa: E402
 from titan_tpu.plan.planner import Plan, make_plan  # noqa: E402
 from titan_tpu.training.registered_names import check_registered_names  # noqa: E402
 
-README = ROOT / "README.md"
+# The page that holds the generated block. The tables moved from README.md to docs/planner.md; the name
+# README stays, because tests/unit/plan/test_tables.py reads and monkeypatches `plan_tables.README`.
+README = ROOT / "docs" / "planner.md"
 BEGIN, END = "<!-- plan-tables:begin -->", "<!-- plan-tables:end -->"
 
 # (config, chips): each model on one v6e and one TPU7x slice large enough for its layout.
@@ -130,7 +132,7 @@ def readme_block(text: str) -> tuple[int, int]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the README block differs")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the block in docs/planner.md differs")
     args = parser.parse_args(argv)
     text = README.read_text(encoding="utf-8")
     start, end = readme_block(text)
