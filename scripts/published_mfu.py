@@ -1,5 +1,5 @@
 """Published training MFU of the models this project ships configs for, on Cloud TPUs, to set beside
-the planner's estimates: the data of the README's second planner table (scripts/plan_tables.py),
+the planner's estimates: the data of the second planner table in docs/planner.md (scripts/plan_tables.py),
 kept beside that script rather than in the installed package.
 
 Every figure is a bf16 pretraining run of MaxText (JAX) published by Google, read on 2026-11-30 from:

@@ -1,7 +1,7 @@
 """scripts/recipes/sft_then_grpo.py end to end on tiny settings (a few steps per phase): the data, the
 trained BPE tokenizer, pretrain -> SFT -> GRPO through the trainer, an export per phase, held-out
 accuracy per phase and the transformers greedy check. How much each phase learns is the full run's
-(README, GRPO section); this checks that every piece is wired to the next."""
+(docs/grpo.md and docs/benchmarks/sft_then_grpo_*.md); this checks that every piece is wired to the next."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ CPU_BLOCKS = (64, 128, 256, 512)
 # Tokens of the micro-batch the candidates are timed on. Fewer sequences than the run's: at sequence
 # 2048 a batch of 8 cost 55 s of start-up for five candidates. Not one sequence of a short run,
 # though: at sequence 256 in bf16 that ranked SDPA first on an AVX512-BF16 CPU where blocks of 64
-# train 1.20x faster (README, Kernels table), as a batch of 8 had measured.
+# train 1.13x faster (llama3_debug, docs/benchmarks/kernels_epyc_2026-12-03.md), as a batch of 8 had measured.
 MEASURE_TOKENS = 2048
 # The correctness check's sequence length: every block size but the largest runs in several blocks
 # (the largest's code path is the others'), and the check costs a fraction of the timing.

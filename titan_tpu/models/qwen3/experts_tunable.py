@@ -62,7 +62,7 @@ def _workload(args: Any, shape: KernelShape) -> KernelRun:
     # Skewed routing, expert e drawing a share proportional to 1 / (e + 1): padded_bmm pays for
     # experts x the longest run, so balanced routing would flatter it, and a router is far from
     # balanced early in training (on the debug MoE, balanced routing timed padded_bmm level with
-    # grouped_mm, which trains it 1.58x faster: README, Kernels table).
+    # grouped_mm, which trains it 1.49x faster: docs/benchmarks/kernels_epyc_2026-12-03.md).
     shares = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64)
     choices = torch.multinomial(shares, rows, replacement=True, generator=generator)
     counts = torch.bincount(choices, minlength=experts)

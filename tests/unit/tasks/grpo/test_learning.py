@@ -5,7 +5,7 @@ reward and held-out accuracy recorded.
 Bugs caught: a pretrained policy that does not reach GRPO (export/import of the initial weights), a
 GRPO step record without its reward or accuracy, and an evaluation that disagrees with itself
 between the start and steps that changed nothing (lr 1e-12). The full run (1000 + 200 steps, +15 points
-or more) is the script's; its numbers are in the README.
+or more) is the script's; its numbers are in docs/benchmarks/ (grpo_arithmetic_*.md).
 """
 
 from __future__ import annotations
