@@ -42,7 +42,8 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
     """AdamW over the model's trainable parameters, which are already on their device."""
     # Norm gains (1-D) are not decayed: pulling them toward zero only fights the normalisation.
     # Embeddings are matrices and decay like every other weight, as in Llama and TorchTitan.
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.ndim >= 2 else no_decay).append(param)

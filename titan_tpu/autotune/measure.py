@@ -70,9 +70,9 @@ def check(tunable: Tunable, args: Any, shape: KernelShape, candidates: dict[str,
         except (RuntimeError, ValueError, NotImplementedError) as error:
             refused[name] = f"failed: {str(error).splitlines()[0][:120]}"
             continue
-        error = max(relative_error(g, w) for g, w in zip(got, want))
-        if not error <= limit:  # also refuses nan
-            refused[name] = f"error {error:.2g} > {limit:.2g}"
+        worst = max(relative_error(g, w) for g, w in zip(got, want))
+        if not worst <= limit:  # also refuses nan
+            refused[name] = f"error {worst:.2g} > {limit:.2g}"
     return refused
 
 

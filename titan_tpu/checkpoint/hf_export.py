@@ -18,7 +18,7 @@ import secrets
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -148,7 +148,9 @@ def export_model_to_hf(
     distributed = dist.is_available() and dist.is_initialized()
     writes = not distributed or dist.get_rank() == 0
     repeats = tied_repeats(model)
-    state_dict = {name: value for name, value in get_model_state_dict(model).items() if name not in repeats}
+    # A model's state dict holds tensors only; torch's type also covers optimizer states.
+    model_state = cast(dict[str, torch.Tensor], get_model_state_dict(model))
+    state_dict = {name: value for name, value in model_state.items() if name not in repeats}
     parts = {name: HFParts.of(adapter, name, value.shape) for name, value in state_dict.items()}
     plan = [(hf_name, p.shape) for p in parts.values() for hf_name in p.names]
     writer = None

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
@@ -92,11 +92,15 @@ class _BlockLoadPlanner(SafeLoadPlanner):
         self.offsets = offsets
 
     def create_local_plan(self) -> LoadPlan:
+        if self.metadata is None:
+            raise RuntimeError("create_local_plan before set_up_planner: no checkpoint metadata")
         requests = []
         for fqn, tensor in self.state_dict.items():
             chunk = ChunkStorageMetadata(offsets=torch.Size(self.offsets[fqn]), sizes=tensor.size())
-            md = self.metadata.state_dict_metadata[fqn]  # type: ignore[union-attr]
-            requests += create_read_items_for_chunk_list(fqn, md, [chunk])  # type: ignore[arg-type]
+            md = self.metadata.state_dict_metadata[fqn]
+            if not isinstance(md, TensorStorageMetadata):
+                raise ValueError(f"{fqn} is not a tensor in the Hugging Face folder")
+            requests += create_read_items_for_chunk_list(fqn, md, [chunk])
         return LoadPlan(requests)
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
@@ -190,8 +194,10 @@ def load_hf_weights(
         raise ConfigError(f"checkpoint.initial_load_path: {folder} is not a folder")
     check_hf_config(folder, adapter, args, what)
     state_dict = get_model_state_dict(model)
+    # The same dict as tensors: a model's state dict holds tensors only; torch's type also covers optimizer states.
+    tensors = cast(dict[str, torch.Tensor], state_dict)
     repeats = tied_repeats(model)
-    parts = {name: HFParts.of(adapter, name, value.shape) for name, value in state_dict.items() if name not in repeats}
+    parts = {name: HFParts.of(adapter, name, value.shape) for name, value in tensors.items() if name not in repeats}
     available = hf_tensor_index(folder, HFFiles.of(adapter))
     wanted = {hf_name: p.shape for p in parts.values() for hf_name in p.names}
     problems = [f"{key} is missing" for key in wanted if key not in available]
@@ -208,7 +214,7 @@ def load_hf_weights(
     # the reads land in place.
     blocks: dict[str, tuple[torch.Tensor, tuple[int, ...]]] = {}
     with torch.no_grad():
-        for name, value in state_dict.items():
+        for name, value in tensors.items():
             block = local_block(value) if name not in repeats else None
             if block is not None:
                 blocks.update((n, (view, start)) for n, view, start in parts[name].blocks(*block))

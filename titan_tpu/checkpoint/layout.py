@@ -105,7 +105,7 @@ def clean_stale(root: Path) -> list[Path]:
 
     Call only when no save of this run is in flight (at start-up, before the first save).
     """
-    removed = []
+    removed: list[Path] = []
     if not root.is_dir():
         return removed
     for entry in sorted(root.iterdir()):

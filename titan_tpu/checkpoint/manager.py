@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from titan_tpu.checkpoint import layout
 from titan_tpu.checkpoint.state import (
@@ -195,7 +196,7 @@ class CheckpointManager:
                     async_stager=self._stager,
                     no_dist=no_dist,
                 )
-            upload = getattr(response, "upload_completion", response)
+            upload = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
             self._pending = self._executor.submit(self._finish, upload, step, temp, final, extra, start)
             self._pending_step = step
             self.last_save_blocked_s = time.perf_counter() - start

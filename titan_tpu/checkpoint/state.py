@@ -142,7 +142,9 @@ class PerRankObjectState(Stateful):
 
 def get_rng_state(device_type: str) -> dict[str, Any]:
     """Python, numpy, torch CPU and (if there is one) accelerator RNG states, as loadable types."""
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)  # numpy's default, spelled out: the stub's default is the dict form
+    if not isinstance(np_state, tuple):
+        raise RuntimeError("numpy's global generator is not the legacy MT19937 one; its state cannot be saved")
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {

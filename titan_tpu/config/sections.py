@@ -13,6 +13,11 @@ from typing import Any, Literal
 
 from titan_tpu.config.errors import ConfigError
 
+# Value types of fields that other code (the planner's search) builds values for.
+PipelineSchedule = Literal["1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble"]
+ReduceDtype = Literal["float32", "bfloat16"]
+CheckpointMode = Literal["none", "full", "selective"]
+
 
 def opt(default: Any, doc: str) -> Any:
     """A dataclass field with a default and its one-line doc."""
@@ -212,7 +217,7 @@ class ParallelismConfig:
         "Pipeline-parallel degree (outermost axis): the model's layers split into stages, one stage (or "
         "several, with an interleaved schedule) per pp rank.",
     )
-    pp_schedule: Literal["1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble"] = opt(
+    pp_schedule: PipelineSchedule = opt(
         "1F1B",
         "With pp > 1, the order of micro-batch forwards and backwards (torch.distributed.pipelining); the "
         "interleaved ones run two stages per rank.",
@@ -230,7 +235,7 @@ class ParallelismConfig:
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = opt(
         "default", "Free gathered parameters after forward: default = all blocks but the last."
     )
-    fsdp_reduce_dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype in which FSDP reduces gradients.")
+    fsdp_reduce_dtype: ReduceDtype = opt("float32", "Dtype in which FSDP reduces gradients.")
     fsdp_cpu_offload: bool = opt(False, "Keep sharded parameters and optimizer state in host memory.")
 
     def validate(self) -> None:
@@ -268,9 +273,7 @@ class CommConfig:
 
 @dataclass
 class ActivationCheckpointConfig:
-    mode: Literal["none", "full", "selective"] = opt(
-        "none", "Recompute activations in backward: none, every block (full), or selective."
-    )
+    mode: CheckpointMode = opt("none", "Recompute activations in backward: none, every block (full), or selective.")
     selective_option: str = opt(
         "2", "With mode = selective: 'op' (save matmul outputs) or N (checkpoint every Nth block)."
     )

@@ -18,9 +18,13 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.data.documents import Cursor, Document, Problems, text_of
+
+if TYPE_CHECKING:  # pyarrow is optional (the parquet extra): imported where parquet is read
+    import pyarrow.parquet as pq
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +164,7 @@ class FileSource:
                     problems.record_good()
                     yield (index, here, here_line), text
 
-    def _open_parquet(self, path: Path):  # -> pyarrow.parquet.ParquetFile
+    def _open_parquet(self, path: Path) -> pq.ParquetFile:
         import pyarrow as pa
         import pyarrow.parquet as pq
 

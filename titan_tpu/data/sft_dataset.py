@@ -50,8 +50,9 @@ class SftBlockStart:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> SftBlockStart:
-        cursor = tuple(int(c) for c in state["cursor"])
-        return cls(int(state["epoch"]), int(state["block"]), int(state["first_sample"]), cursor)  # type: ignore[arg-type]
+        file_index, record = state["cursor"]
+        cursor = (int(file_index), int(record))
+        return cls(int(state["epoch"]), int(state["block"]), int(state["first_sample"]), cursor)
 
 
 @dataclass
@@ -100,12 +101,12 @@ def iterate_sft_blocks(
         while pending is not None:
             block_cursor = pending[0]
             examples: list[tuple[str, MaskedTokens]] = []
-            tokens = 0
-            while pending is not None and (tokens < budget or not examples):
+            token_count = 0
+            while pending is not None and (token_count < budget or not examples):
                 _, where, record = pending
                 example = encode(record, where)
                 examples.append((where, example))
-                tokens += len(example.ids) - 1
+                token_count += len(example.ids) - 1
                 pending = next(records, None)
             rows = pack_rows(examples, packing.seq_len, packing.pad_id, packing.packing, packing.overflow, counts)
             if not rows:

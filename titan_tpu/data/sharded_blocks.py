@@ -35,8 +35,14 @@ STATE_VERSION = 1
 
 
 class BlockStart(Protocol):
-    epoch: int
-    first_sample: int  # global index of the block's first sample
+    # Read-only: block starts are frozen dataclasses.
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def first_sample(self) -> int:
+        """Global index of the block's first sample."""
+        ...
 
     def to_state(self) -> dict[str, Any]: ...
 

@@ -104,7 +104,7 @@ class HFTokenizer:
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """The ids and, per id, the [start, end) of the characters it covers in `text`."""
         encoding = self._tok.encode(text, add_special_tokens=False)
-        return encoding.ids, [tuple(span) for span in encoding.offsets]  # type: ignore[misc]
+        return encoding.ids, [(start, end) for start, end in encoding.offsets]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)

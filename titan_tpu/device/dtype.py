@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Literal, TypeGuard
 
 import torch
 
@@ -21,7 +22,8 @@ logger = logging.getLogger(__name__)
 
 # The one table from config names to dtypes (training.dtype, parallelism.fsdp_reduce_dtype,
 # checkpoint.export_dtype).
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DtypeName = Literal["float32", "bfloat16"]
+DTYPES: dict[DtypeName, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # torch.cpu.get_capabilities() keys that mean bf16 matmul instructions: x86 AVX512-BF16 (VDPBF16PS)
 # and AMX tiles; on arm64 "bf16" (FEAT_BF16: BFDOT, BFMMLA) and "sve_bf16".
@@ -30,12 +32,16 @@ _CPU_BF16_CAPABILITIES = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")
 
 def dtype_from_name(name: str, where: str) -> torch.dtype:
     """The dtype a config value names; `where` is the key, for the error."""
-    if name not in DTYPES:
+    if not _is_dtype_name(name):
         raise ConfigError(f"{where}: got {name!r}, expected one of {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def _is_dtype_name(name: str) -> TypeGuard[DtypeName]:
+    return name in DTYPES
+
+
+def dtype_name(dtype: torch.dtype) -> DtypeName:
     """The config name of a dtype in DTYPES (the resolved config records "auto" as what it became)."""
     return next(name for name, known in DTYPES.items() if known == dtype)
 

@@ -20,7 +20,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import torch
 
@@ -63,6 +63,14 @@ def torch_tpu_version() -> str | None:
         return "unknown version"
 
 
+def _is_accelerator(name: str | None) -> TypeGuard[Literal["tpu", "cuda"]]:
+    return name in ("tpu", "cuda")
+
+
+def _is_device_type(name: str) -> TypeGuard[DeviceType]:
+    return name in _BACKENDS
+
+
 def available(device_type: DeviceType) -> bool:
     return device_type == "cpu" or accelerator_type() == device_type
 
@@ -73,19 +81,19 @@ def resolve_device_type(requested: str) -> DeviceType:
     skip_tpu_metadata_lookup_without_chips()  # before the first device query starts libtpu
     if requested == "auto":
         found = accelerator_type()
-        if found in ("tpu", "cuda"):
-            return found  # type: ignore[return-value]
+        if _is_accelerator(found):
+            return found
         if found is not None:
             logger.warning("device: torch.accelerator reports %r, which titan_tpu does not drive; using the CPU", found)
         elif torch_tpu_version() is not None:
             logger.warning("device: %s; using the CPU", _why_no_tpu())
         return "cpu"
-    if requested not in _BACKENDS:
+    if not _is_device_type(requested):
         raise ConfigError(f"device.type: got {requested!r}, expected one of auto, tpu, cuda, cpu")
-    if not available(requested):  # type: ignore[arg-type]
+    if not available(requested):
         reason = _why_missing(requested)
         raise ConfigError(f"device.type = '{requested}' was requested but {reason}; use 'auto' or 'cpu'")
-    return requested  # type: ignore[return-value]
+    return requested
 
 
 def _why_missing(device_type: str) -> str:

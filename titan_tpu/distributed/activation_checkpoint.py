@@ -65,10 +65,16 @@ def apply_activation_checkpointing(
     wrapped = 0
     index = 0
     for container in containers:
-        keys = list(container.keys()) if isinstance(container, nn.ModuleDict) else list(range(len(container)))
-        for key in keys:
-            if cfg.wraps_block(index):
-                container[key] = wrap_block(container[key], cfg.op_level)  # type: ignore[index]
-                wrapped += 1
-            index += 1
+        if isinstance(container, nn.ModuleDict):
+            for name in list(container.keys()):
+                if cfg.wraps_block(index):
+                    container[name] = wrap_block(container[name], cfg.op_level)
+                    wrapped += 1
+                index += 1
+        else:
+            for position in range(len(container)):
+                if cfg.wraps_block(index):
+                    container[position] = wrap_block(container[position], cfg.op_level)
+                    wrapped += 1
+                index += 1
     return wrapped

@@ -45,7 +45,10 @@ def is_collective_timeout(error: BaseException) -> bool:
 def mesh_groups(meshes: Iterable[DeviceMesh]) -> list[dist.ProcessGroup]:
     """The default group and every group the meshes hold (their sub-meshes and flattened meshes),
     each once."""
-    groups = [dist.group.WORLD]
+    world = dist.group.WORLD
+    if world is None:
+        raise RuntimeError("mesh_groups: the default process group is not initialised")
+    groups = [world]
     for mesh in meshes:
         groups.extend(mesh.get_all_groups())
     unique: dict[int, dist.ProcessGroup] = {}

@@ -6,6 +6,7 @@ import getpass
 import os
 import re
 import tempfile
+from typing import cast
 
 import torch
 from torch import nn
@@ -47,9 +48,12 @@ def apply_compile(containers: list[nn.ModuleDict | nn.ModuleList], backend: str)
     A block is compiled whole (fullgraph) unless something inside it cannot be traced; see
     `compile_parts`."""
     for container in containers:
-        keys = list(container.keys()) if isinstance(container, nn.ModuleDict) else list(range(len(container)))
-        for key in keys:
-            container[key] = compile_parts(container[key], backend)  # type: ignore[index]
+        if isinstance(container, nn.ModuleDict):
+            for name in list(container.keys()):
+                container[name] = compile_parts(container[name], backend)
+        else:
+            for position in range(len(container)):
+                container[position] = compile_parts(container[position], backend)
 
 
 def compile_parts(module: nn.Module, backend: str) -> nn.Module:
@@ -69,7 +73,8 @@ def compile_parts(module: nn.Module, backend: str) -> nn.Module:
         if not any(_compile_children(m) is not None for m in module.modules()):
             if backend == "inductor":
                 separate_inductor_cache_per_cpu_capability()
-            return torch.compile(module, backend=backend, fullgraph=True)
+            # Compiling a module returns an OptimizedModule (an nn.Module); the stub only says callable.
+            return cast(nn.Module, torch.compile(module, backend=backend, fullgraph=True))
         names = tuple(name for name, _ in module.named_children())
     for name in names:
         setattr(module, name, compile_parts(module.get_submodule(name), backend))

@@ -121,11 +121,14 @@ def _rotary_at_rank_positions(cp: int, cp_rank: int) -> Any:
 
     def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> tuple[torch.Tensor, torch.Tensor]:
         (local_len,) = args
+        cos, sin = module.cos, module.sin
+        if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor):
+            raise TypeError(f"{type(module).__name__} has no `cos` and `sin` tables for context parallelism")
         seq_len = local_len * cp
-        if seq_len > module.cos.shape[0]:
+        if seq_len > cos.shape[0]:
             raise ValueError(f"sequence length {seq_len} ({cp} cp ranks x {local_len}) exceeds the rotary tables")
-        positions = rank_positions(seq_len, cp, cp_rank, module.cos.device)
-        return module.cos[positions], module.sin[positions]
+        positions = rank_positions(seq_len, cp, cp_rank, cos.device)
+        return cos[positions], sin[positions]
 
     return hook
 
@@ -138,6 +141,8 @@ def apply_context_parallel(attention_modules: Iterable[nn.Module], rotary: nn.Mo
     # One cp kernel per distinct inner kernel (normally one for the whole model), so its mask is shared.
     shared: dict[Kernel, ContextParallelAttention] = {}
     for attention in attention_modules:
-        kernel: Kernel = attention.kernel  # type: ignore[assignment]
-        attention.kernel = shared.setdefault(kernel, ContextParallelAttention(kernel, group, cp, cp_rank))
+        # nn.Module's stub types every attribute as a tensor or a module; `kernel` is neither.
+        kernel: Kernel = attention.kernel  # type: ignore[assignment]  # a plain callable attribute
+        cp_kernel = shared.setdefault(kernel, ContextParallelAttention(kernel, group, cp, cp_rank))
+        attention.kernel = cp_kernel  # type: ignore[assignment]  # a plain callable attribute
     rotary.register_forward_hook(_rotary_at_rank_positions(cp, cp_rank))

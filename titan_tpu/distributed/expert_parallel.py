@@ -206,6 +206,19 @@ def moe_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if hasattr(m, "router") and hasattr(m, "experts")]
 
 
+def moe_experts(moe: nn.Module) -> nn.Module:
+    """The `experts` child of a MoE layer of `moe_layers`."""
+    return moe.get_submodule("experts")
+
+
+def num_experts(experts: nn.Module) -> int:
+    """How many experts an experts module (weights [E, ...]) holds: its `num_experts`."""
+    count = experts.num_experts
+    if not isinstance(count, int):
+        raise TypeError(f"{type(experts).__name__}.num_experts: expected an int, got {type(count).__name__}")
+    return count
+
+
 def apply_expert_parallel(
     model: nn.Module, ep_mesh: DeviceMesh, ragged_all_to_all: Callable[..., torch.Tensor] | None = None
 ) -> None:
@@ -213,12 +226,12 @@ def apply_expert_parallel(
     which exchange tokens through `ragged_all_to_all` when given (see `_Dispatch`). Call on the
     `meta` model, before FSDP."""
     for moe in moe_layers(model):
-        experts = moe.experts
-        num_experts = experts.num_experts
+        experts = moe_experts(moe)
+        count = num_experts(experts)
         for name, param in list(experts.named_parameters(recurse=False)):
             sharded = nn.Parameter(distribute_tensor(param.data, ep_mesh, [Shard(0)]))
             experts.register_parameter(name, sharded)
-        hooks = _Dispatch(ep_mesh, num_experts, ragged_all_to_all)
+        hooks = _Dispatch(ep_mesh, count, ragged_all_to_all)
         experts.register_forward_pre_hook(hooks.dispatch)
         experts.register_forward_hook(hooks.combine)
 
@@ -273,7 +286,7 @@ def expert_fsdp_mesh(ctx: ParallelContext) -> DeviceMesh | None:
 
 def apply_expert_fsdp(model: nn.Module, ctx: ParallelContext) -> None:
     """`fully_shard` every MoE layer's experts (`shard_experts`)."""
-    shard_experts([moe.experts for moe in moe_layers(model)], ctx)
+    shard_experts([moe_experts(moe) for moe in moe_layers(model)], ctx)
 
 
 def shard_experts(experts_modules: list[nn.Module], ctx: ParallelContext) -> None:
@@ -293,7 +306,7 @@ def shard_experts(experts_modules: list[nn.Module], ctx: ParallelContext) -> Non
         fully_shard(
             experts,
             mesh=mesh,
-            shard_placement_fn=lambda param, placement=placement: placement,
+            shard_placement_fn=_fixed_placement(placement),
             **ctx.fsdp.shard_kwargs(is_last_block=index == len(experts_modules) - 1),
         )
 
@@ -306,3 +319,8 @@ def parallelize_moe(model: nn.Module, ctx: ParallelContext, num_experts: int) ->
         return
     apply_expert_parallel(model, ctx.ep_mesh, tpu_ragged_all_to_all(ctx.ep_mesh))
     apply_expert_fsdp(model, ctx)
+
+
+def _fixed_placement(placement: Shard) -> Callable[[nn.Parameter], Shard | None]:
+    """A `shard_placement_fn` that gives every parameter `placement`."""
+    return lambda param: placement

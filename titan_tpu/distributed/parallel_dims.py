@@ -131,6 +131,8 @@ class ParallelDims:
 
     def mesh_axes(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """(names, sizes) of the physical mesh axes, outermost first."""
+        names: tuple[str, ...]
+        sizes: tuple[int, ...]
         if self.ep_enabled:
             names = ("dp_replicate", "dp_shard_mod_ep", "ep", "tp")
             sizes = (self.dp_replicate, self.dp_shard // self.ep, self.ep, self.tp)
@@ -196,7 +198,9 @@ class ParallelDims:
         if self.pp_enabled:
             dp_axes = ("dp_shard_mod_ep", "ep") if self.ep_enabled else ("dp_shard",)
             cp_axes = ("cp",) if self.cp_enabled else ()
-            meshes["pp_dp"] = world[("pp", "dp_replicate", *dp_axes, *cp_axes)]._flatten("pp_dp")
+            # Named first: mypy reads a starred tuple written inside the brackets as the 3.11-only `world[*axes]`.
+            pp_dp_axes = ("pp", "dp_replicate", *dp_axes, *cp_axes)
+            meshes["pp_dp"] = world[pp_dp_axes]._flatten("pp_dp")
         return meshes
 
 

@@ -51,7 +51,8 @@ def reshard_setting(
     """The reshard-after-forward setting each FSDP group of `model` was built with here, for code
     that holds the groups gathered for a while and then gives the setting back (generation)."""
     policy = FSDPPolicy.from_config(config.parallelism, compute_dtype, device_type, True)
-    last_block = (blocks(model) or [None])[-1]
+    model_blocks = blocks(model)
+    last_block = model_blocks[-1] if model_blocks else None
 
     def setting(group: nn.Module) -> bool:
         return policy.reshard_after_forward(is_last_block=group is last_block or group is model)

@@ -54,8 +54,9 @@ def stage_models(meta_model: nn.Module, plan: PipelinePlan, pp_rank: int, what: 
     for index in plan.stages_of_rank(pp_rank):
         stage = copy.deepcopy(meta_model)
         first, last = index == 0, index == plan.n_stages - 1
+        layers = plan.stage_layers[index]
         try:
-            stage.keep_pipeline_stage(plan.stage_layers[index], first, last)  # type: ignore[operator]
+            stage.keep_pipeline_stage(layers, first, last)  # type: ignore[operator]  # a method of the family's model
         except ValueError as error:
             raise ConfigError(f"parallelism.pp: {what}: {error}; set parallelism.pp = 1") from None
         stages.append((index, stage))
@@ -75,7 +76,9 @@ class StageUnion(nn.Module):
             for name, child in stage.named_children():
                 if isinstance(child, nn.ModuleDict):
                     merged = self._modules.setdefault(name, nn.ModuleDict())
-                    merged.update(child)  # type: ignore[union-attr]
+                    if not isinstance(merged, nn.ModuleDict):
+                        raise TypeError(f"pipeline stages disagree on {name!r}: a ModuleDict in one, not in another")
+                    merged.update(dict(child.items()))  # the stub takes a Mapping, which a ModuleDict is not
                 elif name not in self._modules:
                     self._modules[name] = child
 
@@ -142,7 +145,8 @@ def build_pipeline(
             f"parallelism.pp: {what} cannot be cut into pipeline stages (llama3, qwen3 and qwen3_moe can); "
             "set parallelism.pp = 1"
         )
-    plan = plan_pipeline(config.parallelism, len(meta_model.layers), local_batch_size)  # type: ignore[arg-type]
+    n_layers = len(meta_model.layers)  # type: ignore[arg-type]  # a pipeline_stages model's ModuleDict
+    plan = plan_pipeline(config.parallelism, n_layers, local_batch_size)
     parts = [
         (index, parallelize_model(stage, spec.parallelize, ctx, config, device, compute_dtype))
         for index, stage in stage_models(meta_model, plan, ctx.pp_mesh.get_local_rank(), what)

@@ -53,7 +53,7 @@ def init_weights(model: nn.Module, seed: int, buffer_device: torch.device) -> No
         for name, tensor in (*model.named_parameters(), *model.named_buffers()):
             names.setdefault(id(tensor), canonical_name(name))
         with ShardingInvariantInit(names, seed):
-            model.init_weights(buffer_device=buffer_device)  # type: ignore[operator]
+            model.init_weights(buffer_device=buffer_device)  # type: ignore[operator]  # every family's model has it
 
 
 @contextlib.contextmanager
@@ -63,7 +63,7 @@ def small_parameters_whole(model: nn.Module) -> Iterator[None]:
     shard of it. The draws fill the whole tensor row by row as they fill shards, so the values are
     the same either way."""
     whole: dict[int, tuple[DTensor, nn.Parameter]] = {}
-    owners: list[tuple[nn.Module, str, DTensor]] = []
+    owners: list[tuple[nn.Module, str, nn.Parameter]] = []  # the DTensor parameters to put back
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if not isinstance(param, DTensor) or param.numel() > WHOLE_INIT_ELEMENTS:
@@ -77,11 +77,11 @@ def small_parameters_whole(model: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for module, name, param in owners:
-            module._parameters[name] = param
-        for param, tensor in whole.values():
-            shard = distribute_tensor(tensor.detach(), param.device_mesh, param.placements, src_data_rank=None)
-            param.to_local().copy_(shard.to_local())
+        for module, name, sharded in owners:
+            module._parameters[name] = sharded
+        for dtensor, tensor in whole.values():
+            shard = distribute_tensor(tensor.detach(), dtensor.device_mesh, dtensor.placements, src_data_rank=None)
+            dtensor.to_local().copy_(shard.to_local())
 
 
 _aten = torch.ops.aten

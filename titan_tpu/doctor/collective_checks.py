@@ -152,6 +152,7 @@ def collective_rows(dims: ParallelDims, device: Device, sizes: Sizes) -> list[Ro
     median = statistics.median(bus for _, _, bus in measured)
     rows = []
     for collective, axis, bus in measured:
+        expected: float | None  # the planner has no figure for some chips
         if device.type == "cpu":
             expected, source = median, "no vendor figure on a CPU: the median of this run's collectives"
             fraction = CPU_SLOW_FRACTION

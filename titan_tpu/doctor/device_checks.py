@@ -118,12 +118,12 @@ def _compile_run(device: Device, backend: str) -> Row:
             got = compile_parts(mlp, backend)(x)  # whole (fullgraph), in the run's inductor cache
     except Exception as error:  # a backend that fails to compile is broken, whatever it raises
         return Row("compile", backend, None, None, "", "wrong", f"compiling a small MLP failed: {error}"[:200])
-    error = relative_error(got, want)
-    verdict, reason = error_verdict(error, tolerance(torch.float32))
+    rel_error = relative_error(got, want)
+    verdict, reason = error_verdict(rel_error, tolerance(torch.float32))
     return Row(
         "compile",
         backend,
-        error,
+        rel_error,
         tolerance(torch.float32),
         "rel. error",
         verdict,

@@ -62,12 +62,12 @@ def training_row(device: Device, dtype: torch.dtype, sizes: Sizes, overrides: li
     except ConfigError as error:
         return Row("training", name, None, None, "", "unavailable", f"this layout does not train it: {error}")
     differences = [abs(a - b) / abs(b) for a, b in zip(on_device, reference)]
-    error = max(differences) if len(on_device) == len(reference) == STEPS else float("inf")
-    verdict, reason = error_verdict(error, TOLERANCE[dtype])
+    rel_error = max(differences) if len(on_device) == len(reference) == STEPS else float("inf")
+    verdict, reason = error_verdict(rel_error, TOLERANCE[dtype])
     return Row(
         "training",
         name,
-        error,
+        rel_error,
         TOLERANCE[dtype],
         "rel. error",
         verdict,

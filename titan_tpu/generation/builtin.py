@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
 
 from titan_tpu.generation.sampler import gathered_for_generation, generate_by_length, row_uniforms
 from titan_tpu.protocols.model_spec import Decoding
@@ -34,7 +33,7 @@ class BuiltinEngine:
         decoding: Decoding,
         pad_id: int,
         device: torch.device,
-        reshard_after: Callable[[FSDPModule], bool],
+        reshard_after: Callable[[nn.Module], bool],
         buckets: int = 1,
         lockstep: dist.ProcessGroup | None = None,
     ) -> None:

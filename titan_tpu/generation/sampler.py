@@ -223,7 +223,7 @@ def _all_stopped(stopped: torch.Tensor, lockstep: dist.ProcessGroup | None) -> b
 
 
 @contextlib.contextmanager
-def gathered_for_generation(model: nn.Module, reshard_after: Callable[[FSDPModule], bool]) -> Iterator[None]:
+def gathered_for_generation(model: nn.Module, reshard_after: Callable[[nn.Module], bool]) -> Iterator[None]:
     """Hold every FSDP group of `model` gathered for the duration (one all-gather per group for the
     whole rollout instead of one per group per token); then free them and give each group back the
     reshard-after-forward setting `reshard_after(module)` says it had. A model without FSDP passes

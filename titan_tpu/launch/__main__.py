@@ -15,6 +15,7 @@ import logging
 import os
 import shlex
 import sys
+from collections.abc import Callable
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
@@ -34,7 +35,7 @@ def _nproc(text: str) -> int | None:
     return _at_least(1)(text)
 
 
-def _at_least(minimum: int, maximum: int | None = None):  # type: ignore[no-untyped-def]
+def _at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)

@@ -11,7 +11,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from titan_tpu.config.sections import MetricsConfig
 
@@ -81,7 +81,11 @@ class MetricsLogger:
 
             # Offline unless the user has logged in or chosen a mode: a run must never hang on a network.
             logged_in = bool(os.environ.get("WANDB_API_KEY"))
-            mode = os.environ.get("WANDB_MODE", "online" if logged_in else "offline")
+            # A user's WANDB_MODE goes to wandb as it is: wandb.init refuses one it does not know.
+            mode = cast(
+                Literal["online", "offline", "disabled", "shared"],
+                os.environ.get("WANDB_MODE", "online" if logged_in else "offline"),
+            )
             self._wandb_run = wandb.init(project=cfg.wandb_project, dir=str(dump_folder), config=run_config, mode=mode)
 
     def log(self, record: StepRecord) -> None:

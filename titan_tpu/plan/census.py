@@ -33,7 +33,7 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from titan_tpu.config import ConfigError, TrainConfig
-from titan_tpu.distributed.expert_parallel import moe_layers, validate_expert_parallel
+from titan_tpu.distributed.expert_parallel import moe_experts, moe_layers, num_experts, validate_expert_parallel
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.distributed.parallelize import blocks
 from titan_tpu.models.registry import get_model_spec
@@ -151,13 +151,13 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
         experts = (
             spec.planning.expert_modules(model, dims.ep)
             if spec.planning.expert_modules
-            else [m.experts for m in moe_layers(model)]
+            else [moe_experts(m) for m in moe_layers(model)]
         )
         if not experts:
             raise ConfigError(
                 f"parallelism.ep = {dims.ep}: model '{config.model.name}' has no experts; set parallelism.ep = 1"
             )
-        validate_expert_parallel(dims, experts[0].num_experts)
+        validate_expert_parallel(dims, num_experts(experts[0]))
         expert_params = {id(p) for module in experts for p in module.parameters()}
     fsdp = dims.fsdp_shards if dims.fsdp_enabled else 1
     shares: list[ParamShare] = []

@@ -203,7 +203,7 @@ def tp_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> floa
     activation = shape.micro_batch * shape.tokens_per_sample * shape.dim * precision.compute_bytes
     per_block = 3 if shape.moe_top_k else 4  # collectives per forward pass of a block
     collectives = per_block * (2 * shape.n_blocks + shape.recomputed_blocks) + 2
-    moved = collectives * activation
+    moved: float = collectives * activation
     if not shape.loss_parallel:
         moved += activation / shape.dim * shape.vocab
     return shape.grad_accum * _ring(shape.tp) * moved / _bandwidth(cluster, shape.tp, GATHER_SCATTER)

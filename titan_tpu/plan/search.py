@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from titan_tpu.config import ConfigError, TrainConfig
+from titan_tpu.config.sections import CheckpointMode, PipelineSchedule, ReduceDtype
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.plan.census import Census, census, run_model_args
@@ -37,13 +38,13 @@ from titan_tpu.plan.planner import Plan, make_plan
 TP_DEGREES = (1, 2, 4, 8)
 EP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
 PP_DEGREES = (1, 2, 4, 8, 16)
-PP_SCHEDULES = ("1F1B", "Interleaved1F1B")
+PP_SCHEDULES: tuple[PipelineSchedule, ...] = ("1F1B", "Interleaved1F1B")
 MICROBATCHES_PER_STAGE = (1, 2, 4)
 CP_DEGREES = (1, 2, 4)
 # Data-parallel replicas per slice tried: HSDP inside a slice trades all-gather group size for memory.
 REPLICAS_PER_SLICE = (1, 2, 4, 8)
 # (mode, selective_option, activation offload); each offloading entry follows the same mode without.
-CHECKPOINTING = (
+CHECKPOINTING: tuple[tuple[CheckpointMode, str, bool], ...] = (
     ("none", "2", False),
     ("selective", "op", False),
     ("selective", "op", True),
@@ -72,7 +73,7 @@ class Mesh:
 @dataclass(frozen=True)
 class Batching:
     local_batch_size: int  # -1 under pp
-    schedule: str
+    schedule: PipelineSchedule
     microbatches: int  # -1 without pp
 
 
@@ -120,8 +121,8 @@ def _variant(
     config: TrainConfig,
     mesh: Mesh,
     batching: Batching,
-    checkpointing: tuple[str, str, bool],
-    reduce: str,
+    checkpointing: tuple[CheckpointMode, str, bool],
+    reduce: ReduceDtype,
     fsdp_offload: bool,
 ) -> tuple[tuple[str, ...], TrainConfig]:
     mode, option, offload = checkpointing
@@ -198,7 +199,7 @@ def search(
             closest = candidate
         return candidate
 
-    reduces = ("float32", "bfloat16") if config.training.dtype != "float32" else ("float32",)
+    reduces: tuple[ReduceDtype, ...] = ("float32", "bfloat16") if config.training.dtype != "float32" else ("float32",)
     for mesh in _meshes(config, cluster):
         for batching in _batchings(config, mesh):
             for reduce in reduces:

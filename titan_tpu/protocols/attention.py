@@ -15,7 +15,8 @@ class AttentionKernel(Protocol):
     """Causal attention over [B, H, S, D] queries and [B, H_kv, S, D] keys and values; with
     `document_ids` [B, S], within each packed document only (titan_tpu/models/common/documents.py)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None

@@ -20,7 +20,10 @@ FLOAT32 = 4  # bytes: norms, softmaxes and the router keep float32 whatever the 
 class ActivationGeometry(Protocol):
     """What a block's activations per token depend on (the planner's `Geometry` is one)."""
 
-    act_bytes: int  # bytes per element of the compute dtype
+    @property
+    def act_bytes(self) -> int:
+        """Bytes per element of the compute dtype."""
+        ...
 
     @property
     def tp(self) -> int: ...

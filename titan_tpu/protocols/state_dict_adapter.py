@@ -13,8 +13,16 @@ class StateDictAdapter(Protocol):
     """Names and configs to and from a Hugging Face folder, and the folder's file stem and config
     dtype keys."""
 
-    weights_stem: str  # "model" (transformers), "diffusion_pytorch_model" (diffusers)
-    config_dtype_keys: tuple[str, ...]  # the dtype keys an exported config.json carries
+    # Read-only, so that an adapter may declare them as class constants of narrower types.
+    @property
+    def weights_stem(self) -> str:
+        """ "model" (transformers), "diffusion_pytorch_model" (diffusers)."""
+        ...
+
+    @property
+    def config_dtype_keys(self) -> tuple[str, ...]:
+        """The dtype keys an exported config.json carries."""
+        ...
 
     def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
         """The Hugging Face tensors our tensor `name` (global `shape`) is made of: `([hf_name], None)`

@@ -132,6 +132,15 @@ class TrainingTask(ABC):
     @abstractmethod
     def flops_per_item(self) -> float: ...
 
+    # Implemented by a task with `pipeline_parallel`; a task without it is refused under pp > 1 above.
+    def pipeline_inputs(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(the first stage's input, the labels, the batch's items)."""
+        raise NotImplementedError(f"{type(self).__name__} is not trained through pipeline stages")
+
+    def pipeline_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean loss of the last stage's output."""
+        raise NotImplementedError(f"{type(self).__name__} is not trained through pipeline stages")
+
     @classmethod
     def planned_workload(cls, config: TrainConfig, spec: ModelSpec, args: Any) -> Workload:
         """What one training step computes, for the planner (`python -m titan_tpu.plan`): from the

@@ -109,7 +109,8 @@ class LanguageModelTask(TrainingTask):
     def setup(self, model: nn.Module) -> None:
         ctx = self.ctx
         # The loss's chunk, as the run chose it (titan_tpu/autotune/ replaced "auto" in model.args).
-        self.loss_chunk_elements: int = model.args.loss_chunk_elements
+        args: Any = model.args  # the family's arguments dataclass, which every family's model keeps
+        self.loss_chunk_elements: int = args.loss_chunk_elements
         self.dataloader = build_dataloader(
             ctx.config.data,
             self.tokenizer,
@@ -127,9 +128,10 @@ class LanguageModelTask(TrainingTask):
         now, before training starts: it must hold validation.batches x training.global_batch_size rows."""
         config = self.ctx.config
         validation = config.validation
-        held_out = dataclasses.replace(
-            config.data, source=validation.source, path=validation.path, hf_split=validation.hf_split
-        )
+        source = validation.source
+        if source == "generated":  # refused in __init__; the test narrows the type to a data source
+            raise RuntimeError("validation.source = 'generated' reached the language-model task")
+        held_out = dataclasses.replace(config.data, source=source, path=validation.path, hf_split=validation.hf_split)
         with _validation_keys():
             self.validation_source = build_source(held_out)
             found = rows_in_one_pass(self._validation_dataset(dp_rank=0, dp_world=1), held_out_rows(self.ctx))

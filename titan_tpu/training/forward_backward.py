@@ -48,5 +48,5 @@ def pipeline_forward_backward(
     mean loss on the last stage's ranks (0 on the others) and the items of the batch."""
     with task.ctx.autocast():
         batch = task.next_batch(model)
-        input_ids, labels, items = task.pipeline_inputs(batch)  # type: ignore[attr-defined]
+        input_ids, labels, items = task.pipeline_inputs(batch)
         return pipeline.step(input_ids, labels), items

@@ -177,7 +177,7 @@ class Trainer:
                 self.device.torch_device,
                 self.compute_dtype,
                 self.local_batch_size,
-                self.task.pipeline_loss,  # type: ignore[attr-defined]
+                self.task.pipeline_loss,
             )
             return
         self.model = parallelize_model(
@@ -312,7 +312,7 @@ class Trainer:
                 step = self.step + 1
                 record_now = is_record_step(step, self.config)
                 saving = self.checkpointer.will_save(step, last=step == training.steps)
-                lr = self.lr_scheduler.get_last_lr()[0]
+                lr = float(self.lr_scheduler.get_last_lr()[0])  # a float: the groups' lr is optimizer.lr
                 with self.profiler.step(step):
                     loss, items = self.forward_backward()
                     window.add(loss, items)

@@ -40,7 +40,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logits: torch.Tensor,
         labels: torch.Tensor,
@@ -80,7 +80,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return torch.where(counted, lse - target_logits, 0.0).sum() / count
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_logits, ctx.grad_logits = ctx.grad_logits, None
         if grad_logits is None:
             raise RuntimeError(

@@ -95,25 +95,25 @@ class FusedDecoder:
         # A family that overrides the plain decoder's forward (MoE) computes something else.
         if not isinstance(model, DecoderLM) or type(model).forward is not DecoderLM.forward:
             return None
-        decoder: DecoderLM = model  # type: ignore[assignment]
+        decoder: DecoderLM = model
         if decoder.tok_embeddings is None or decoder.norm is None or type(decoder.norm) is not RMSNorm:
             return None
         if any(type(p) is not nn.Parameter and type(p) is not torch.Tensor for p in decoder.parameters()):
             return None  # DTensors (tensor parallelism, FSDP's shards outside a gathered rollout)
         layers = list(decoder.layers.items())
         # Blocks compiled whole (`compile.enable`): the fused step is compiled alike.
-        compiled = [isinstance(layer, OptimizedModule) for _, layer in layers]
-        if any(compiled) and not all(compiled):
+        compiled = [(name, layer) for name, layer in layers if isinstance(layer, OptimizedModule)]
+        if compiled and len(compiled) != len(layers):
             return None
-        if all(compiled):
-            compiler = layers[0][1].dynamo_ctx
-            layers = [(name, layer._orig_mod) for name, layer in layers]
-        else:
-            compiler = None
-        blocks = [_fused_block(name, layer) for name, layer in layers]
-        if any(block is None for block in blocks):
+        compiler = None
+        if compiled:
+            compiler = compiled[0][1].dynamo_ctx
+            layers = [(name, layer._orig_mod) for name, layer in compiled]
+        found = [_fused_block(name, layer) for name, layer in layers]
+        blocks = [block for block in found if block is not None]
+        if len(blocks) != len(found):
             return None
-        return FusedDecoder(decoder, blocks, compiler)  # type: ignore[arg-type]
+        return FusedDecoder(decoder, blocks, compiler)
 
     @property
     def compiled(self) -> bool:

@@ -95,7 +95,7 @@ class DecoderLM(nn.Module):
         if self.tok_embeddings is not None:
             nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=0.02)
         for layer in self.layers.values():
-            block: TransformerBlock = layer  # type: ignore[assignment]
+            block: TransformerBlock = layer  # type: ignore[assignment]  # maybe wrapped; wrappers forward it
             block.init_weights()
         if self.norm is not None:
             self.norm.reset_parameters()
@@ -145,7 +145,9 @@ class DecoderLM(nn.Module):
         """The attention mask of a cached or padded call (kv_cache.py's convention); a cached call also
         records its tokens' slots in the cache."""
         if cache is None:
-            return padded_causal_mask(key_padding_mask)  # type: ignore[arg-type]
+            if key_padding_mask is None:
+                raise ValueError("generation_mask needs a KV cache or a key padding mask")
+            return padded_causal_mask(key_padding_mask)
         return cache.advance(start_pos, tokens, key_padding_mask)
 
     @staticmethod

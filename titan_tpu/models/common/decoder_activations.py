@@ -74,5 +74,5 @@ def decoder_block_activations(
 
 def dense_decoder_activations(args: DecoderArgs, g: ActivationGeometry) -> BlockActivations:
     """A block with a dense SwiGLU of the args' `ffn_hidden_dim` (Llama 3, Qwen 3 dense)."""
-    hidden: int = args.ffn_hidden_dim  # type: ignore[attr-defined]
+    hidden: int = args.ffn_hidden_dim  # type: ignore[attr-defined]  # a dense family's args add it
     return decoder_block_activations(args, g, swiglu_activations(hidden, g))

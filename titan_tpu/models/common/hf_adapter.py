@@ -20,9 +20,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
+import torch
+
 from titan_tpu.models.common.decoder_args import DecoderArgs
 
-T = TypeVar("T")
 # The family's argument class, so its hooks read its own fields with their types.
 A = TypeVar("A", bound=DecoderArgs)
 
@@ -127,10 +128,11 @@ class DecoderHFAdapter(ABC, Generic[A]):
         """The checkpoint layer's interface: here every tensor maps whole to one HF tensor."""
         return [self.hf_name(name)], None
 
-    def to_hf(self, state_dict: Mapping[str, T]) -> dict[str, T]:
+    # Tensors, as a family that splits or stacks them (qwen3's experts) needs in its override.
+    def to_hf(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {self.hf_name(name): value for name, value in state_dict.items()}
 
-    def from_hf(self, hf_state_dict: Mapping[str, T]) -> dict[str, T]:
+    def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {self.our_name(name): value for name, value in hf_state_dict.items()}
 
     # -- config.json ---------------------------------------------------------------------------

@@ -123,6 +123,17 @@ def decoder_top_plan(model: DecoderLM, sequence_parallel: bool, loss_parallel: b
     return top
 
 
+def _blocks(model: DecoderLM) -> list[tuple[str, TransformerBlock]]:
+    """(name, block) of `model.layers`, each a TransformerBlock: the plan is applied before activation
+    checkpointing and compile wrap them."""
+    blocks: list[tuple[str, TransformerBlock]] = []
+    for name, block in model.layers.items():
+        if not isinstance(block, TransformerBlock):
+            raise TypeError(f"layers.{name}: the decoder plan splits TransformerBlocks, not {type(block).__name__}")
+        blocks.append((name, block))
+    return blocks
+
+
 @dataclass(frozen=True)
 class DecoderTPPlan:
     """A decoder's whole tensor-parallel plan: the top-level plan and `block_plan` for every block
@@ -131,13 +142,15 @@ class DecoderTPPlan:
     block_plan: BlockPlan = decoder_block_plan
 
     def styles(
-        self, model: DecoderLM, tp: int, sequence_parallel: bool, loss_parallel: bool
+        self, model: nn.Module, tp: int, sequence_parallel: bool, loss_parallel: bool
     ) -> dict[str, ParallelStyle]:
-        """Module path in `model` -> its style, for every module the plan touches (the same for
-        every tp; the sizes it splits are checked by the caller)."""
+        """Module path in `model` (a DecoderLM) -> its style, for every module the plan touches (the
+        same for every tp; the sizes it splits are checked by the caller)."""
+        if not isinstance(model, DecoderLM):
+            raise TypeError(f"a decoder's tensor-parallel plan applies to a DecoderLM, not {type(model).__name__}")
         styles = decoder_top_plan(model, sequence_parallel, loss_parallel)
-        for name, block in model.layers.items():
-            plan = self.block_plan(block, sequence_parallel)  # type: ignore[arg-type]
+        for name, block in _blocks(model):
+            plan = self.block_plan(block, sequence_parallel)
             styles.update({f"layers.{name}.{path}": style for path, style in plan.items()})
         return styles
 
@@ -153,8 +166,8 @@ class DecoderTPPlan:
             # vocab-sharded; hand it the normed hidden states replicated, so the logits come out
             # vocab-sharded without gathering the embedding table.
             model.norm.register_forward_hook(lambda module, args, output: to_replicated_dtensor(output, tp_mesh))
-        for block in model.layers.values():
-            parallelize_module(block, tp_mesh, self.block_plan(block, sequence_parallel))  # type: ignore[arg-type]
+        for _, block in _blocks(model):
+            parallelize_module(block, tp_mesh, self.block_plan(block, sequence_parallel))
         if sequence_parallel:
             whole_sequence_between_stages(model, tp_mesh)
         install_logits_layout(model, tp_mesh, loss_parallel)
@@ -193,21 +206,20 @@ def apply_decoder_tp(model: DecoderLM, tp_mesh: DeviceMesh, sequence_parallel: b
 def apply_decoder_cp(model: DecoderLM, cp_mesh: DeviceMesh) -> None:
     """Context parallelism for a decoder built from `titan_tpu.models.common`: every block's attention
     gathers keys and values over cp, and the rotary tables follow the rank's true positions."""
-    attention = [block.attention for block in model.layers.values()]
-    apply_context_parallel(attention, model.rope, cp_mesh)  # type: ignore[arg-type]
+    attention = [block.attention for _, block in _blocks(model)]
+    apply_context_parallel(attention, model.rope, cp_mesh)
 
 
-def parallelize_dense_decoder(model: nn.Module, ctx: ParallelContext) -> nn.Module:
+def parallelize_dense_decoder(model: DecoderLM, ctx: ParallelContext) -> nn.Module:
     """A dense decoder family's `ModelSpec.parallelize`: tensor parallelism when tp > 1 and context
     parallelism when cp > 1 (nothing else here; activation checkpointing, compile and FSDP are
     applied by the generic pipeline)."""
-    decoder: DecoderLM = model  # type: ignore[assignment]
     if ctx.dims.cp_enabled:
-        apply_decoder_cp(decoder, ctx.cp_mesh)
+        apply_decoder_cp(model, ctx.cp_mesh)
     if not ctx.dims.tp_enabled:
         return model
-    args: DenseDecoderArgs = decoder.args  # type: ignore[assignment]
+    args: DenseDecoderArgs = model.args  # type: ignore[assignment]  # a dense family's args add ffn_hidden_dim
     sizes = {"n_heads": args.n_heads, "n_kv_heads": args.n_kv_heads, "the ffn hidden size": args.ffn_hidden_dim}
     check_tp_divisibility(sizes, ctx.dims.tp)
-    apply_decoder_tp(decoder, ctx.tp_mesh, ctx.sequence_parallel, ctx.loss_parallel_enabled)
+    apply_decoder_tp(model, ctx.tp_mesh, ctx.sequence_parallel, ctx.loss_parallel_enabled)
     return model

@@ -53,7 +53,7 @@ class TransformerBlock(nn.Module):
         self.attention_norm.reset_parameters()
         self.ffn_norm.reset_parameters()
         self.attention.init_weights(self.out_init_std)
-        feed_forward: InitializableFeedForward = self.feed_forward  # type: ignore[assignment]
+        feed_forward: InitializableFeedForward = self.feed_forward  # type: ignore[assignment]  # every family's has it
         feed_forward.init_weights(self.out_init_std)
 
     def forward(

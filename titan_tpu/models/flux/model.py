@@ -101,7 +101,8 @@ class SingleStreamBlock(nn.Module):
     def forward(self, x: torch.Tensor, vec: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shift, scale, gate = self.modulation(vec)
         h = modulate(x, shift, scale)
-        attn = joint_attention(*self.attn(h), cos, sin)
+        q, k, v = self.attn(h)
+        attn = joint_attention(q, k, v, cos, sin)
         mlp = nn.functional.gelu(self.mlp_in(h), approximate="tanh")
         return x + gate * self.linear_out(torch.cat([attn, mlp], dim=-1))
 
@@ -152,7 +153,7 @@ class FluxModel(nn.Module):
             if embedder is not None:
                 embedder.init_weights()
         for block in (*self.double_blocks, *self.single_blocks):
-            block.init_weights()  # type: ignore[operator]
+            block.init_weights()
         self.final_layer.init_weights()
 
     def forward(

@@ -15,9 +15,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from titan_tpu.models.hf.config import HFConfig
+
+if TYPE_CHECKING:  # transformers is imported where it is used
+    from transformers import PreTrainedModel
 
 # The flavors: the config as its folder or class gives it, or the debug sizes below on top of it.
 HF_FLAVORS: dict[str, str] = {
@@ -154,7 +157,7 @@ def causal_lm_classes() -> dict[str, str]:
     return classes
 
 
-def model_class(architecture: str, where: str) -> type:
+def model_class(architecture: str, where: str) -> type[PreTrainedModel]:
     """The transformers class `architecture` names, which must be a causal LM."""
     import transformers
 
@@ -189,6 +192,8 @@ def hf_args(run: Any) -> HFArgs:
         folder = str(Path(hf.config).parent if hf.config.endswith(".json") else Path(hf.config))
     elif hf.architecture:
         cls = model_class(hf.architecture, "hf.architecture")
+        if cls.config_class is None:  # a causal-LM class names its config class
+            raise ValueError(f"hf.architecture: transformers' {hf.architecture} names no config class")
         architecture, config, folder = hf.architecture, cls.config_class(), ""
     else:
         raise ValueError("hf.config: model 'hf' needs hf.config (a checkpoint folder) or hf.architecture")
@@ -290,8 +295,9 @@ def _shrink_stack(config: Any) -> None:
     layers_before = getattr(config, "num_hidden_layers", None)
     per_layer = _take_per_layer_overrides(config)
     before = config.to_dict()
-    sizes = {key: value for key, value in DEBUG_SIZES.items() if _has_field(config, key)}
-    for key, value in list(sizes.items()):
+    debug = {key: value for key, value in DEBUG_SIZES.items() if _has_field(config, key)}
+    sizes: dict[str, int | list[int]] = dict(debug)
+    for key, value in debug.items():
         current = before.get(key)
         if isinstance(current, list):
             # A size given per layer (Gemma 3n's intermediate_size): the debug size on every layer.
@@ -306,6 +312,8 @@ def _shrink_stack(config: Any) -> None:
         setattr(config, key, None)
     _fit_debug_sizes(config, layers_before)
     if per_layer is not None:
+        if layers_before is None:
+            raise ValueError(f"{type(config).__name__} has per-layer overrides but no num_hidden_layers")
         after = config.to_dict()
         changed = {key for key in after if after[key] != before.get(key)}
         _put_back_per_layer_overrides(config, per_layer, layers_before, changed)
@@ -317,7 +325,8 @@ def _derived_from_layer_count(config: Any) -> list[str]:
     attention call: kept, it left 16 layers per stack against a cache of 2), found by building the
     class at two layer counts. Counts of layers that split the stack are fitted instead (below)."""
     cls = type(config)
-    if not dataclasses.is_dataclass(cls) or not _has_field(config, "num_hidden_layers"):
+    # Asked of `type(config)`, not `cls`: the check would narrow `cls` to a bare dataclass type.
+    if not dataclasses.is_dataclass(type(config)) or not _has_field(config, "num_hidden_layers"):
         return []
     unset = [f.name for f in dataclasses.fields(cls) if f.default is None and f.name not in LAYER_COUNTS]
     try:
@@ -403,8 +412,8 @@ def _fit_debug_sizes(config: Any, layers_before: Any) -> None:
 
 def _fit_layer_counts(config: Any, layers: int, layers_before: int) -> int:
     """Counts of layers in proportion to the smaller stack, and the stack's new depth."""
-    counts = {key: getattr(config, key, None) for key in LAYER_COUNTS}
-    counts = {key: count for key, count in counts.items() if isinstance(count, int) and not isinstance(count, bool)}
+    found = {key: getattr(config, key, None) for key in LAYER_COUNTS}
+    counts = {key: count for key, count in found.items() if isinstance(count, int) and not isinstance(count, bool)}
     if len(counts) > 1 and sum(counts.values()) == layers_before:
         # Counts that split the stack into parts (Dory's): each part that had layers keeps at least
         # one, and the stack is as deep as its parts (3 layers for Dory's three, not 2).

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from titan_tpu.models.common.flops import TRAINING_PASSES
 from titan_tpu.models.hf.args import HFArgs
 from titan_tpu.models.hf.model import build_hf_model
+
+if TYPE_CHECKING:  # transformers is imported where a model is built
+    from transformers import PreTrainedModel
 
 _EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
 
@@ -30,7 +32,7 @@ class HFParamCount:
 
 
 @functools.lru_cache(maxsize=8)
-def meta_hf_model(args: HFArgs) -> nn.Module:
+def meta_hf_model(args: HFArgs) -> PreTrainedModel:
     """transformers' model of `args` built on `meta`, once per arguments: the counts here and the
     planner's (titan_tpu/models/hf/planning.py) read it for every layout a search tries."""
     with torch.device("meta"):
@@ -48,8 +50,10 @@ def hf_param_count(args: HFArgs) -> HFParamCount:
         total += param.numel()
         if id(param) in embedding:
             continue
-        routed = ".experts." in f".{name}" and top_k and experts
-        active += param.numel() * top_k // experts if routed else param.numel()
+        if ".experts." in f".{name}" and top_k and experts:  # routed: a token passes top_k of them
+            active += param.numel() * top_k // experts
+        else:
+            active += param.numel()
     if head is not None:
         # A head tied to the embedding: the output matmul is computed either way.
         active += sum(p.numel() for p in head.parameters() if id(p) in embedding)

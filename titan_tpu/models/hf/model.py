@@ -14,7 +14,7 @@ import contextlib
 import copy
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,10 +22,13 @@ from torch import nn
 from titan_tpu.models.hf.args import HFArgs, model_class
 from titan_tpu.models.hf.attention import attention_implementation
 
+if TYPE_CHECKING:  # transformers is imported where a model is built
+    from transformers import PreTrainedModel
+
 logger = logging.getLogger(__name__)
 
 
-def build_hf_model(args: HFArgs) -> nn.Module:
+def build_hf_model(args: HFArgs) -> PreTrainedModel:
     """transformers' model for `args`, in float32, attention through our kernel where the run chose
     one and the class takes it (titan_tpu/models/hf/attention.py), SDPA where the class has it, else eager."""
     attention = attention_implementation(args)
@@ -60,7 +63,7 @@ def decoder_layers_path(model: nn.Module) -> str:
     return max(lists, key=lambda item: len(item[1]))[0]
 
 
-def zeroes_padding_row(owner: nn.Module, embedding: nn.Embedding) -> bool:
+def zeroes_padding_row(owner: PreTrainedModel, embedding: nn.Embedding) -> bool:
     """Whether transformers' init (`owner._init_weights`) zeroes `embedding`'s padding row (most do,
     as nn.Embedding does; some classes' own init does not): asked of it on a copy of the module with
     a small CPU weight, the global random state left as it was."""
@@ -72,11 +75,11 @@ def zeroes_padding_row(owner: nn.Module, embedding: nn.Embedding) -> bool:
     }
     probe.__dict__.pop("_is_hf_initialized", None)
     with torch.random.fork_rng(devices=[]):
-        owner._init_weights(probe)  # type: ignore[operator]
+        owner._init_weights(probe)
     return bool((probe.weight[embedding.padding_idx] == 0).all())
 
 
-def pretrained_models(hf: nn.Module) -> list[nn.Module]:
+def pretrained_models(hf: nn.Module) -> list[PreTrainedModel]:
     """`hf` and the transformers (sub)models inside it: each initialises its own modules."""
     from transformers import PreTrainedModel
 
@@ -86,7 +89,7 @@ def pretrained_models(hf: nn.Module) -> list[nn.Module]:
 def zeroed_padding_rows(hf: nn.Module) -> set[nn.Embedding]:
     """The embeddings whose padding row transformers' init zeroes (asked of the innermost
     (sub)model holding each, the one whose init transformers applies to it)."""
-    owner_of: dict[nn.Embedding, nn.Module] = {}
+    owner_of: dict[nn.Embedding, PreTrainedModel] = {}
     for owner in pretrained_models(hf):
         for module in owner.modules():
             if isinstance(module, nn.Embedding) and module.padding_idx is not None:
@@ -148,13 +151,15 @@ def padding_rows_kept(hf: nn.Module, zeroed: set[nn.Embedding], zero_row: ZeroRo
     def wrap(initialize: Callable[..., None]) -> Callable[..., None]:
         def initialize_and_zero(module: nn.Module, *args: Any, **kwargs: Any) -> None:
             initialize(module, *args, **kwargs)
-            if module in zeroed:
-                zero_row(module.weight, module.padding_idx)  # type: ignore[arg-type]
+            # `zeroed` holds embeddings with a padding row; the tests narrow the types.
+            if isinstance(module, nn.Embedding) and module in zeroed and module.padding_idx is not None:
+                zero_row(module.weight, module.padding_idx)
 
         return initialize_and_zero
 
     for owner in owners:
-        owner._initialize_weights = wrap(owner._initialize_weights)  # an instance attribute shadows the method
+        # An instance attribute shadows the method.
+        owner._initialize_weights = wrap(owner._initialize_weights)  # type: ignore[method-assign]  # on purpose
     try:
         yield
     finally:
@@ -169,6 +174,8 @@ def is_experts_module(module: nn.Module) -> bool:
 
 class HFCausalLM(nn.Module):
     """transformers' causal LM for `args` under `self.hf`."""
+
+    zeroed_padding_rows: set[nn.Embedding]  # in __dict__: a plain attribute, not a submodule
 
     def __init__(self, args: HFArgs) -> None:
         super().__init__()

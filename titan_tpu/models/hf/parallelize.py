@@ -23,7 +23,7 @@ import inspect
 import logging
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -36,12 +36,16 @@ from titan_tpu.distributed.expert_parallel import (
     GatherRows,
     ScaleGrad,
     ScatterRows,
+    num_experts,
     shard_experts,
     validate_expert_parallel,
 )
 from titan_tpu.distributed.parallel_dims import ParallelContext
 from titan_tpu.distributed.tensor_parallel import install_logits_layout
-from titan_tpu.models.hf.model import is_experts_module
+from titan_tpu.models.hf.model import HFCausalLM, is_experts_module
+
+if TYPE_CHECKING:  # transformers is imported where a model is built
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +68,7 @@ def compute_on_local_tensors(unit: nn.Module, parameters: list[LocalParameter]) 
             param = owner._parameters.get(name)
             if isinstance(param, DTensor):
                 swapped.append((owner, name, param))
-                owner._parameters[name] = param.to_local(grad_placements=placements)  # type: ignore[assignment]
+                owner._parameters[name] = param.to_local(grad_placements=placements)
 
     def restore(mod: nn.Module, args: Any, output: Any) -> None:
         for owner, name, param in swapped:
@@ -208,7 +212,7 @@ def expand_plan(hf: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
     return expanded
 
 
-def check_plan(hf: nn.Module, plan: Mapping[str, str], tp: int) -> None:
+def check_plan(hf: PreTrainedModel, plan: Mapping[str, str], tp: int) -> None:
     """Every style is one we translate, and every size the plan splits divides by tp (the heads
     through their projections' widths)."""
     architecture = type(hf).__name__
@@ -242,6 +246,8 @@ def check_plan(hf: nn.Module, plan: Mapping[str, str], tp: int) -> None:
                 )
         elif style in SPLIT_DIM:
             weight = hf.get_submodule(path).weight
+            if not isinstance(weight, torch.Tensor):
+                raise ConfigError(f"parallelism.tp = {tp}: {path} ({architecture}'s TP plan: {style}) has no weight")
             size = weight.shape[SPLIT_DIM[style]]
             if size % tp != 0:
                 raise ConfigError(
@@ -250,7 +256,7 @@ def check_plan(hf: nn.Module, plan: Mapping[str, str], tp: int) -> None:
                 )
 
 
-def tp_plan_for(model: nn.Module, tp: int) -> dict[str, str]:
+def tp_plan_for(model: HFCausalLM, tp: int) -> dict[str, str]:
     """The checked plan of `model` (an HFCausalLM) for `tp` ranks: module path in `model.hf` ->
     transformers' style name. Refused in one line: no plan for the decoder layers, a style we do
     not translate, a size it splits that tp does not divide, a tied head split unlike its embedding."""
@@ -264,11 +270,12 @@ def tp_plan_for(model: nn.Module, tp: int) -> dict[str, str]:
         )
     check_plan(hf, expanded, tp)
     head, embedding = module_path(hf, hf.get_output_embeddings()), module_path(hf, hf.get_input_embeddings())
-    if model.args.tie_embeddings and head in expanded and expanded.get(embedding) != "embedding_rowwise":
+    embedding_style = expanded.get(embedding) if embedding is not None else None
+    if model.args.tie_embeddings and head in expanded and embedding_style != "embedding_rowwise":
         # The head splits the vocabulary; a tied embedding must be split the same way (one tensor).
         raise ConfigError(
             f"parallelism.tp = {tp}: {architecture}'s TP plan splits its tied head ({head}: {expanded[head]}) but "
-            f"its embedding as {expanded.get(embedding, 'replicated')}; set parallelism.tp = 1"
+            f"its embedding as {embedding_style or 'replicated'}; set parallelism.tp = 1"
         )
     return expanded
 
@@ -283,7 +290,7 @@ def bare_parameter_split(param: torch.Tensor) -> Shard:
     return Shard(max(param.ndim - 2, 0))
 
 
-def module_styles(model: nn.Module, expanded: Mapping[str, str], loss_parallel: bool) -> dict[str, ParallelStyle]:
+def module_styles(model: HFCausalLM, expanded: Mapping[str, str], loss_parallel: bool) -> dict[str, ParallelStyle]:
     """Our style for each module path (in `model.hf`) of a checked plan; the head's keeps its logits
     vocab-sharded under loss parallelism."""
     hf = model.hf
@@ -304,6 +311,7 @@ class HFTensorParallelPlan:
     not applied to this family."""
 
     def styles(self, model: nn.Module, tp: int, sequence_parallel: bool, loss_parallel: bool) -> dict[str, Any]:
+        model = _hf_causal_lm(model)
         expanded = tp_plan_for(model, tp)
         parameters = dict(model.hf.named_parameters())
         chosen: dict[str, Any] = {
@@ -317,7 +325,14 @@ class HFTensorParallelPlan:
 HF_TP_PLAN = HFTensorParallelPlan()
 
 
-def apply_hf_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+def _hf_causal_lm(model: nn.Module) -> HFCausalLM:
+    """`model` as the HFCausalLM the planner's hooks (typed for any family's model) are handed."""
+    if not isinstance(model, HFCausalLM):
+        raise TypeError(f"model 'hf''s plans apply to an HFCausalLM, not {type(model).__name__}")
+    return model
+
+
+def apply_hf_tp(model: HFCausalLM, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
     """Shard `model` (an HFCausalLM on meta) over `tp_mesh` by its transformers plan; every
     parameter the plan does not touch is replicated (`LocalReplicate`)."""
     hf = model.hf
@@ -341,7 +356,7 @@ def apply_hf_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> N
     install_logits_layout(model, tp_mesh, loss_parallel)
 
 
-def read_replicated_as_local(model: nn.Module) -> None:
+def read_replicated_as_local(model: HFCausalLM) -> None:
     """The replicated parameters (`LocalReplicate`) are read as local tensors while the decoder
     layer holding them runs (the rest while the whole model runs): a parent's forward that reads a
     child's weight, or calls a child's method without its hooks, sees plain tensors too. Each
@@ -406,7 +421,7 @@ class ExpertDispatch:
 def expert_modules(model: nn.Module, ep: int) -> list[nn.Module]:
     """The experts modules transformers' expert plan (`model.hf.ep_plan`) dispatches to, checked:
     each takes EXPERT_INPUTS, its weights are the plan's per-expert ones, and ep divides its experts."""
-    hf = model.hf
+    hf = _hf_causal_lm(model).hf
     architecture = type(hf).__name__
     expanded = expand_patterns(hf, hf.ep_plan)
     experts = [hf.get_submodule(path) for path, style in expanded.items() if style == DISPATCH]
@@ -437,22 +452,23 @@ def expert_modules(model: nn.Module, ep: int) -> list[nn.Module]:
     return experts
 
 
-def apply_hf_ep(model: nn.Module, ctx: ParallelContext) -> None:
+def apply_hf_ep(model: HFCausalLM, ctx: ParallelContext) -> None:
     """Split every experts module of `model` (on meta) over the ep mesh and FSDP them over the
     expert-FSDP mesh (titan_tpu/distributed/expert_parallel.py's layout rule). Under tp as well the
     tp ranks hold the same tokens (no sequence split), so each runs the same experts on them: the
     experts are replicated over tp and `apply_hf_tp`, which runs after, leaves them alone."""
     dims = ctx.dims
     experts = expert_modules(model, dims.ep)
-    validate_expert_parallel(dims, experts[0].num_experts)
+    validate_expert_parallel(dims, num_experts(experts[0]))
     for module in experts:
-        hooks = ExpertDispatch(ctx.ep_mesh, module.num_experts)
+        hooks = ExpertDispatch(ctx.ep_mesh, num_experts(module))
         for name, param in list(module.named_parameters(recurse=False)):
             split = distribute_tensor(param, ctx.ep_mesh, [Shard(0)], src_data_rank=None)
             module.register_parameter(name, nn.Parameter(split, requires_grad=param.requires_grad))
-        module.num_experts = hooks.local_experts
+        # Plain attributes of transformers' experts module, which nn.Module's stub types as tensors or modules.
+        module.num_experts = hooks.local_experts  # type: ignore[assignment]  # an int attribute
         # Tells transformers' experts implementations that ids == num_experts are other ranks' experts.
-        module._is_expert_parallel = True
+        module._is_expert_parallel = True  # type: ignore[assignment]  # a bool attribute
         module.register_forward_pre_hook(hooks.dispatch, with_kwargs=True)
         module.register_forward_hook(hooks.combine)
         compute_on_local_tensors(module, own_parameters(module))
@@ -471,7 +487,7 @@ def zero_dtensor_row(weight: torch.Tensor, index: int) -> None:
     weight.mul_(distribute_tensor(keep, mesh, [Replicate()] * mesh.ndim, src_data_rank=None))
 
 
-def parallelize_hf(model: nn.Module, ctx: ParallelContext) -> nn.Module:
+def parallelize_hf(model: HFCausalLM, ctx: ParallelContext) -> nn.Module:
     """The hf family's `ModelSpec.parallelize`: tensor parallelism from the model's own plan, expert
     parallelism from its expert plan; under any layout (FSDP's shards too) the padding rows that
     transformers' init zeroes are zeroed on DTensors."""

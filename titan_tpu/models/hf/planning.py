@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import cast
 
 from torch import nn
 
@@ -51,14 +52,14 @@ class LayerShape:
 
 
 def _layer_shape(layer: nn.Module, config: object, dim: int, top_k: int) -> LayerShape:
-    heads = int(config.num_attention_heads)  # type: ignore[attr-defined]
+    heads = int(config.num_attention_heads)  # type: ignore[attr-defined]  # every layer's config has it
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or dim // heads)
     names = dict(layer.named_modules())
     qk_norm = any(name.rpartition(".")[2] in QK_NORM_NAMES for name in names)
     experts = [module for module in layer.modules() if is_experts_module(module)]
     expert_ids = {id(p) for module in experts for p in module.parameters()}
-    count = experts[0].num_experts if experts else 0
+    count = cast(int, experts[0].num_experts) if experts else 0  # an int: is_experts_module checked it
     expert_hidden, expert_gated = 0, True
     if experts:
         module = experts[0]
@@ -102,7 +103,7 @@ def layer_shapes(args: HFArgs) -> tuple[LayerShape, ...]:
     """Every decoder layer's shape, read off the model built on `meta` (once per arguments: the
     planner's search asks for each layout)."""
     model = meta_hf_model(args)
-    layers = model.get_submodule(decoder_layers_path(model))
+    layers = cast(nn.ModuleList, model.get_submodule(decoder_layers_path(model)))  # the path is of a ModuleList
     top_k = int(getattr(args.text_config, "num_experts_per_tok", 0) or 0)
     return tuple(_layer_shape(layer, config, args.dim, top_k) for layer, config in zip(layers, layer_configs(args)))
 

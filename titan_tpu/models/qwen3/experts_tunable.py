@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.func import functional_call
 
+from titan_tpu.models.qwen3.args import ExpertImpl
 from titan_tpu.models.qwen3.moe import GroupedExperts
 from titan_tpu.protocols.tunable import KernelRun, KernelShape, Tunable, forward_backward
 
@@ -71,7 +72,7 @@ def _workload(args: Any, shape: KernelShape) -> KernelRun:
     weights = {name: torch.randn(p.shape, generator=generator) * 0.02 for name, p in module.named_parameters()}
     device_counts = counts.to(shape.device)
 
-    def run(impl: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    def run(impl: ExpertImpl, dtype: torch.dtype) -> list[torch.Tensor]:
         module.impl = impl
 
         def experts_out(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ class MoETransformerBlock(TransformerBlock):
     """The shared pre-norm block whose feed-forward also returns router statistics, passed out so the
     model can form the load-balancing loss over all layers (no state is stashed on modules)."""
 
-    def forward(  # type: ignore[override]
+    def forward(  # type: ignore[override]  # also returns the router statistics
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, **attention_args: Any
     ) -> tuple[torch.Tensor, RouterStats]:
         """`attention_args`: the shared block's cache, mask and documents (TransformerBlock.forward)."""
@@ -164,7 +164,7 @@ class Qwen3MoeModel(Qwen3Model):
         # single process's on the same global batch (the Qwen 3 recipe). None: this batch only.
         self.sum_router_stats: Callable[[torch.Tensor], tuple[torch.Tensor, int]] | None = None
 
-    def forward(  # type: ignore[override]
+    def forward(  # type: ignore[override]  # takes a stage's router totals, returns the aux loss too
         self,
         tokens: torch.Tensor,
         router_totals: torch.Tensor | None = None,
@@ -185,7 +185,8 @@ class Qwen3MoeModel(Qwen3Model):
         if cache is not None or key_padding_mask is not None:
             return self._generation_forward(tokens, cache, start_pos, key_padding_mask)
         h = self.tok_embeddings(tokens)
-        cos, sin, extra = self.document_rotary(*self.rope(tokens.shape[1]), document_ids)
+        cos, sin = self.rope(tokens.shape[1])
+        cos, sin, extra = self.document_rotary(cos, sin, document_ids)
         stats: list[RouterStats] = []
         tracker = _AuxLossGradient(self.args.num_experts)
         for layer in self.layers.values():
@@ -247,12 +248,15 @@ class Qwen3MoeModel(Qwen3Model):
             tracker.counts, tracker.rows = totals[0], rows
         aux_loss = _AuxLossValue.apply(h, value, tracker) if grad_enabled else value
         coef = torch.tensor(self.args.router_aux_loss_coef, device=h.device)
-        # A plain tuple: torch.distributed.pipelining takes only a list or tuple as a stage's outputs.
-        return tuple(MoEOutput(self.logits(h), aux_loss, coef))
+        # A plain tuple: torch.distributed.pipelining takes only a list or tuple as a stage's outputs. The
+        # MoEOutput's fields, with the coefficient as a tensor.
+        return (self.logits(h), aux_loss, coef)
 
     def _generation_forward(
         self, tokens: torch.Tensor, cache: KVCache | None, start_pos: int, key_padding_mask: torch.Tensor | None
     ) -> MoEOutput:
+        if self.tok_embeddings is None:  # forward sends a pipeline stage without it to _stage_forward
+            raise RuntimeError("generation needs the embedding, which this pipeline stage does not hold")
         h = self.tok_embeddings(tokens)
         cos, sin = self.rope(start_pos + tokens.shape[1])
         cos, sin = cos[start_pos:], sin[start_pos:]

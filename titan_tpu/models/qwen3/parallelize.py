@@ -25,13 +25,13 @@ from titan_tpu.models.common.parallelize import (
     check_tp_divisibility,
     parallelize_dense_decoder,
 )
-from titan_tpu.models.qwen3.model import Qwen3MoeModel
+from titan_tpu.models.qwen3.model import Qwen3Model, Qwen3MoeModel
 
 # Only attention is tensor-parallel: the experts are split over ep instead.
 QWEN3_MOE_TP_PLAN = DecoderTPPlan(block_plan=attention_block_plan)
 
 
-def parallelize_qwen3(model: nn.Module, ctx: ParallelContext) -> nn.Module:
+def parallelize_qwen3(model: Qwen3Model, ctx: ParallelContext) -> nn.Module:
     """The dense ModelSpec's `parallelize`: tensor parallelism when tp > 1; ep has nothing to shard."""
     if ctx.dims.ep_enabled:
         raise ConfigError(
@@ -41,10 +41,9 @@ def parallelize_qwen3(model: nn.Module, ctx: ParallelContext) -> nn.Module:
     return parallelize_dense_decoder(model, ctx)
 
 
-def parallelize_qwen3_moe(model: nn.Module, ctx: ParallelContext) -> nn.Module:
+def parallelize_qwen3_moe(model: Qwen3MoeModel, ctx: ParallelContext) -> nn.Module:
     """The MoE ModelSpec's `parallelize`: TP for the dense parts, EP (+ expert FSDP) for the experts."""
-    moe: Qwen3MoeModel = model  # type: ignore[assignment]
-    args = moe.args
+    args = model.args
     dims = ctx.dims
     validate_expert_parallel(dims, args.num_experts)
     if dims.tp_enabled:
@@ -54,11 +53,11 @@ def parallelize_qwen3_moe(model: nn.Module, ctx: ParallelContext) -> nn.Module:
                 "auxiliary loss to the cross-entropy); set parallelism.loss_parallel = false"
             )
         check_tp_divisibility({"n_heads": args.n_heads, "n_kv_heads": args.n_kv_heads}, dims.tp)
-        QWEN3_MOE_TP_PLAN.apply(moe, ctx.tp_mesh, ctx.sequence_parallel, loss_parallel=False)
+        QWEN3_MOE_TP_PLAN.apply(model, ctx.tp_mesh, ctx.sequence_parallel, loss_parallel=False)
         replicate_moe_over_tp(model, ctx.tp_mesh, ctx.sequence_parallel)
     parallelize_moe(model, ctx, args.num_experts)
     if dims.dp > 1:
         # Global-batch load balancing: the aux loss sees the router statistics of every data-parallel
         # rank, so it does not depend on how the batch is split (see Qwen3MoeModel.sum_router_stats).
-        moe.sum_router_stats = sum_over_mesh(ctx.dp_mesh)
+        model.sum_router_stats = sum_over_mesh(ctx.dp_mesh)
     return model

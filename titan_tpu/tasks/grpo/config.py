@@ -149,11 +149,8 @@ def _check_reward_table(table: dict[str, Any], where: str) -> None:
     )
     pattern = table.get("pattern")
     if fn == "format":
-        require(
-            isinstance(pattern, str) and bool(pattern),
-            f"{where}.pattern",
-            "is required for fn = 'format' (a regular expression)",
-        )
+        if not isinstance(pattern, str) or not pattern:  # require()'s error, spelled out so that it narrows
+            raise ConfigError(f"{where}.pattern: is required for fn = 'format' (a regular expression)")
         try:
             re.compile(pattern)
         except re.error as err:

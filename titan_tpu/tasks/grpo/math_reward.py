@@ -9,6 +9,8 @@ the answer). Elsewhere math-verify takes the last `\\boxed{}` or, failing that, 
 
 from __future__ import annotations
 
+from typing import Any
+
 from math_verify import parse, verify
 
 GSM8K_MARK = "####"
@@ -19,7 +21,7 @@ def final_answer_text(text: str) -> str:
     return text.rsplit(GSM8K_MARK, 1)[1] if GSM8K_MARK in text else text
 
 
-def _parsed(text: str) -> list:  # type: ignore[type-arg]
+def _parsed(text: str) -> list[Any]:
     answer = final_answer_text(text).strip()
     found = parse(answer)
     # A bare LaTeX reference (`\sqrt{8}`, no $ around it) parses only inside math delimiters.

@@ -91,7 +91,7 @@ def _imported(spec: str, where: str) -> RewardFn:
         raise ConfigError(f"{where}: cannot import {spec!r}: {type(err).__name__}: {err}") from None
     if not callable(fn):
         raise ConfigError(f"{where}: {spec!r} is a {type(fn).__name__}, not a function")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def build_rewards(tables: list[dict[str, Any]], reference_field: str, stop_text: str) -> list[Reward]:
@@ -126,7 +126,7 @@ def _scores(reward: Reward, batch: Completions) -> list[float]:
             f"reward {reward.name} returned {len(values)} value{'s' * (len(values) != 1)} for {count} "
             "completions; it must return one per completion"
         )
-    scores = []
+    scores: list[float] = []
     for index, value in enumerate(values):
         if not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise RewardError(

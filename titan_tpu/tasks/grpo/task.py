@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -153,7 +154,7 @@ class GRPOTask(TrainingTask):
 
     # ------------------------------------------------------------------------------ batches
 
-    def _reshard_after(self, model: nn.Module) -> Any:
+    def _reshard_after(self, model: nn.Module) -> Callable[[nn.Module], bool]:
         return reshard_setting(model, self.ctx.config, self.ctx.compute_dtype, self.ctx.device.type)
 
     def _lockstep(self) -> dist.ProcessGroup | None:
@@ -269,7 +270,7 @@ class GRPOTask(TrainingTask):
             eps_high=rl.eps_high,
             aggregation=rl.loss_aggregation,
             max_completion_tokens=rl.max_new_tokens,
-            beta=rl.beta,  # type: ignore[arg-type]
+            beta=rl.beta,
             ref_logps=batch.ref_logps,
             token_normaliser=batch.token_normaliser,
         )

@@ -136,9 +136,16 @@ class WebDatasetShards:
     def __getitem__(self, index: int) -> tuple[Image.Image, str]:
         shard, image_name, caption_name = self.samples[index]
         with tarfile.open(shard) as tar:
-            image_bytes = tar.extractfile(image_name).read()  # type: ignore[union-attr]
-            caption = tar.extractfile(caption_name).read().decode("utf-8").strip()  # type: ignore[union-attr]
+            image_bytes = _member_bytes(tar, shard, image_name)
+            caption = _member_bytes(tar, shard, caption_name).decode("utf-8").strip()
         return Image.open(io.BytesIO(image_bytes)).convert("RGB"), caption
+
+
+def _member_bytes(tar: tarfile.TarFile, shard: str, name: str) -> bytes:
+    member = tar.extractfile(name)
+    if member is None:  # a directory or a link of that name
+        raise ConfigError(f"flux.data_path: {name} in {shard} is not a regular file")
+    return member.read()
 
 
 def build_source(config: FluxConfig) -> ImageCaptionSource:

@@ -10,8 +10,9 @@ sample grids should be readable).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -53,7 +54,10 @@ class HFTokenizer:
         return encoded["input_ids"]
 
 
-def _seeded(seed: int, build: Any) -> nn.Module:
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def _seeded(seed: int, build: Callable[[], ModuleT]) -> ModuleT:
     """`build()` with the CPU generator seeded (the same random weights on every rank), restoring the
     run's RNG stream afterwards. Only the CPU generator is touched: torch.random.fork_rng and
     torch.manual_seed also reach the accelerator, which with torch_tpu installed and no chip starts a
@@ -82,7 +86,7 @@ class TextEncoders(nn.Module):
         from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
         if config.t5_encoder == "random":
-            t5_config = T5Config(
+            t5_config = T5Config(  # type: ignore[call-arg]  # transformers keeps keys its signature does not list
                 vocab_size=BYTE_VOCAB,
                 d_model=context_dim,
                 d_kv=16,
@@ -138,7 +142,7 @@ class Autoencoder(nn.Module):
 
     def __init__(self, config: FluxConfig, latent_channels: int, seed: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        from diffusers import AutoencoderKL
+        from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL  # where the type checker finds the class
 
         self.vae: AutoencoderKL | None = None
         if config.autoencoder == "identity":
@@ -161,11 +165,11 @@ class Autoencoder(nn.Module):
                 )
             else:
                 self.vae = AutoencoderKL.from_pretrained(_folder(config.autoencoder, "autoencoder"), torch_dtype=dtype)
-            vae_config = self.vae.config
-            channels = vae_config.latent_channels
-            self.downsample = 2 ** (len(vae_config.block_out_channels) - 1)
-            self.scale = float(vae_config.scaling_factor)
-            self.shift = float(vae_config.shift_factor or 0.0)
+            vae_config = self.vae.config  # a FrozenDict, typed as the dict it is
+            channels = vae_config["latent_channels"]
+            self.downsample = 2 ** (len(vae_config["block_out_channels"]) - 1)
+            self.scale = float(vae_config["scaling_factor"])
+            self.shift = float(vae_config["shift_factor"] or 0.0)
         if channels != latent_channels:
             raise ConfigError(
                 f"flux.autoencoder: its latents have {channels} channels, the model flavor packs "

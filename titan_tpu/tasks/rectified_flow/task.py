@@ -221,8 +221,8 @@ class RectifiedFlowTask(TrainingTask):
         noise = torch.randn(len(prompts), (side // 2) ** 2, channels, generator=g).to(self.ctx.device)
 
         def velocity(x: torch.Tensor, t: torch.Tensor, conditioned: bool) -> torch.Tensor:
-            text = (t5, pooled) if conditioned else (empty_t5, empty_pooled)
-            return self.velocity(model, x, t, *text, side)
+            text_t5, text_pooled = (t5, pooled) if conditioned else (empty_t5, empty_pooled)
+            return self.velocity(model, x, t, text_t5, text_pooled, side)
 
         tokens = euler_sample(velocity, noise, self.flux.sample_steps, self.flux.sample_cfg_scale, self.flux.time_shift)
         return self._autoencoder().decode(unpack(tokens, side, side))

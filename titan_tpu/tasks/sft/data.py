@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from titan_tpu.config import ConfigError, TrainConfig
-from titan_tpu.data.chat_masks import MaskedTokens, end_of_turn
+from titan_tpu.data.chat_masks import MaskedTokens, TrainOn, end_of_turn
 from titan_tpu.data.chat_template import ChatTemplate, ChatTemplateError
 from titan_tpu.data.chat_tokenizer import tokenizer_folder
 from titan_tpu.data.generated_chat import GeneratedChat
@@ -59,7 +59,7 @@ class ChatEncoding:
     tokenizer: HFTokenizer
     template: ChatTemplate
     fields: RecordFields
-    train_on: str
+    train_on: TrainOn
     switches: Mapping[str, Any]
     pad_id: int
     stop_ids: tuple[int, ...]  # what ends a generated answer: the end-of-turn token, eos
@@ -99,7 +99,7 @@ class ChatEncoding:
         try:
             return record_tokens(
                 record, where, self.fields, self.template, self.tokenizer, self.train_on, self.switches
-            )  # type: ignore[arg-type]
+            )
         except ChatTemplateError as err:
             if str(err).startswith(where):
                 raise

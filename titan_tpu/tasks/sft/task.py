@@ -35,7 +35,7 @@ from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.protocols.planning import Workload
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
-from titan_tpu.tasks.decoder import decoder_args, decoder_workload
+from titan_tpu.tasks.decoder import decoder_args, decoder_workload, language_model_loss
 from titan_tpu.tasks.sft.answers import HeldOutAnswer, exact_answer_rate, held_out_answers
 from titan_tpu.tasks.sft.config import SftConfig
 from titan_tpu.tasks.sft.data import ChatEncoding, fingerprint, held_out_records, packing_of, training_records
@@ -71,7 +71,7 @@ class SftTask(TrainingTask):
         if ctx.is_writer:
             logger.info("sft: %s: %s", self.records.description, summary.describe())
         self.summary = summary
-        self.loss_fn = ctx.spec.loss_fn
+        self.loss_fn = language_model_loss(ctx)
         self.held_out = held_out_records(config) if config.validation.enable or self._generates() else None
         if config.validation.enable:
             self._check_held_out_rows()
@@ -100,7 +100,8 @@ class SftTask(TrainingTask):
 
     def setup(self, model: nn.Module) -> None:
         ctx = self.ctx
-        self.loss_chunk_elements: int = model.args.loss_chunk_elements
+        args: Any = model.args  # the family's arguments dataclass, which every family's model keeps
+        self.loss_chunk_elements: int = args.loss_chunk_elements
         dataset = SftDataset(
             self.records,
             self.encoding.encode,
