@@ -10,7 +10,7 @@ from typing import Any, Literal
 import pytest
 import tomllib
 
-from titan_tpu.config import ConfigError
+from titan_tpu.config import ConfigError, catalogue
 from titan_tpu.config.loader import TrainConfig, field_types, section_types
 from titan_tpu.config.values import check, describe, from_text, is_supported, to_toml_value, type_name
 
@@ -102,4 +102,6 @@ def test_every_section_field_has_a_supported_type() -> None:
         for name, tp in field_types(section_cls).items():
             assert is_supported(tp), f"{section_cls.__name__}.{name}: {tp}"
     assert not is_supported(set[int]) and not is_supported(dict[str, Any] | None)
-    assert {f.name for f in dataclasses.fields(TrainConfig)} == set(section_types())
+    # Every core field of TrainConfig is a section, and every owned section (catalogue.py) is listed too.
+    core = {f.name for f in dataclasses.fields(TrainConfig)} - {"owned"}
+    assert set(section_types()) == core | set(catalogue.owned_section_types())
