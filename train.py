@@ -102,6 +102,7 @@ def main(argv: list[str]) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     from titan_tpu.distributed.comm_timeouts import CollectiveTimeout
+    from titan_tpu.generation.vllm.errors import EngineFailed
     from titan_tpu.training.trainer import Trainer, TrainingStopped
 
     try:
@@ -113,7 +114,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:  # checks that need the process count or the model (mesh, batch split)
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (TrainingStopped, CollectiveTimeout) as e:
+    except (TrainingStopped, CollectiveTimeout, EngineFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

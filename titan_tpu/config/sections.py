@@ -29,6 +29,11 @@ def opt_table(doc: str) -> Any:
     return field(default_factory=dict, metadata={"doc": doc})
 
 
+def opt_list(doc: str) -> Any:
+    """A list field (a fresh empty list per config) and its one-line doc."""
+    return field(default_factory=list, metadata={"doc": doc})
+
+
 def require(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"{key}: {message}")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import ParallelismConfig
@@ -88,3 +88,13 @@ def apply_fsdp(model: nn.Module, blocks: Sequence[nn.Module], mesh: DeviceMesh, 
     # The root's parameters are needed first in backward (the head): like the last block, they stay
     # gathered unless the policy says always.
     fully_shard(model, mesh=mesh, **policy.shard_kwargs(is_last_block=True))
+
+
+def reshard_all(model: nn.Module) -> None:
+    """Free every FSDP group's gathered parameters after a forward that no backward follows (held-out
+    loss, log-probabilities scored for a rollout): FSDP keeps the last block and the root gathered for
+    the backward training would run next; left so, the model would hold unsharded parameters that the
+    optimizer and a checkpoint do not know. A model without FSDP is left as it is."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

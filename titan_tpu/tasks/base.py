@@ -152,3 +152,6 @@ class TrainingTask(ABC):
 
     def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
         return {}
+
+    def close(self) -> None:  # noqa: B027 (a hook with nothing to do by default, not an abstract method)
+        """Release what the task started (a rollout engine's server); called once the run ends."""

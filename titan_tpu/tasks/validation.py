@@ -22,10 +22,10 @@ from collections.abc import Iterable, Mapping
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from titan_tpu.config import ConfigError
+from titan_tpu.distributed.fsdp import reshard_all
 from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.tensor_parallel import local_value, loss_context
 from titan_tpu.generation.logprobs import logits_of
@@ -114,12 +114,7 @@ def held_out_loss(
             count += (labels != IGNORE_INDEX).sum()
     finally:
         model.train(was_training)
-        # FSDP keeps the last block and the root gathered after a forward, for the backward that
-        # follows in training and never comes here; left so, the model would hold unsharded
-        # parameters that the optimizer and a checkpoint do not know.
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
+        reshard_all(model)
     mesh = ctx.parallel.dp_reduce_mesh
     tokens = int(sum_over(count, mesh))
     if tokens == 0:

@@ -395,6 +395,7 @@ class Trainer:
             return self.task.evaluate(self.model, self.step)
 
     def close(self) -> None:
+        self.task.close()
         process_group.destroy_process_group()
         # Free the last collectives' tensors now: left to interpreter shutdown, a gloo thread can still
         # be releasing one and the process aborts after a successful run.

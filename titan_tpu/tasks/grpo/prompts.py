@@ -165,12 +165,18 @@ class PromptStream:
 
     def take(self, count: int) -> list[Any]:
         """The next `count` prompts of the global stream (the same whatever the parallel layout)."""
+        taken = self.at(self.position, count)
+        self.position += count
+        return taken
+
+    def at(self, position: int, count: int) -> list[Any]:
+        """The `count` prompts from `position` on, without moving the stream (a rollout sampled ahead
+        of training takes its prompts this way; training takes them when it uses the rollout)."""
         taken: list[Any] = []
         while len(taken) < count:
-            epoch, index = divmod(self.position, len(self.prompts))
+            epoch, index = divmod(position + len(taken), len(self.prompts))
             chunk = self._order(epoch)[index : index + count - len(taken)]
             taken += [self.prompts[i] for i in chunk]
-            self.position += len(chunk)
         return taken
 
     def state_dict(self) -> dict[str, Any]:

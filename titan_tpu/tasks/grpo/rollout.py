@@ -26,8 +26,13 @@ class MicroBatch:
     token_normaliser: the mini-batch's completion tokens / (micro-batches x ranks) (token_mean).
 
     old_logps is None where the batch is trained by the very weights that sampled it (the first
-    mini-batch of a rollout used once): the old log-probs are then the training forward's own,
-    detached, so the importance ratio is exactly 1 there."""
+    mini-batch of a rollout used once, the builtin engine): the old log-probs are then the training
+    forward's own, detached, so the importance ratio is exactly 1 there.
+
+    From a rollout engine other than the trainer's own modules: sampled_logps are the engine's (the
+    behaviour policy's) and trainer_logps the trainer's forward on the same tokens at rollout time;
+    with the importance-sampling correction, old_logps are the trainer's and is_weights the truncated
+    per-token ratios trainer / engine."""
 
     tokens: torch.Tensor
     mask: torch.Tensor
@@ -36,6 +41,9 @@ class MicroBatch:
     advantages: torch.Tensor
     token_normaliser: float
     real_tokens: int  # prompt and completion tokens, no padding: what one forward-backward covers
+    sampled_logps: torch.Tensor | None = None
+    trainer_logps: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
 
 
 def rank_rows(n_rows: int, global_batch: int, dp_rank: int, dp_world: int) -> list[list[int]]:
@@ -87,12 +95,18 @@ def build_micro_batches(
     sampled_logps: dict[int, torch.Tensor],
     reference_logps: Callable[[torch.Tensor], torch.Tensor] | None,
     first_on_policy: bool,
+    trainer_logps: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    is_cap: float | None = None,
 ) -> list[MicroBatch]:
     """Micro-batches of every mini-batch in `rows` (this rank's rows per mini-batch), with the rollout
     policy's log-probs of each row's completion tokens (`sampled_logps`, as the sampler recorded them)
     and the reference's. `completion_lengths` [N] holds every row's completion length, all ranks'
     rows included. `first_on_policy`: the first mini-batch is trained before any update (each
-    mini-batch is used once), so it trains on its own log-probs (its old_logps None)."""
+    mini-batch is used once), so it trains on its own log-probs (its old_logps None).
+
+    `trainer_logps`: for an engine other than the trainer's modules, the trainer's log-probs of the
+    same tokens, recorded beside the engine's; with `is_cap` (the importance-sampling correction) they
+    are the old log-probs and min(exp(trainer - engine), is_cap) weighs each token."""
     batches = []
     for index, mini in enumerate(rows):
         on_policy = first_on_policy and index == 0
@@ -102,19 +116,27 @@ def build_micro_batches(
         for k in range(micro_count):
             chunk = mini[k * micro_batch : (k + 1) * micro_batch]
             tokens, mask = pack_sequences([prompts[r] for r in chunk], [completions[r] for r in chunk], pad_id, device)
+            sampled = place_completion_logps([len(prompts[r]) for r in chunk], [sampled_logps[r] for r in chunk], mask)
+            trainer = trainer_logps(tokens).float() * mask if trainer_logps is not None else None
+            old: torch.Tensor | None = None if on_policy else sampled
+            weights = None
+            if trainer is not None:
+                old = sampled
+                if is_cap is not None:
+                    old = trainer
+                    weights = torch.exp(trainer - sampled).clamp(max=is_cap) * mask
             batches.append(
                 MicroBatch(
                     tokens=tokens,
                     mask=mask,
-                    old_logps=None
-                    if on_policy
-                    else place_completion_logps(
-                        [len(prompts[r]) for r in chunk], [sampled_logps[r] for r in chunk], mask
-                    ),
+                    old_logps=old,
                     ref_logps=reference_logps(tokens) if reference_logps is not None else None,
                     advantages=advantages[chunk].to(device),
                     token_normaliser=mini_batch_tokens / (micro_count * dp_world),
                     real_tokens=sum(len(prompts[r]) + len(completions[r]) for r in chunk),
+                    sampled_logps=sampled if trainer is not None else None,
+                    trainer_logps=trainer,
+                    is_weights=weights,
                 )
             )
     return batches

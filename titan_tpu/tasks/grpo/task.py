@@ -22,22 +22,24 @@ from torch import nn
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.data.tokenizer import build_tokenizer
+from titan_tpu.distributed.fsdp import reshard_all
 from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.parallelize import parallelize_model, reshard_setting
 from titan_tpu.generation.answers import greedy_answer_score
-from titan_tpu.generation.builtin import BuiltinEngine
 from titan_tpu.generation.logprobs import logps_of, token_logps
 from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.protocols.planning import Workload
-from titan_tpu.protocols.rollout import RolloutEngine, SamplingParams
+from titan_tpu.protocols.rollout import SamplingParams
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.decoder import decoder_args, decoder_workload
 from titan_tpu.tasks.grpo.config import RLConfig
+from titan_tpu.tasks.grpo.engines import check_vllm_engine
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
 from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set, stop_ids
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
-from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches, rank_rows
+from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
+from titan_tpu.tasks.grpo.sampling import RolloutSource
 
 
 class GRPOTask(TrainingTask):
@@ -47,11 +49,12 @@ class GRPOTask(TrainingTask):
         super().__init__(ctx)
         config = ctx.config
         self.rl = config.section(RLConfig)
-        decoding = ctx.spec.capabilities.decoding
-        if decoding is None:
+        if ctx.spec.loss_fn is None:
+            raise ConfigError(f"training.task = 'grpo': model {ctx.spec.name} is not a language model")
+        if self.rl.engine == "builtin" and ctx.spec.capabilities.decoding is None:
             raise ConfigError(
-                f"training.task = 'grpo': model {ctx.spec.name} does not decode with the KV cache GRPO's sampler "
-                "uses; pick a family that does (llama3, qwen3, qwen3_moe)"
+                f"rl.engine = 'builtin': model {ctx.spec.name} does not decode with our KV cache, which the builtin "
+                "sampler needs; set rl.engine = 'vllm' (a vLLM server samples it) or pick llama3, qwen3, qwen3_moe"
             )
         parallel = ctx.parallel
         if parallel.dims.tp_enabled and (parallel.sequence_parallel or parallel.loss_parallel):
@@ -87,11 +90,7 @@ class GRPOTask(TrainingTask):
         self.stream = PromptStream(self.prompts.train, seed=config.training.seed)
         self.queue: deque[MicroBatch] = deque()
         self.reference: nn.Module | None = None
-        self.decoding = decoding
-        # Rollouts and held-out evaluation sample through engines of their own: evaluation decodes
-        # each rank's share in one batch (ranks in lockstep may hold different numbers of prompts,
-        # and rl.rollout_buckets would give them different numbers of batches).
-        self.engines: dict[str, RolloutEngine] = {}
+        self.source = RolloutSource(ctx, self.rl, self.stream, self.steps_per_rollout, self.rows)
         # Set by the first loss of a mixture of experts, which adds its routers' aux loss and logs it.
         self._is_moe = False
         self.args: Any = None
@@ -109,6 +108,8 @@ class GRPOTask(TrainingTask):
                 f"training.seq_len {config.training.seq_len} is below the longest prompt + rl.max_new_tokens = {needed}"
             )
         self.args = decoder_args(self.ctx, self.tokenizer, args)
+        if self.rl.engine == "vllm":
+            check_vllm_engine(self.ctx, self.rl, self.args)
         return self.args
 
     def setup(self, model: nn.Module) -> None:
@@ -118,13 +119,7 @@ class GRPOTask(TrainingTask):
         # The policy's arguments as built: they carry the kernels the trainer measured after
         # model_args, which the reference must run too.
         self.args = model.args
-        reshard_after, lockstep = self._reshard_after(model), self._lockstep()
-        self.engines = {
-            "rollout": BuiltinEngine(
-                self.decoding, self.pad_id, self.ctx.device, reshard_after, self.rl.rollout_buckets, lockstep
-            ),
-            "evaluation": BuiltinEngine(self.decoding, self.pad_id, self.ctx.device, reshard_after, 1, lockstep),
-        }
+        self.source.setup(self.args, self.pad_id, self._reshard_after(model), self._lockstep())
         if self.rl.beta == 0:
             return
         ctx, config = self.ctx, self.ctx.config
@@ -163,14 +158,6 @@ class GRPOTask(TrainingTask):
         parallel = self.ctx.parallel
         return parallel.ep_mesh.get_group() if parallel.dims.ep_enabled else None
 
-    def _engine(self, use: str, model: nn.Module, version: int) -> RolloutEngine:
-        """The engine for `use`, sampling from `model`'s current weights (`version` optimizer steps in)."""
-        if use not in self.engines:
-            raise RuntimeError("GRPOTask: sampling before setup() built the rollout engines")
-        engine = self.engines[use]
-        engine.load_weights(model, version)
-        return engine
-
     def _global(self, values: torch.Tensor) -> torch.Tensor:
         """Sum of a [k, N] tensor over data-parallel ranks (each rank fills only its own rows)."""
         return sum_over(values.to(self.ctx.device), self.dp_mesh).cpu() if self.dp_mesh is not None else values
@@ -194,17 +181,14 @@ class GRPOTask(TrainingTask):
     def _rollout(self, model: nn.Module) -> None:
         start = time.perf_counter()
         ctx, rl = self.ctx, self.rl
-        rollout_index = self.stream.position // rl.prompts_per_step
+        index = self.stream.position // rl.prompts_per_step
+        sampled, waited = self.source.rollout(model, index, self.params)
         taken: list[Prompt] = self.stream.take(rl.prompts_per_step)
-        global_batch = ctx.config.training.global_batch_size
-        rows = rank_rows(self.rows, global_batch, ctx.dp_rank, ctx.dp_world)
-        mine = [r for mini in rows for r in mini]
+        if [p.ids for p in taken] != [p.ids for p in sampled.prompts]:
+            raise RuntimeError(f"GRPO: rollout {index} was sampled for other prompts than training takes")
+        mine = self.source.mine
         prompts = {r: taken[r // rl.group_size].ids for r in mine}
-        seeds = [hash((ctx.config.training.seed, rollout_index, r)) % (2**63) for r in mine]
-        engine = self._engine("rollout", model, rollout_index * self.steps_per_rollout)
-        out = engine.generate([prompts[r] for r in mine], self.params, seeds)
-        completions = dict(zip(mine, out.tokens))
-        sampled_logps = dict(zip(mine, out.logps))
+        completions, sampled_logps = sampled.completions, sampled.logps
         # Rewards, each reward's part and lengths of this rank's rows, summed with the other ranks'.
         parts = score(
             self.rewards, self._completions([taken[r // rl.group_size] for r in mine], [completions[r] for r in mine])
@@ -213,20 +197,23 @@ class GRPOTask(TrainingTask):
         rows_mine = torch.tensor(mine, dtype=torch.long)
         table[0, rows_mine] = torch.tensor(weighted_total(self.rewards, parts, len(mine)), dtype=torch.float64)
         table[1, rows_mine] = torch.tensor([float(len(completions[r])) for r in mine], dtype=torch.float64)
-        for index, reward in enumerate(self.rewards):
-            table[2 + index, rows_mine] = torch.tensor(parts[reward.name], dtype=torch.float64)
+        for k, reward in enumerate(self.rewards):
+            table[2 + k, rows_mine] = torch.tensor(parts[reward.name], dtype=torch.float64)
         table = self._global(table)
         rewards, lengths = table[0], table[1]
         advantages = group_advantages(rewards, rl.group_size, rl.scale_rewards, rl.advantage_eps).float()
 
         reference = self.reference
+        # From an engine other than the trainer's own modules, the trainer scores the same tokens:
+        # the engine/trainer mismatch it logs, and the importance-sampling correction's old log-probs.
+        engine_apart = self.source.is_vllm
         batches = build_micro_batches(
-            rows,
+            self.source.rank_rows,
             prompts,
             completions,
             advantages,
             lengths,
-            global_batch,
+            ctx.config.training.global_batch_size,
             ctx.local_batch_size,
             ctx.dp_world,
             self.pad_id,
@@ -234,25 +221,48 @@ class GRPOTask(TrainingTask):
             sampled_logps,
             (lambda tokens: token_logps(reference, tokens)) if reference is not None else None,
             first_on_policy=rl.updates_per_rollout == 1,
+            trainer_logps=(lambda tokens: token_logps(model, tokens)) if engine_apart else None,
+            is_cap=rl.is_cap if engine_apart and rl.is_correction else None,
         )
+        if engine_apart:
+            reshard_all(model)
         for _ in range(rl.updates_per_rollout):
             self.queue.extend(batches)
-        # The rollout's time is all of it that is not the policy update: sampling, rewards, and the
-        # reference's log-probabilities of the micro-batches.
+        # The rollout's time is all of it that is not the policy update: sampling (or waiting for it),
+        # rewards, and the log-probabilities scored on the micro-batches.
         rollout_time = time.perf_counter() - start
         stats = self._stats
         stats["rollouts"] += 1
         stats["reward_sum"] += float(rewards.sum())
         stats["reward_std_sum"] += float(rewards.view(-1, rl.group_size).std(dim=1).mean())
-        for index, reward in enumerate(self.rewards):
-            stats[f"reward/{reward.name}"] += float(table[2 + index].sum())
+        for k, reward in enumerate(self.rewards):
+            stats[f"reward/{reward.name}"] += float(table[2 + k].sum())
         stats["length_sum"] += float(lengths.sum())
         stats["rollout_time"] += rollout_time
+        stats["rollout_wait"] += waited
+        stats["sample_time"] += sampled.seconds
+        stats["staleness_sum"] += index * self.steps_per_rollout - sampled.version
+        self._engine_stats(batches)
         # Every rank's rows (prompts are the same everywhere, lengths were summed above): the work of
         # the whole job, which step_metrics shares out per process as the trainer's TFLOP/s are.
         cost = ForwardCost.of_family(ctx.spec.flops_per_token, self.args)
         every_row = [(len(taken[r // rl.group_size].ids), int(lengths[r])) for r in range(self.rows)]
-        stats["rollout_flops"] += rollout_flops(cost, every_row, scoring_passes=int(reference is not None))
+        scoring = int(reference is not None) + int(engine_apart)
+        stats["rollout_flops"] += rollout_flops(cost, every_row, scoring_passes=scoring)
+
+    def _engine_stats(self, batches: list[MicroBatch]) -> None:
+        """The engine/trainer mismatch on the sampled tokens (k3 KL of the trainer from the engine,
+        estimated on the engine's samples) and the share of tokens the correction truncated."""
+        for batch in batches:
+            if batch.trainer_logps is None or batch.sampled_logps is None:
+                continue
+            log_ratio = (batch.trainer_logps - batch.sampled_logps) * batch.mask
+            k3 = torch.exp(log_ratio) - 1 - log_ratio
+            self._stats["engine_kl_sum"] += float((k3 * batch.mask).sum())
+            self._stats["engine_tokens"] += float(batch.mask.sum())
+            if batch.is_weights is not None:
+                truncated = (torch.exp(log_ratio) > self.rl.is_cap) & (batch.mask > 0)
+                self._stats["is_truncated"] += float(truncated.sum())
 
     # ------------------------------------------------------------------------------ loss
 
@@ -273,6 +283,7 @@ class GRPOTask(TrainingTask):
             beta=rl.beta,
             ref_logps=batch.ref_logps,
             token_normaliser=batch.token_normaliser,
+            token_weights=batch.is_weights,
         )
         loss, aux_loss = terms.loss, torch.zeros((), device=terms.loss.device)
         if not isinstance(output, torch.Tensor):
@@ -299,6 +310,12 @@ class GRPOTask(TrainingTask):
             "micro_batches",
             "train_tokens",
             "train_time",
+            "rollout_wait",
+            "sample_time",
+            "staleness_sum",
+            "engine_kl_sum",
+            "engine_tokens",
+            "is_truncated",
             *(f"reward/{r.name}" for r in self.rewards),
         )
         self._stats: dict[str, float] = dict.fromkeys(keys, 0.0)
@@ -333,7 +350,29 @@ class GRPOTask(TrainingTask):
                 rollout_tflops=s["rollout_flops"] / self.ctx.parallel.dims.world_size / s["rollout_time"] / 1e12,
             )
             metrics.update({f"reward/{r.name}": s[f"reward/{r.name}"] / rows for r in self.rewards})
+            metrics.update(self._engine_metrics(s))
         self._reset_stats()
+        return metrics
+
+    def _engine_metrics(self, s: dict[str, float]) -> dict[str, float]:
+        """Per rollout: its staleness in optimizer steps, sampling and waiting seconds (rank 0's), and
+        with the vLLM engine the engine/trainer KL, the truncated share and the last push's cost."""
+        metrics = {
+            "rollout/staleness": s["staleness_sum"] / s["rollouts"],
+            "rollout/sample_seconds": s["sample_time"] / s["rollouts"],
+        }
+        if self.rl.max_staleness > 0:
+            metrics["rollout/trainer_wait_seconds"] = s["rollout_wait"] / s["rollouts"]
+            producer = self.source.producer
+            if producer is not None:
+                metrics["rollout/engine_idle_seconds"] = producer.idle_seconds
+        if s["engine_tokens"] > 0:
+            metrics["rollout/engine_kl"] = s["engine_kl_sum"] / s["engine_tokens"]
+            if self.rl.is_correction:
+                metrics["rollout/is_truncated"] = s["is_truncated"] / s["engine_tokens"]
+        sync = self.source.sync_record()
+        if sync is not None and sync.version >= 0:
+            metrics.update({"sync/seconds": sync.seconds, "sync/bytes": float(sync.bytes)})
         return metrics
 
     def _completions(self, prompts: list[Prompt], ids: list[list[int]]) -> Completions:
@@ -357,7 +396,7 @@ class GRPOTask(TrainingTask):
 
         ctx = self.ctx
         correct, count = greedy_answer_score(
-            self._engine("evaluation", model, step),
+            self.source.evaluation(model, step),
             [p.ids for p in held_out],
             self.greedy,
             first_reward,
@@ -365,6 +404,10 @@ class GRPOTask(TrainingTask):
             ctx.dp_world,
             self.dp_mesh,
             ctx.device,
-            in_lockstep=self._lockstep() is not None,
+            # Every rank calls the vLLM engine (its recovery is collective) or decodes in lockstep.
+            in_lockstep=self._lockstep() is not None or self.source.is_vllm,
         )
         return {"heldout_accuracy": correct / count if count else float("nan")}
+
+    def close(self) -> None:
+        self.source.close()
