@@ -56,7 +56,7 @@ class _Accelerator:
     gather_for_metrics = gather
 
 
-def trl_loss(loss_type: str, beta: float, inputs: dict, logps: torch.Tensor) -> torch.Tensor:
+def trl_loss(loss_type: str, beta: float, inputs: dict, logps: torch.Tensor, **trainer_values: object) -> torch.Tensor:
     trainer = trl_grpo.GRPOTrainer.__new__(trl_grpo.GRPOTrainer)
     values = dict(
         loss_type=loss_type,
@@ -77,6 +77,7 @@ def trl_loss(loss_type: str, beta: float, inputs: dict, logps: torch.Tensor) -> 
         args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
     )
     trainer.__dict__.update(values)
+    trainer.__dict__.update(trainer_values)
     # The model's log-probs are the given tensor (entropies only feed TRL's metrics).
     trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, torch.zeros_like(logps), None)
     return trainer._compute_loss(trainer.model, inputs)
@@ -174,3 +175,60 @@ def test_mismatched_aggregation_misses_trl(loss_type: str, scale: bool, aggregat
             max_completion_tokens=T,
         ).loss.item()  # type: ignore[arg-type]
         assert ours != pytest.approx(theirs, rel=1e-6)
+
+
+@pytest.mark.parametrize("loss_type,scale,aggregation", CASES)
+def test_importance_sampling_correction_equals_trls(loss_type: str, scale: bool, aggregation: str) -> None:
+    """rl.is_correction against TRL's vllm_importance_sampling_correction (token_truncate, its default
+    cap 3.0): the old log-probs are the trainer's, the engine's sampled ones only weigh each token by
+    min(exp(trainer - engine), cap), and the weight multiplies the clipped term before the KL is
+    added. The weights are TRL's formula written out (it forms them in its rollout method, which
+    needs a model and vLLM); the loss and its gradient are TRL's own `_compute_loss`."""
+    batch = make_batch(seed=11)
+    gen = torch.Generator().manual_seed(5)
+    engine = batch["old"] + 0.6 * torch.randn(batch["old"].shape, generator=gen, dtype=torch.float64)
+    mask = batch["mask"]
+    cap = 3.0
+    theirs_weights = torch.clamp(torch.exp((batch["old"] - engine) * mask), max=cap)
+    ours_weights = torch.exp(batch["old"] - engine).clamp(max=cap) * mask  # rollout.build_micro_batches
+    assert (theirs_weights > 1).any() and (theirs_weights == cap).any()  # both sides of 1, some truncated
+    adv = trl_advantages(batch["rewards"], scale)
+    n = len(adv)
+    inputs = {
+        "prompt_ids": torch.zeros(n, 2, dtype=torch.int64),
+        "prompt_mask": torch.ones(n, 2, dtype=torch.int64),
+        "completion_ids": torch.zeros(n, T, dtype=torch.int64),
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": batch["old"],
+        "ref_per_token_logps": batch["ref"],
+        "importance_sampling_ratio": theirs_weights,
+        "num_items_in_batch": mask.sum().to(torch.float64),
+    }
+    theirs_logps = batch["logps"].clone().requires_grad_(True)
+    trainer_values = {"use_vllm": True, "vllm_importance_sampling_correction": True}
+    theirs = trl_loss(loss_type, 0.04, inputs, theirs_logps, **trainer_values)
+    ours_logps = batch["logps"].clone().requires_grad_(True)
+
+    def ours_loss(weights: torch.Tensor | None) -> torch.Tensor:
+        return grpo_loss(
+            ours_logps,
+            batch["old"],
+            adv,
+            mask,
+            eps_low=EPS_LOW,
+            eps_high=EPS_HIGH,
+            aggregation=aggregation,  # type: ignore[arg-type]
+            max_completion_tokens=T,
+            beta=0.04,
+            ref_logps=batch["ref"],
+            token_weights=weights,
+        ).loss
+
+    ours = ours_loss(ours_weights)
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6, abs=1e-12)
+    theirs.backward()
+    ours.backward()
+    assert torch.allclose(ours_logps.grad, theirs_logps.grad, rtol=1e-6, atol=1e-12)  # type: ignore[arg-type]
+    # Negative control: without the weights the loss is another number.
+    assert ours_loss(None).item() != pytest.approx(theirs.item(), rel=1e-6)

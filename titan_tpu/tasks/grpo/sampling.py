@@ -11,6 +11,7 @@ weights of rollout r - max_staleness or later.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -26,6 +27,8 @@ from titan_tpu.tasks.grpo.engines import rollout_engines
 from titan_tpu.tasks.grpo.producer import RolloutProducer, Sampled
 from titan_tpu.tasks.grpo.prompts import PromptStream
 from titan_tpu.tasks.grpo.rollout import rank_rows
+
+logger = logging.getLogger(__name__)
 
 
 class RolloutSource:
@@ -78,6 +81,12 @@ class RolloutSource:
             self._push(model, version)
             return self._sample(index, params, collective=True), 0.0
         if self.producer is None:
+            if index > 0 and self.ctx.is_writer:
+                # What a stopped run had sampled ahead was never trained on and is not in its checkpoint.
+                logger.info(
+                    f"rollouts: resuming at rollout {index} (step {version}); the rollouts sampled ahead of "
+                    f"training before the stop (up to {self.rl.max_staleness}) are sampled again"
+                )
             self.producer = RolloutProducer(lambda i: self._sample(i, params, collective=False), first=index)
         with self.producer.paused():
             self._push(model, version)

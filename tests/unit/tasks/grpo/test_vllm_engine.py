@@ -8,9 +8,12 @@ rl.max_staleness or trains a step twice, and bad input that starts a run instead
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -186,3 +189,53 @@ def test_an_engine_that_never_answers_stops_the_run_in_one_line(tmp_path: Path) 
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode == 2 and len(errors) == 1, done.stderr[-2000:]
     assert "did not answer within rl.engine_start_timeout = 5 s" in errors[0] and "engine.log" in errors[0]
+
+
+def test_a_killed_engine_is_started_again_and_every_step_trains_once(tmp_path: Path) -> None:
+    """kill -9 of the server this run started, twice: once between two steps (the next push finds it
+    gone), once in the middle of a rollout (its requests find it gone). The run finishes, each step
+    trained once, its checkpoints complete, the server started again twice with the last weights."""
+    folder = qwen3_debug_folder(tmp_path / "initial")
+    overrides = [
+        *SMALL,
+        "--rl.engine=vllm",
+        f"--checkpoint.initial_load_path={folder}",
+        f"--job.dump_folder={tmp_path / 'run'}",
+        "--training.steps=4",
+        "--checkpoint.enable=true",
+        "--checkpoint.interval=2",
+    ]
+    trainer = Trainer(load_config("grpo_qwen3_debug", overrides))
+    try:
+        engine = trainer.task.source.rollout_engine
+        assert isinstance(engine, VllmEngine) and engine.managed is not None
+        managed = engine.managed
+
+        def kill_server() -> None:
+            assert managed.process is not None
+            os.kill(managed.process.pid, signal.SIGKILL)
+
+        push, request, rollouts = engine.load_weights, engine.request, [0]
+
+        def push_after_a_kill(policy: torch.nn.Module, version: int) -> None:
+            if version == 2:  # before the third rollout, between steps 2 and 3
+                kill_server()
+            push(policy, version)
+
+        def requests_after_a_kill(*args: Any) -> Any:
+            rollouts[0] += 1
+            if rollouts[0] == 4:  # the fourth rollout's requests find the server gone
+                kill_server()
+            return request(*args)
+
+        engine.load_weights = push_after_a_kill  # type: ignore[method-assign]
+        engine.request = requests_after_a_kill  # type: ignore[method-assign]
+        trainer.train()
+        restarts = engine.restarts_done
+    finally:
+        trainer.close()
+    assert restarts == 2
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
+    complete = sorted(p.name for p in (tmp_path / "run" / "checkpoint").iterdir() if (p / "manifest.json").is_file())
+    assert complete == ["step-2", "step-4"]
