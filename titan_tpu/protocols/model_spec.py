@@ -46,10 +46,13 @@ class Decoding:
     """How a family's model decodes token by token, which the builtin sampler
     (titan_tpu/generation/sampler.py) runs: `new_cache(max_len)` makes an empty cache that the model's
     forward fills (`model(tokens, cache=..., start_pos=..., key_padding_mask=...)`), and
-    `fused_step(model)` gives a faster decode step for it, or None to decode through the forward."""
+    `fused_step(model)` gives a faster decode step for it, or None to decode through the forward.
+    `unsupported(args)`: why a model of these arguments cannot decode this way (None: it can), for a
+    family whose models differ (the hf family: a class with state-space layers has no KV cache)."""
 
     new_cache: Callable[[int], Any]
     fused_step: Callable[[nn.Module], DecodeStep | None]
+    unsupported: Callable[[Any], str | None] = lambda args: None
 
 
 @dataclass(frozen=True)

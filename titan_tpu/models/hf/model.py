@@ -21,6 +21,7 @@ from torch import nn
 
 from titan_tpu.models.hf.args import HFArgs, model_class
 from titan_tpu.models.hf.attention import attention_implementation
+from titan_tpu.models.hf.decoding import HFDecodeCache
 
 if TYPE_CHECKING:  # transformers is imported where a model is built
     from transformers import PreTrainedModel
@@ -225,10 +226,28 @@ class HFCausalLM(nn.Module):
             if ids is not None and "position_ids" in module._non_persistent_buffers_set:
                 ids.copy_(torch.arange(ids.shape[-1], device=ids.device).expand_as(ids))
 
-    def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [B, S] -> logits [B, S, vocab]."""
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        document_ids: torch.Tensor | None = None,
+        cache: HFDecodeCache | None = None,
+        start_pos: int = 0,
+        key_padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """tokens [B, S] -> logits [B, S, vocab]. With `cache` (the sampler's decoding, decoding.py):
+        `tokens` continue the cached rows from `start_pos`; at 0, `key_padding_mask` [B, S] marks a
+        left-padded prompt's real tokens."""
         if document_ids is not None:
             raise ValueError("model 'hf' attends across packed documents; set data.document_mask = false")
+        if cache is not None:
+            positions = cache.extend(tokens, start_pos, key_padding_mask)
+            return self.hf(
+                input_ids=tokens,
+                attention_mask=cache.mask,
+                position_ids=positions,
+                past_key_values=cache.kv,
+                use_cache=True,
+            ).logits
         # transformers' attention classes are wrapped by the `kernels` package's forward (where it is
         # installed), which sets a context variable for the call and resets it after. A compiled,
         # checkpointed layer traces that as a side effect, which dynamo refuses to leave out of the

@@ -7,12 +7,13 @@ from titan_tpu.models.common.attention_tunable import ATTENTION
 from titan_tpu.models.common.loss import cross_entropy_loss
 from titan_tpu.models.common.loss_tunable import LOSS_CHUNKS
 from titan_tpu.models.hf.args import HF_FLAVORS, hf_args, override_value, takes_registered_attention
+from titan_tpu.models.hf.decoding import HF_DECODING
 from titan_tpu.models.hf.flops import hf_flops_per_token
 from titan_tpu.models.hf.model import HFCausalLM
 from titan_tpu.models.hf.parallelize import HF_TP_PLAN, expert_modules, parallelize_hf
 from titan_tpu.models.hf.planning import hf_block_activations, hf_expert_routing
 from titan_tpu.models.hf.state_dict_adapter import HF_FAMILY_ADAPTER
-from titan_tpu.protocols.model_spec import ModelSpec, PlannerHooks
+from titan_tpu.protocols.model_spec import Capabilities, ModelSpec, PlannerHooks
 
 # The attention kernel is measured only for classes that take ours (titan_tpu/models/hf/attention.py); the
 # others keep "auto", which builds them with transformers' own attention.
@@ -31,8 +32,9 @@ HF_SPEC = ModelSpec(
     tunables=(LOSS_CHUNKS, HF_ATTENTION),
     args_from_config=hf_args,
     override_value=override_value,
-    # No capabilities: transformers' own cache and masks are not wired to ours yet, and its models
-    # are neither cut into stages nor split over cp.
+    # Decoding with transformers' own cache (decoding.py); its models are neither cut into stages nor
+    # split over cp, and its masks do not keep packed documents apart.
+    capabilities=Capabilities(decoding=HF_DECODING),
     planning=PlannerHooks(
         tp_plan=HF_TP_PLAN,
         block_activations=hf_block_activations,

@@ -31,7 +31,7 @@ from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.protocols.planning import Workload
 from titan_tpu.protocols.rollout import SamplingParams
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
-from titan_tpu.tasks.decoder import decoder_args, decoder_workload
+from titan_tpu.tasks.decoder import decoder_args, decoder_workload, require_decoding
 from titan_tpu.tasks.grpo.config import RLConfig
 from titan_tpu.tasks.grpo.engines import check_vllm_engine
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
@@ -51,11 +51,6 @@ class GRPOTask(TrainingTask):
         self.rl = config.section(RLConfig)
         if ctx.spec.loss_fn is None:
             raise ConfigError(f"training.task = 'grpo': model {ctx.spec.name} is not a language model")
-        if self.rl.engine == "builtin" and ctx.spec.capabilities.decoding is None:
-            raise ConfigError(
-                f"rl.engine = 'builtin': model {ctx.spec.name} does not decode with our KV cache, which the builtin "
-                "sampler needs; set rl.engine = 'vllm' (a vLLM server samples it) or pick llama3, qwen3, qwen3_moe"
-            )
         parallel = ctx.parallel
         if parallel.dims.tp_enabled and (parallel.sequence_parallel or parallel.loss_parallel):
             # Prompts, decode steps (one token) and rollout rows have any length, which a sequence
@@ -110,6 +105,8 @@ class GRPOTask(TrainingTask):
         self.args = decoder_args(self.ctx, self.tokenizer, args)
         if self.rl.engine == "vllm":
             check_vllm_engine(self.ctx, self.rl, self.args)
+        else:
+            require_decoding(self.ctx, self.args, "rl.engine = 'builtin'")
         return self.args
 
     def setup(self, model: nn.Module) -> None:
@@ -256,7 +253,8 @@ class GRPOTask(TrainingTask):
         for batch in batches:
             if batch.trainer_logps is None or batch.sampled_logps is None:
                 continue
-            log_ratio = (batch.trainer_logps - batch.sampled_logps) * batch.mask
+            # In float64: float32 rounds exp(x) - 1 - x to 0 for the |x| < 1e-4 of two float32 runs.
+            log_ratio = (batch.trainer_logps.double() - batch.sampled_logps.double()) * batch.mask
             k3 = torch.exp(log_ratio) - 1 - log_ratio
             self._stats["engine_kl_sum"] += float((k3 * batch.mask).sum())
             self._stats["engine_tokens"] += float(batch.mask.sum())

@@ -35,7 +35,7 @@ from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.protocols.planning import Workload
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
-from titan_tpu.tasks.decoder import decoder_args, decoder_workload, language_model_loss
+from titan_tpu.tasks.decoder import decoder_args, decoder_workload, language_model_loss, require_decoding
 from titan_tpu.tasks.sft.answers import HeldOutAnswer, exact_answer_rate, held_out_answers
 from titan_tpu.tasks.sft.config import SftConfig
 from titan_tpu.tasks.sft.data import ChatEncoding, fingerprint, held_out_records, packing_of, training_records
@@ -52,11 +52,6 @@ class SftTask(TrainingTask):
         super().__init__(ctx)
         config = ctx.config
         self.sft = config.section(SftConfig)
-        if self._generates() and ctx.spec.capabilities.decoding is None:
-            raise ConfigError(
-                f"sft.eval_generations: model {ctx.spec.name} does not decode with the KV cache the generated "
-                "answers use; set it to 0 (held-out loss, [validation], still runs)"
-            )
         if self._generates() and ctx.parallel.dims.tp_enabled:
             raise ConfigError(
                 "sft.eval_generations: generation with the KV cache runs data-parallel only; set it to 0 "
@@ -96,6 +91,8 @@ class SftTask(TrainingTask):
 
     def model_args(self, args: Any) -> Any:
         self.args = decoder_args(self.ctx, self.encoding.tokenizer, args)
+        if self._generates():
+            require_decoding(self.ctx, self.args, "sft.eval_generations")
         return self.args
 
     def setup(self, model: nn.Module) -> None:
