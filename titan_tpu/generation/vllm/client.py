@@ -26,7 +26,19 @@ class ServerUnavailable(RuntimeError):
 
 
 class ServerRefused(RuntimeError):
-    """The server answered with an error status; the message is its own."""
+    """The server answered with an error status (`status`); the message is its own."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    url: str
+    name: str  # what requests name it (--served-model-name)
+    max_model_len: int
+    root: str  # the folder (or hub name) the server was started from, as the server sees it
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,7 @@ class ServerClient:
                 text = response.read().decode()
         except urllib.error.HTTPError as error:
             detail = error.read().decode(errors="replace")[:500]
-            raise ServerRefused(f"{self.url}{path}: HTTP {error.code}: {detail}") from None
+            raise ServerRefused(f"{self.url}{path}: HTTP {error.code}: {detail}", error.code) from None
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as error:
             raise ServerUnavailable(f"{self.url}{path}: {getattr(error, 'reason', error)}") from None
         return json.loads(text) if text else None
@@ -66,12 +78,13 @@ class ServerClient:
             return False
         return True
 
-    def served_model(self) -> tuple[str, int]:
-        """The served model's name and its longest sequence (max_model_len)."""
+    def served_model(self) -> ServedModel:
+        """The one model the server serves."""
         models = self._call("/v1/models")["data"]
         if len(models) != 1:
-            raise ServerRefused(f"{self.url}: serves {len(models)} models; a rollout server serves one")
-        return models[0]["id"], int(models[0]["max_model_len"])
+            raise ServerRefused(f"{self.url}: serves {len(models)} models; a rollout server serves one", 200)
+        model = models[0]
+        return ServedModel(self.url, model["id"], int(model["max_model_len"]), str(model.get("root") or ""))
 
     def complete(self, model: str, prompt: Sequence[int], params: SamplingParams, seed: int | None) -> Completion:
         """One completion of `prompt` (token ids). The stop ids are the only stops (the model's own
@@ -89,7 +102,14 @@ class ServerClient:
         }
         if seed is not None:
             body["seed"] = seed
-        choice = self._call("/v1/completions", body)["choices"][0]
+        try:
+            choice = self._call("/v1/completions", body)["choices"][0]
+        except ServerRefused as refused:
+            if refused.status >= 500:
+                # A server error on a well-formed request: the engine behind the server is broken (vLLM
+                # answers 500 once its engine core died), which a restart may mend.
+                raise ServerUnavailable(str(refused)) from None
+            raise
         tokens = [int(token.removeprefix("token_id:")) for token in choice["logprobs"]["tokens"]]
         return Completion(tokens, list(choice["logprobs"]["token_logprobs"]), choice["finish_reason"] == "stop")
 

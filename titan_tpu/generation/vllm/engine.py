@@ -27,7 +27,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from titan_tpu.generation.vllm.client import Completion, ServerClient, ServerRefused, ServerUnavailable
+from titan_tpu.generation.vllm.client import (
+    Completion,
+    ServedModel,
+    ServerClient,
+    ServerRefused,
+    ServerUnavailable,
+)
 from titan_tpu.generation.vllm.errors import EngineError, EngineFailed
 from titan_tpu.generation.vllm.server import ManagedServer
 from titan_tpu.protocols.rollout import Rollout, SamplingParams
@@ -69,7 +75,9 @@ class VllmEngine:
 
     `export(model, folder)` writes the trainer's (possibly sharded) model as a Hugging Face folder (every
     rank calls it, rank 0 writes); `weights_folder` is where the pushed folders go (each push a new
-    one; the previous is removed).
+    one; the previous is removed). `check_served(model)` says why a server's model is not one this
+    run's weights fit (None: they fit); it runs at every connection, before any weights are pushed,
+    because vLLM's engine dies on a push of other shapes.
     """
 
     def __init__(
@@ -80,8 +88,10 @@ class VllmEngine:
         weights_folder: Path,
         request_timeout: float,
         restarts: int,
+        check_served: Callable[[ServedModel], str | None] = lambda model: None,
     ) -> None:
         self.managed = managed if _rank() == 0 else None
+        self.check_served = check_served
         self.urls = list(urls)
         self.export = export
         self.weights_folder = weights_folder
@@ -111,12 +121,16 @@ class VllmEngine:
                     self.managed.start()
                 urls = [self.managed.url] if self.managed is not None else self.urls
                 served = [ServerClient(url, self.request_timeout).served_model() for url in urls]
-                names = {name for name, _ in served}
+                names = {model.name for model in served}
                 if len(names) != 1:
                     raise EngineError(
                         f"engine: the servers at {', '.join(urls)} serve different models: {sorted(names)}"
                     )
-                info = (urls, served[0][0], min(length for _, length in served))
+                for model in served:
+                    mismatch = self.check_served(model)
+                    if mismatch is not None:
+                        raise EngineError(f"engine: the server at {model.url} {mismatch}")
+                info = (urls, served[0].name, min(model.max_model_len for model in served))
             except (ServerUnavailable, ServerRefused) as error:
                 info = f"engine: {error}; is a vLLM server running there (rl.engine_urls)?"
             except EngineError as error:
@@ -205,8 +219,8 @@ class VllmEngine:
             failure, rollout = None, None
             try:
                 rollout = self.request(prompts, params, seeds)
-            except ServerUnavailable as error:
-                failure = str(error)
+            except (ServerUnavailable, ServerRefused) as error:
+                failure = failure_of(error)
             if not self.recover_if_failed(failure):
                 assert rollout is not None
                 return rollout
@@ -215,6 +229,10 @@ class VllmEngine:
         """Collective over the ranks: whether any rank's requests failed (`failure`, this rank's), in
         which case the server was started again and given the last weights pushed."""
         failures = _gather_failures(failure)
+        refused = [f for f in failures if f.startswith(REFUSED)]
+        if refused:  # a request the server will not serve: starting it again would not help
+            log = f"; log {self.managed.settings.log}" if self.managed is not None else ""
+            raise EngineFailed(f"engine: {refused[0].removeprefix(REFUSED)}{log}")
         if failures:
             self._recover(failures[0])
         return bool(failures)
@@ -250,6 +268,15 @@ class VllmEngine:
             shutil.rmtree(self.weights_folder, ignore_errors=True)
 
 
+# Marks a failure the server answered with an error status (the others: it did not answer).
+REFUSED = "refused: "
+
+
+def failure_of(error: ServerUnavailable | ServerRefused) -> str:
+    """The line a rank hands the others about its failed requests."""
+    return f"{REFUSED}{error}" if isinstance(error, ServerRefused) else str(error)
+
+
 def _gather_failures(failure: str | None) -> list[str]:
     """Every rank's failure (None where it succeeded), so that all ranks recover together."""
     if not _distributed():
@@ -259,9 +286,12 @@ def _gather_failures(failure: str | None) -> list[str]:
     return [f for f in everyone if f]
 
 
-def weights_folder_for(run_folder: Path) -> Path:
-    """Shared memory where the host has it (a push is a write and a read of the whole model), else
+def weights_folder_for(run_folder: Path, chosen: str = "") -> Path:
+    """The folder the user chose (servers on other hosts read it over a shared filesystem); else
+    shared memory where the host has it (a push is a write and a read of the whole model), else
     beside the run's outputs."""
+    if chosen:
+        return Path(chosen)
     shm = Path("/dev/shm")
     name = "titan_tpu_engine_" + hashlib.sha1(str(run_folder.resolve()).encode()).hexdigest()[:12]
     return (shm / name) if shm.is_dir() else run_folder / "engine_weights"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from titan_tpu.config.errors import ConfigError
@@ -97,6 +97,11 @@ class RLConfig:
         "vllm: servers you started (http://host:port), rollouts spread over them; empty = start one from "
         "checkpoint.initial_load_path in the engine's own environment.",
     )
+    engine_weights_folder: str = opt(
+        "",
+        "vllm: where the trainer writes each weight push and every server reads it, as both see it (a shared "
+        "filesystem when the servers run on other hosts); empty = shared memory on the trainer's host.",
+    )
     engine_python: str = opt(
         "",
         "vllm: the Python of an environment with vLLM installed; empty = the project's own, created on "
@@ -181,9 +186,9 @@ class RLConfig:
                 f"{url!r} is not an http(s):// address of a vLLM server",
             )
         if self.engine == "builtin":
-            for key, default in (("max_staleness", 0), ("engine_urls", [])):
+            for key in VLLM_ONLY:
                 require(
-                    getattr(self, key) == default,
+                    getattr(self, key) == _default(key),
                     f"rl.{key}",
                     "applies to rl.engine = 'vllm' (the builtin sampler runs on the trainer's own modules, "
                     "in step with training); set rl.engine = 'vllm' or leave it unset",
@@ -197,6 +202,27 @@ class RLConfig:
 
 
 # Exact match plus a tenth of the format reward: an optionally signed integer, then the stop text.
+# The keys only the vLLM engine reads: set with the builtin engine, they would do nothing.
+VLLM_ONLY = (
+    "engine_urls",
+    "engine_weights_folder",
+    "engine_python",
+    "engine_requirement",
+    "engine_memory",
+    "engine_tp",
+    "engine_start_timeout",
+    "engine_request_timeout",
+    "engine_restarts",
+    "sync_every",
+    "max_staleness",
+)
+
+
+def _default(key: str) -> Any:
+    spec = next(f for f in fields(RLConfig) if f.name == key)
+    return spec.default_factory() if spec.default is MISSING and spec.default_factory is not MISSING else spec.default
+
+
 DEFAULT_REWARDS: tuple[dict[str, Any], ...] = (
     {"fn": "exact", "weight": 1.0},
     {"fn": "format", "weight": 0.1, "pattern": "-?\\d+\n"},

@@ -17,11 +17,13 @@ from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.config import ConfigError
 from titan_tpu.device import dtype_name
 from titan_tpu.generation.builtin import BuiltinEngine
+from titan_tpu.generation.vllm.client import ServedModel, ServerClient, ServerRefused
 from titan_tpu.generation.vllm.engine import VllmEngine, weights_folder_for
 from titan_tpu.generation.vllm.environment import engine_python
 from titan_tpu.generation.vllm.errors import EngineError
+from titan_tpu.generation.vllm.served_model import served_model_check
 from titan_tpu.generation.vllm.server import ManagedServer, ServerSettings
-from titan_tpu.protocols.rollout import RolloutEngine
+from titan_tpu.protocols.rollout import RolloutEngine, SamplingParams
 from titan_tpu.protocols.state_dict_adapter import StateDictAdapter
 from titan_tpu.tasks.base import TaskContext
 from titan_tpu.tasks.grpo.config import RLConfig
@@ -50,11 +52,7 @@ def rollout_engines(
         engine = vllm_engine(ctx, rl, args)
         return engine, engine
     decoding = ctx.spec.capabilities.decoding
-    if decoding is None:
-        raise ConfigError(
-            f"rl.engine = 'builtin': model {ctx.spec.name} does not decode with our KV cache, which the builtin "
-            "sampler needs; set rl.engine = 'vllm' (a vLLM server samples it) or pick llama3, qwen3, qwen3_moe"
-        )
+    assert decoding is not None  # require_decoding checked it with the model's arguments
     device = ctx.device
     return (
         BuiltinEngine(decoding, pad_id, device, reshard_after, rl.rollout_buckets, lockstep),
@@ -90,6 +88,8 @@ def vllm_engine(ctx: TaskContext, rl: RLConfig, args: Any) -> VllmEngine:
     config = ctx.config
     adapter = ctx.spec.state_dict_adapter
     assert adapter is not None
+    hf_config = adapter.to_hf_config(args)
+    initial = Path(config.checkpoint.initial_load_path) if config.checkpoint.initial_load_path else None
     managed = None
     if not rl.engine_urls and ctx.is_writer:
         managed = ManagedServer(
@@ -109,9 +109,10 @@ def vllm_engine(ctx: TaskContext, rl: RLConfig, args: Any) -> VllmEngine:
         urls=rl.engine_urls,
         managed=managed,
         export=lambda model, folder: _export(model, folder, adapter, args, dtype_name(ctx.compute_dtype)),
-        weights_folder=weights_folder_for(ctx.dump_folder),
+        weights_folder=weights_folder_for(ctx.dump_folder, rl.engine_weights_folder),
         request_timeout=rl.engine_request_timeout,
         restarts=rl.engine_restarts,
+        check_served=served_model_check(hf_config, initial or None, _accepts_token(hf_config["vocab_size"] - 1)),
     )
     if engine.max_model_len < config.training.seq_len:
         engine.close()
@@ -135,6 +136,19 @@ def _require_architecture(python: Path, architecture: str, family: str) -> None:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise EngineError(f"engine: {python} cannot import vLLM ({last})")
+
+
+def _accepts_token(token: int) -> Callable[[ServedModel], bool]:
+    """Whether a server takes a prompt of `token` (a server of a smaller vocabulary answers 400)."""
+
+    def probe(model: ServedModel) -> bool:
+        try:
+            ServerClient(model.url, 60.0).complete(model.name, [token], SamplingParams(1, temperature=0.0), None)
+        except ServerRefused as refused:
+            return refused.status >= 500
+        return True
+
+    return probe
 
 
 def _export(model: nn.Module, folder: Path, adapter: StateDictAdapter, args: Any, dtype: str) -> None:

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch.distributed as dist
 from torch import nn
 
-from titan_tpu.generation.vllm.client import ServerUnavailable
-from titan_tpu.generation.vllm.engine import SyncRecord, VllmEngine
+from titan_tpu.generation.vllm.client import ServerRefused, ServerUnavailable
+from titan_tpu.generation.vllm.engine import SyncRecord, VllmEngine, failure_of
 from titan_tpu.protocols.rollout import RolloutEngine, SamplingParams
 from titan_tpu.tasks.base import TaskContext
 from titan_tpu.tasks.grpo.config import RLConfig
@@ -125,8 +125,8 @@ class RolloutSource:
                 out = self.rollout_engine.generate(asked, params, seeds)
             else:
                 out = self._vllm().request(asked, params, seeds)
-        except ServerUnavailable as error:
-            sampled.failure = str(error)
+        except (ServerUnavailable, ServerRefused) as error:
+            sampled.failure = failure_of(error)
             return sampled
         sampled.completions = dict(zip(rows, out.tokens))
         sampled.logps = dict(zip(rows, out.logps))
