@@ -153,7 +153,7 @@ def main(argv: list[str]) -> int:
         served = rollout_shape(rollout, request.name)
         print(
             f"# rollout: {rollout.replicas} vLLM server(s), each on a {served.accelerator} {served.topology} "
-            f"({served.chips} chips, {served.machine_type}, tensor parallel {served.chips})"
+            f"({served.chips} chips, {served.machine_type}, tensor parallel {served.devices})"
         )
     print(yaml.safe_dump(manifest, sort_keys=False), end="")
     return 0

@@ -6,7 +6,7 @@ the trainer's weights to them as a Hugging Face folder that every server reloads
 image (its TPU stack cannot share an environment with the trainer's torch-tpu), so the servers are
 pods of their own: one replicated Job, one Job per server, one pod per Job, each running
 
-    vllm serve MODEL --served-model-name policy --skip-tokenizer-init --tensor-parallel-size CHIPS ...
+    vllm serve MODEL --served-model-name policy --skip-tokenizer-init --tensor-parallel-size DEVICES ...
 
 with VLLM_SERVER_DEV_MODE=1, which opens those admin endpoints. The trainer writes each push under
 the run's dump folder and the servers read it there, so both mount the same storage at the same path.
@@ -165,9 +165,9 @@ def server_command(request: RolloutRequest, shape: SliceShape, pod_model_folder:
         "0.0.0.0",
         "--port",
         str(request.port),
-        # Every chip of the slice; the weights and the KV cache are split over them.
+        # Every device of the slice (a chip; half a chip on TPU7x): weights and KV cache split over them.
         "--tensor-parallel-size",
-        str(shape.chips),
+        str(shape.devices),
         "--max-model-len",
         str(max_model_len),
         *request.server_args,

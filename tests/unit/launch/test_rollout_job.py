@@ -231,6 +231,21 @@ def test_plain_paths_and_a_shared_bucket_mount_once() -> None:
     assert [v["name"] for v in _trainer(manifest)["volumes"]] == ["dump"]
 
 
+@pytest.mark.parametrize(
+    ("accelerator", "topology", "tp"),
+    [("tpu-v5p-slice", "2x2x1", "4"), ("tpu7x", "2x2x1", "8"), ("tpu-v6e-slice", "1x1", "1")],
+)
+def test_tensor_parallel_size_counts_the_slices_devices(accelerator: str, topology: str, tp: str) -> None:
+    """The server splits over every device of its slice while the pod asks GKE for chips. Catches a
+    tensor-parallel size of 4 on an Ironwood 2x2x1, whose 4 chips show 8 devices (vLLM would leave
+    half of each chip idle), and a chip request other than the host's."""
+    manifest, _ = render_jobset(_request(rollout=_rollout(accelerator=accelerator, topology=topology)))
+    (container,) = _server(manifest)["containers"]
+    assert _flag(container["command"], "--tensor-parallel-size") == tp
+    chips = 1 if topology == "1x1" else 4
+    assert container["resources"]["limits"] == {"google.com/tpu": chips}
+
+
 def test_without_a_rollout_job_engine_overrides_pass_through() -> None:
     """The refusal below applies only when the renderer sets the keys: a user's own servers in
     rl.engine_urls still reach the trainer unchanged, and the manifest has one replicated Job."""
