@@ -8,6 +8,12 @@ Arguments it does not know are `--section.key=value` overrides for train.py. The
 repository (train.py in its working directory) with titan_tpu installed, so `titan-launch` is on
 PATH. A gs:// dump folder is mounted with GKE's Cloud Storage FUSE CSI driver; the pods' service
 account (--service-account) needs read and write access to the bucket.
+
+GRPO on vLLM servers of its own: --rollout-accelerator asks for a rollout job of --rollout-replicas
+servers, each on a single-host slice of --rollout-topology, running --rollout-image (vLLM for TPU)
+from --rollout-model-folder (the run's initial Hugging Face folder, which the trainer starts from
+too); the trainer is given their URLs and a weights folder under the dump folder (docs/gke.md,
+"GRPO with a rollout slice").
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ if str(ROOT) not in sys.path:
 
 from titan_tpu.config import ConfigError  # noqa: E402
 from titan_tpu.launch.jobset import JobSetRequest, render_jobset  # noqa: E402
+from titan_tpu.launch.rollout_job import RolloutRequest, rollout_shape  # noqa: E402
 from titan_tpu.launch.slices import ACCELERATORS  # noqa: E402
 
 
@@ -53,11 +60,71 @@ def _parser() -> argparse.ArgumentParser:
         "--chips-per-host", type=int, default=None, help="for a v5e/v6e 2x4: 8 (one host) or 4 (two hosts)"
     )
     parser.add_argument("--service-account", default=None, help="Kubernetes service account of the pods")
+    rollout = parser.add_argument_group("rollout job (GRPO on vLLM servers, one single-host slice each)")
+    rollout.add_argument("--rollout-accelerator", default=None, help="asks for the rollout job; its slices' type")
+    rollout.add_argument("--rollout-topology", default=None, help="a single-host topology, e.g. 2x2 or 2x4")
+    rollout.add_argument("--rollout-replicas", type=int, default=1, help="servers, one slice each (default 1)")
+    rollout.add_argument("--rollout-image", default=None, help="image with vLLM for TPU, e.g. vllm/vllm-tpu:TAG")
+    rollout.add_argument(
+        "--rollout-model-folder", default=None, help="the run's initial Hugging Face folder: gs://BUCKET/PATH or /path"
+    )
+    rollout.add_argument("--rollout-port", type=int, default=8000, help="the servers' port (default 8000)")
+    rollout.add_argument(
+        "--rollout-max-model-len", type=int, default=None, help="vLLM --max-model-len (default: training.seq_len)"
+    )
+    rollout.add_argument("--rollout-chips-per-host", type=int, default=None, help="as --chips-per-host")
+    rollout.add_argument(
+        "--rollout-server-arg",
+        action="append",
+        default=[],
+        metavar="FLAG[=VALUE]",
+        help="one more `vllm serve` argument, e.g. --rollout-server-arg=--max-num-seqs=512 (repeatable)",
+    )
     return parser
 
 
+_ROLLOUT_REQUIRED = ("rollout_topology", "rollout_image", "rollout_model_folder")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _rollout(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> RolloutRequest | None:
+    """The rollout request the --rollout-* flags make, or None; ConfigError names a missing or stray flag."""
+    if opts.rollout_accelerator is None:
+        given = [
+            _flag(dest)
+            for dest, value in vars(opts).items()
+            if dest.startswith("rollout_") and value != parser.get_default(dest)
+        ]
+        if given:
+            raise ConfigError(f"{given[0]} applies to a rollout job, which --rollout-accelerator asks for")
+        return None
+    missing = [_flag(dest) for dest in _ROLLOUT_REQUIRED if getattr(opts, dest) is None]
+    if missing:
+        raise ConfigError(f"a rollout job (--rollout-accelerator) needs {', '.join(missing)}")
+    return RolloutRequest(
+        accelerator=opts.rollout_accelerator,
+        topology=opts.rollout_topology,
+        replicas=opts.rollout_replicas,
+        image=opts.rollout_image,
+        model_folder=opts.rollout_model_folder,
+        max_model_len=opts.rollout_max_model_len,
+        port=opts.rollout_port,
+        chips_per_host=opts.rollout_chips_per_host,
+        server_args=tuple(opts.rollout_server_arg),
+    )
+
+
 def main(argv: list[str]) -> int:
-    opts, overrides = _parser().parse_known_args(argv)
+    parser = _parser()
+    opts, overrides = parser.parse_known_args(argv)
+    try:
+        rollout = _rollout(parser, opts)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     request = JobSetRequest(
         name=opts.name or opts.config.replace("_", "-").lower(),
         accelerator=opts.accelerator,
@@ -71,6 +138,7 @@ def main(argv: list[str]) -> int:
         launcher_restarts=opts.launcher_restarts,
         chips_per_host=opts.chips_per_host,
         service_account=opts.service_account,
+        rollout=rollout,
     )
     try:
         manifest, shape = render_jobset(request)
@@ -81,6 +149,12 @@ def main(argv: list[str]) -> int:
         f"# {request.slices} x {shape.accelerator} {shape.topology}: {shape.hosts} host(s) of "
         f"{shape.chips_per_host} chips ({shape.machine_type}) per slice, {request.slices * shape.chips} chips"
     )
+    if rollout is not None:
+        served = rollout_shape(rollout, request.name)
+        print(
+            f"# rollout: {rollout.replicas} vLLM server(s), each on a {served.accelerator} {served.topology} "
+            f"({served.chips} chips, {served.machine_type}, tensor parallel {served.devices})"
+        )
     print(yaml.safe_dump(manifest, sort_keys=False), end="")
     return 0
 

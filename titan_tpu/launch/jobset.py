@@ -5,6 +5,10 @@ slice. Every pod runs the per-host launcher, which starts the training processes
 
     titan-launch --max-restarts K train.py --config NAME --job.dump_folder=DUMP [overrides]
 
+For GRPO on vLLM servers of its own (`JobSetRequest.rollout`), a second replicated Job, listed first
+and started first, runs one server per single-host slice (titan_tpu/launch/rollout_job.py); the
+trainer's command then names them, and the JobSet completes when the trainer does.
+
 What others supply, and so is not written here: JobSet makes the headless service that gives each
 pod a stable hostname (`network.enableDNSHostnames`); Kubernetes sets JOB_COMPLETION_INDEX in an
 Indexed Job; GKE's TPU webhook sets TPU_WORKER_ID and TPU_WORKER_HOSTNAMES on TPU pods, and the
@@ -31,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.launch import rollout_job
+from titan_tpu.launch.rollout_job import RolloutRequest
 from titan_tpu.launch.slices import (
     ACCELERATOR_LABEL,
     TOPOLOGY_LABEL,
@@ -75,6 +81,7 @@ class JobSetRequest:
     launcher_restarts: int = 3  # titan-launch: restarts of one pod's process group
     chips_per_host: int | None = None  # only for topologies GKE builds two ways (v5e/v6e 2x4)
     service_account: str | None = None  # a Kubernetes service account with access to the bucket
+    rollout: RolloutRequest | None = None  # vLLM servers on slices of their own, for GRPO
 
 
 def _check(request: JobSetRequest, shape: SliceShape) -> None:
@@ -116,23 +123,25 @@ def _check(request: JobSetRequest, shape: SliceShape) -> None:
             raise ConfigError(f"override '{override}': expected --section.key=value")
         if override.startswith(_OWNED_OVERRIDES):
             raise ConfigError(f"override '{override}': the dump folder comes from --dump-folder")
+        refused = rollout_job.owned_override(override) if request.rollout is not None else None
+        if refused is not None:
+            raise ConfigError(refused)
 
 
-def _dump_storage(dump_folder: str) -> tuple[str, str | None]:
-    """(the folder as the pod sees it, the bucket to mount there or None)."""
-    if dump_folder.startswith("gs://"):
-        bucket, _, path = dump_folder[len("gs://") :].partition("/")
+def _storage(folder: str, what: str) -> tuple[str, str | None]:
+    """(the folder as the pods see it, the bucket to mount for it or None)."""
+    if folder.startswith("gs://"):
+        bucket, _, path = folder[len("gs://") :].partition("/")
         if not _BUCKET.fullmatch(bucket):
-            raise ConfigError(f"dump folder '{dump_folder}': '{bucket}' is not a Cloud Storage bucket name")
+            raise ConfigError(f"{what} '{folder}': '{bucket}' is not a Cloud Storage bucket name")
         return f"{GCS_MOUNT_ROOT}/{bucket}/{path.strip('/')}".rstrip("/"), bucket
-    if not dump_folder.startswith("/"):
-        raise ConfigError(
-            f"dump folder '{dump_folder}': expected gs://BUCKET/PATH or an absolute path on shared storage"
-        )
-    return dump_folder, None
+    if not folder.startswith("/"):
+        raise ConfigError(f"{what} '{folder}': expected gs://BUCKET/PATH or an absolute path on shared storage")
+    return folder, None
 
 
-def launcher_command(request: JobSetRequest, pod_dump_folder: str) -> list[str]:
+def launcher_command(request: JobSetRequest, pod_dump_folder: str, owned: list[str] | None = None) -> list[str]:
+    """The trainer pods' command; `owned` are the overrides the renderer sets besides the dump folder."""
     return [
         LAUNCHER,
         "--max-restarts",
@@ -141,17 +150,41 @@ def launcher_command(request: JobSetRequest, pod_dump_folder: str) -> list[str]:
         "--config",
         request.config,
         f"--job.dump_folder={pod_dump_folder}",
+        *(owned or []),
         *request.overrides,
     ]
 
 
-def _pod_template(request: JobSetRequest, shape: SliceShape) -> dict[str, Any]:
-    pod_dump, bucket = _dump_storage(request.dump_folder)
+def _with_storage(spec: dict[str, Any], mounts: list[tuple[str, str]], service_account: str | None) -> dict[str, Any]:
+    """A pod template from `spec`, its one container mounting each (volume name, bucket) at /gcs/<bucket>."""
+    if service_account is not None:
+        spec["serviceAccountName"] = service_account
+    if not mounts:
+        return {"spec": spec}
+    (container,) = spec["containers"]
+    container["volumeMounts"] = [{"name": name, "mountPath": f"{GCS_MOUNT_ROOT}/{bucket}"} for name, bucket in mounts]
+    spec["volumes"] = [
+        {
+            "name": name,
+            "csi": {
+                "driver": "gcsfuse.csi.storage.gke.io",
+                "volumeAttributes": {"bucketName": bucket, "mountOptions": GCS_MOUNT_OPTIONS},
+            },
+        }
+        for name, bucket in mounts
+    ]
+    # The annotation asks GKE to add the Cloud Storage FUSE sidecar that serves the volumes.
+    return {"metadata": {"annotations": {"gke-gcsfuse/volumes": "true"}}, "spec": spec}
+
+
+def _trainer_pod_template(
+    request: JobSetRequest, shape: SliceShape, command: list[str], mounts: list[tuple[str, str]]
+) -> dict[str, Any]:
     chips = {TPU_RESOURCE: shape.chips_per_host}
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": request.image,
-        "command": launcher_command(request, pod_dump),
+        "command": command,
         "resources": {"requests": dict(chips), "limits": dict(chips)},
     }
     spec: dict[str, Any] = {
@@ -164,41 +197,74 @@ def _pod_template(request: JobSetRequest, shape: SliceShape) -> dict[str, Any]:
         # slices (DCN); the DNS policy keeps cluster names resolvable from the host network.
         spec["hostNetwork"] = True
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    if request.service_account is not None:
-        spec["serviceAccountName"] = request.service_account
-    if bucket is None:
-        return {"spec": spec}
-    container["volumeMounts"] = [{"name": "dump", "mountPath": f"{GCS_MOUNT_ROOT}/{bucket}"}]
-    attributes = {"bucketName": bucket, "mountOptions": GCS_MOUNT_OPTIONS}
-    csi = {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": attributes}
-    spec["volumes"] = [{"name": "dump", "csi": csi}]
-    # The annotation asks GKE to add the Cloud Storage FUSE sidecar that serves the volume.
-    return {"metadata": {"annotations": {"gke-gcsfuse/volumes": "true"}}, "spec": spec}
+    return _with_storage(spec, mounts, request.service_account)
+
+
+def _rollout_job(
+    request: JobSetRequest,
+    rollout: RolloutRequest,
+    shape: SliceShape,
+    pod_model: str,
+    max_model_len: int,
+    mounts: list[tuple[str, str]],
+) -> dict[str, Any]:
+    command = rollout_job.server_command(rollout, shape, pod_model, max_model_len)
+    # The same mounts as the trainer's: the servers read the model folder and every weight push.
+    template = _with_storage(rollout_job.server_pod_spec(rollout, shape, command), mounts, request.service_account)
+    return {
+        "name": rollout_job.ROLLOUT_JOB,
+        "replicas": rollout.replicas,
+        "template": {"spec": rollout_job.server_job_spec(template)},
+    }
 
 
 def render_jobset(request: JobSetRequest) -> tuple[dict[str, Any], SliceShape]:
-    """The JobSet manifest for `request`, and the slice shape it was built for."""
+    """The JobSet manifest for `request`, and the trainer's slice shape it was built for."""
     shape = slice_shape(request.accelerator, request.topology, request.chips_per_host)
     _check(request, shape)
-    metadata: dict[str, Any] = {"name": request.name}
-    if request.slices > 1:
-        # One slice per node pool: without it two Jobs could share a slice's nodes.
-        metadata["annotations"] = {EXCLUSIVE_TOPOLOGY: "cloud.google.com/gke-nodepool"}
+    pod_dump, dump_bucket = _storage(request.dump_folder, "dump folder")
+    mounts = [("dump", dump_bucket)] if dump_bucket is not None else []
+    owned: list[str] = []
+    rollout = request.rollout
+    rollout_spec = None
+    if rollout is not None:
+        rollout_shape = rollout_job.rollout_shape(rollout, request.name)
+        pod_model, model_bucket = _storage(rollout.model_folder, "rollout model folder")
+        if model_bucket is not None and model_bucket != dump_bucket:
+            mounts.append(("model", model_bucket))
+        seq_len = rollout_job.trainer_seq_len(request.config, request.overrides)
+        max_model_len = seq_len if rollout.max_model_len is None else rollout.max_model_len
+        if max_model_len < seq_len:
+            raise ConfigError(
+                f"rollout max_model_len={max_model_len} is below the config's training.seq_len {seq_len}: the "
+                "trainer refuses servers that cannot hold a whole prompt and completion"
+            )
+        urls = rollout_job.engine_urls(rollout, request.name, request.name)
+        owned = rollout_job.trainer_overrides(urls, pod_model, pod_dump)
+        rollout_spec = _rollout_job(request, rollout, rollout_shape, pod_model, max_model_len, mounts)
     job_spec = {
         "completionMode": "Indexed",  # JOB_COMPLETION_INDEX numbers the hosts of a slice
         "parallelism": shape.hosts,
         "completions": shape.hosts,
         "backoffLimit": 0,
-        "template": _pod_template(request, shape),
+        "template": _trainer_pod_template(request, shape, launcher_command(request, pod_dump, owned), mounts),
     }
-    manifest = {
-        "apiVersion": API_VERSION,
-        "kind": "JobSet",
-        "metadata": metadata,
-        "spec": {
-            "failurePolicy": {"maxRestarts": request.max_restarts},
-            "network": {"enableDNSHostnames": True, "subdomain": request.name},
-            "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": request.slices, "template": {"spec": job_spec}}],
-        },
-    }
+    job_template: dict[str, Any] = {}
+    if request.slices > 1:
+        # One trainer slice per node pool: without it two Jobs could share a slice's nodes. Set on the
+        # trainer's replicated Job only: on the JobSet it would also give every single-host rollout
+        # server a node pool of its own.
+        job_template["metadata"] = {"annotations": {EXCLUSIVE_TOPOLOGY: "cloud.google.com/gke-nodepool"}}
+    job_template["spec"] = job_spec
+    trainer = {"name": REPLICATED_JOB, "replicas": request.slices, "template": job_template}
+    spec: dict[str, Any] = {"failurePolicy": {"maxRestarts": request.max_restarts}}
+    if rollout_spec is not None:
+        # The servers first: the trainer's Jobs are created once every server answers /health. JobSet
+        # 0.8 deprecates startupPolicy for `dependsOn`, which older controllers reject; InOrder runs
+        # on both. The servers never exit, so the JobSet completes when the trainer's Jobs do.
+        spec["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+        spec["successPolicy"] = {"operator": "All", "targetReplicatedJobs": [REPLICATED_JOB]}
+    spec["network"] = {"enableDNSHostnames": True, "subdomain": request.name}
+    spec["replicatedJobs"] = [trainer] if rollout_spec is None else [rollout_spec, trainer]
+    manifest = {"apiVersion": API_VERSION, "kind": "JobSet", "metadata": {"name": request.name}, "spec": spec}
     return manifest, shape

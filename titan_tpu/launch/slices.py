@@ -79,6 +79,9 @@ class Accelerator:
     tpu: str  # what people call it
     dims: int  # sides in a topology string
     layouts: tuple[HostLayout, ...]  # in order of preference when a topology fits more than one
+    # Devices the TPU runtime shows per chip: two on Ironwood, whose chip holds two TensorCores that
+    # each appear as a device of their own (https://cloud.google.com/tpu/docs/tpu7x), else one.
+    devices_per_chip: int = 1
 
     def topologies(self) -> list[str]:
         seen: list[str] = []
@@ -87,7 +90,7 @@ class Accelerator:
         return seen
 
 
-def _cube_type(name: str, tpu: str, machine_prefix: str, max_chips: int) -> Accelerator:
+def _cube_type(name: str, tpu: str, machine_prefix: str, max_chips: int, devices_per_chip: int = 1) -> Accelerator:
     """v4, v5p and TPU7x: 4-chip hosts, one host for 2x2x1, 3D topologies above it."""
     machine = f"{machine_prefix}-4t"
     return Accelerator(
@@ -95,6 +98,7 @@ def _cube_type(name: str, tpu: str, machine_prefix: str, max_chips: int) -> Acce
         tpu,
         3,
         (HostLayout(machine, 4, ("2x2x1",)), HostLayout(machine, 4, _SUB_CUBES, cubes_up_to_chips=max_chips)),
+        devices_per_chip,
     )
 
 
@@ -124,7 +128,7 @@ ACCELERATORS: dict[str, Accelerator] = {
         _grid_type("tpu-v5-lite-podslice", "TPU v5e", "ct5lp-hightpu"),
         _cube_type("tpu-v5p-slice", "TPU v5p", "ct5p-hightpu", 6144),
         _grid_type("tpu-v6e-slice", "TPU v6e (Trillium)", "ct6e-standard"),
-        _cube_type("tpu7x", "Ironwood (TPU7x)", "tpu7x-standard", 9216),
+        _cube_type("tpu7x", "Ironwood (TPU7x)", "tpu7x-standard", 9216, devices_per_chip=2),
     )
 }
 
@@ -139,10 +143,16 @@ class SliceShape:
     hosts: int
     chips_per_host: int
     machine_type: str
+    devices_per_chip: int = 1
 
     @property
     def multi_host(self) -> bool:
         return self.hosts > 1
+
+    @property
+    def devices(self) -> int:
+        """The slice's devices as the TPU runtime counts them (what tensor parallelism splits over)."""
+        return self.chips * self.devices_per_chip
 
 
 def slice_shape(accelerator: str, topology: str, chips_per_host: int | None = None) -> SliceShape:
@@ -178,6 +188,7 @@ def slice_shape(accelerator: str, topology: str, chips_per_host: int | None = No
         hosts=chips // layout.chips_per_host,
         chips_per_host=layout.chips_per_host,
         machine_type=layout.machine_type,
+        devices_per_chip=acc.devices_per_chip,
     )
 
 

@@ -1,11 +1,6 @@
 """The JobSet manifest: its JobSet fields against the v1alpha2 API, its Job and Pod against the
-Kubernetes schemas (kubernetes-validate, strict: unknown fields fail), its numbers, its command, and
-the CLI that prints it.
-
-The JobSet schema below is written down from the JobSet API's Go types
-(kubernetes-sigs/jobset, api/jobset/v1alpha2/jobset_types.go), for the fields the renderer uses:
-their types, the required ones, and no keys outside the API. A replicated Job's `template` is a
-batch/v1 JobTemplateSpec, which the Kubernetes schemas check instead.
+Kubernetes schemas (tests/support/jobset_manifest.py), its numbers, its command, and the CLI that
+prints it.
 """
 
 from __future__ import annotations
@@ -19,72 +14,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.support.jobset_manifest import KUBERNETES_VERSION, check_jobset, pod_of, validate_manifest
 from tests.support.paths import REPO
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.launch.jobset import JobSetRequest, render_jobset
-
-# Ironwood (TPU7x) needs GKE 1.34 or later, so the manifest has to hold for that Kubernetes.
-KUBERNETES_VERSION = "1.34"
-
-_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-_NON_NEGATIVE = {"type": "integer", "minimum": 0}
-JOBSET_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "jobset.x-k8s.io/v1alpha2"},
-        "kind": {"const": "JobSet"},
-        "metadata": {
-            "type": "object",
-            "required": ["name"],
-            "additionalProperties": False,
-            "properties": {"name": {"type": "string"}, "labels": _STRING_MAP, "annotations": _STRING_MAP},
-        },
-        "spec": {
-            "type": "object",
-            "required": ["replicatedJobs"],
-            "additionalProperties": False,
-            "properties": {
-                "replicatedJobs": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "required": ["name", "template"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "name": {"type": "string"},
-                            "groupName": {"type": "string"},
-                            "replicas": {"type": "integer", "minimum": 1},
-                            "template": {"type": "object"},  # batch/v1 JobTemplateSpec: checked below
-                        },
-                    },
-                },
-                "network": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {
-                        "enableDNSHostnames": {"type": "boolean"},
-                        "subdomain": {"type": "string"},
-                        "publishNotReadyAddresses": {"type": "boolean"},
-                    },
-                },
-                "failurePolicy": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {
-                        "maxRestarts": _NON_NEGATIVE,
-                        "restartStrategy": {"enum": ["Recreate", "BlockingRecreate", "InPlaceRestart"]},
-                        "rules": {"type": "array"},
-                    },
-                },
-                "suspend": {"type": "boolean"},
-                "ttlSecondsAfterFinished": _NON_NEGATIVE,
-            },
-        },
-    },
-}
 
 
 def _request(**changes: Any) -> JobSetRequest:
@@ -116,19 +49,8 @@ TPU7X_ONE_SLICE = _request(
 )
 
 
-def _job(manifest: dict[str, Any]) -> dict[str, Any]:
-    template = manifest["spec"]["replicatedJobs"][0]["template"]
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "job"}, **template}
-
-
 def _pod(manifest: dict[str, Any]) -> dict[str, Any]:
-    template = _job(manifest)["spec"]["template"]
-    metadata = {"name": "pod", **template.get("metadata", {})}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]}
-
-
-def _check_jobset(manifest: dict[str, Any]) -> None:
-    jsonschema.Draft202012Validator(JOBSET_SCHEMA).validate(manifest)
+    return pod_of(manifest["spec"]["replicatedJobs"][0])
 
 
 @pytest.mark.parametrize("request_", [V6E_TWO_SLICES, TPU7X_ONE_SLICE], ids=["v6e-4x4-x2", "tpu7x-2x2x2-x1"])
@@ -137,9 +59,7 @@ def test_manifest_validates_against_jobset_and_kubernetes_schemas(request_: JobS
     written-down v1alpha2 schema), in the Job (completionMode, parallelism, backoffLimit) and in the
     Pod (nodeSelector, resources, volumes, hostNetwork), which strict Kubernetes schemas check."""
     manifest, _ = render_jobset(request_)
-    _check_jobset(manifest)
-    kubernetes_validate.validate(_job(manifest), KUBERNETES_VERSION, strict=True)
-    kubernetes_validate.validate(_pod(manifest), KUBERNETES_VERSION, strict=True)
+    validate_manifest(manifest)
     # What kubectl receives is the YAML the CLI prints; it must read back as the same manifest.
     assert yaml.safe_load(yaml.safe_dump(manifest, sort_keys=False)) == manifest
 
@@ -179,9 +99,11 @@ def test_v6e_two_slices_numbers_and_command() -> None:
     ]
     assert pod["restartPolicy"] == "Never"
     assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
-    assert manifest["metadata"]["annotations"] == {
+    # One slice per node pool, asked on the slices' replicated Job (the JobSet holds no other).
+    assert replicated["template"]["metadata"]["annotations"] == {
         "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"
     }
+    assert "annotations" not in manifest["metadata"]
     assert manifest["spec"]["failurePolicy"] == {"maxRestarts": 5}
     assert manifest["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": "llama3-70b"}
     # The bucket is mounted where the command's dump folder points.
@@ -201,7 +123,7 @@ def test_tpu7x_one_slice_numbers() -> None:
     pod = job["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"] == {"google.com/tpu": 4}
     assert pod["containers"][0]["command"][-1] == "--job.dump_folder=/mnt/shared/qwen3"
-    assert "annotations" not in manifest["metadata"]
+    assert "annotations" not in manifest["metadata"] and "metadata" not in replicated["template"]
     assert "hostNetwork" not in pod and "volumes" not in pod
 
 
@@ -221,7 +143,7 @@ def test_jobset_schema_rejects_a_corrupted_manifest(corrupt: Any) -> None:
     manifest, _ = render_jobset(V6E_TWO_SLICES)
     corrupt(manifest)
     with pytest.raises(jsonschema.ValidationError):
-        _check_jobset(manifest)
+        check_jobset(manifest)
 
 
 @pytest.mark.parametrize(
