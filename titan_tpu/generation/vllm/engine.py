@@ -13,6 +13,7 @@ times, and given the last weights pushed; the rollout that failed is generated a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import logging
 import shutil
@@ -40,8 +41,10 @@ from titan_tpu.protocols.rollout import Rollout, SamplingParams
 
 logger = logging.getLogger(__name__)
 
-# Requests one rank keeps in flight per server: enough for vLLM to batch decode steps.
-IN_FLIGHT_PER_SERVER = 32
+# Requests one rank keeps in flight per server: enough to fill vLLM's batch (its default cap on the
+# sequences decoded together, max_num_seqs, is 128 for a CPU server and 256 on a GPU); more wait in
+# the server's queue.
+IN_FLIGHT_PER_SERVER = 256
 
 
 @dataclass
@@ -264,8 +267,11 @@ class VllmEngine:
     def close(self) -> None:
         if self.managed is not None:
             self.managed.stop()
-        if _rank() == 0:
-            shutil.rmtree(self.weights_folder, ignore_errors=True)
+        if _rank() == 0 and self.pushed is not None:
+            # Only what this engine wrote: rl.engine_weights_folder may be a folder that holds more.
+            shutil.rmtree(self.pushed, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.weights_folder.rmdir()  # when empty
 
 
 # Marks a failure the server answered with an error status (the others: it did not answer).

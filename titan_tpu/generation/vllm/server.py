@@ -8,6 +8,7 @@ CPU anyway). Its workers are spawned by vLLM; the parent here is a plain subproc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -21,6 +22,9 @@ from titan_tpu.generation.vllm.client import ServerClient
 from titan_tpu.generation.vllm.errors import EngineError
 
 logger = logging.getLogger(__name__)
+
+# vLLM's default token budget of one scheduler step for a CPU server.
+CPU_STEP_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,12 @@ class ManagedServer:
             str(s.tensor_parallel),
         ]
         if s.device_type == "cpu":
-            command.append("--enforce-eager")
+            # Chunked prefill off: on a CPU, vLLM 0.32 rewinds a seeded request's generator after a
+            # partial prefill with an offset the CPU generator does not have, and its engine dies
+            # ("CPU Generator does not use offset") once a rollout's prompts exceed one step's
+            # token budget. Whole prompts per step need a budget of at least one sequence.
+            budget = max(CPU_STEP_TOKENS, s.max_model_len)
+            command += ["--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
         return [*command, *s.extra_args]
 
     def start(self) -> str:
@@ -116,19 +125,30 @@ class ManagedServer:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
-        """Stop the server and its workers (its whole process group): SIGTERM, then SIGKILL after 20 s."""
+        """Stop the server and its engine and worker processes (its whole process group): SIGTERM,
+        then SIGKILL after 20 s. Also when the server itself is already gone: a server killed by a
+        signal leaves its engine core and workers running, each holding its share of memory."""
         if self.process is None:
             return
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-            except ProcessLookupError:
-                pass
+        group = self.process.pid
+        for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            if not self._group_alive(group):
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, sig)
+            deadline = time.monotonic() + grace
+            while self._group_alive(group) and time.monotonic() < deadline:
+                time.sleep(0.2)
         self.process = None
+
+    def _group_alive(self, group: int) -> bool:
+        assert self.process is not None
+        self.process.poll()  # reap the server itself, so that a dead one does not count as a member
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 def _last_line(log: Path) -> str:

@@ -195,7 +195,8 @@ def test_an_engine_that_never_answers_stops_the_run_in_one_line(tmp_path: Path) 
 def test_a_killed_engine_is_started_again_and_every_step_trains_once(tmp_path: Path) -> None:
     """kill -9 of the server this run started, twice: once between two steps (the next push finds it
     gone), once in the middle of a rollout (its requests find it gone). The run finishes, each step
-    trained once, its checkpoints complete, the server started again twice with the last weights."""
+    trained once, its checkpoints complete, the server started again twice with the last weights, and
+    no process of a killed server left behind."""
     folder = qwen3_debug_folder(tmp_path / "initial")
     overrides = [
         *SMALL,
@@ -212,8 +213,11 @@ def test_a_killed_engine_is_started_again_and_every_step_trains_once(tmp_path: P
         assert isinstance(engine, VllmEngine) and engine.managed is not None
         managed = engine.managed
 
+        killed: list[int] = []
+
         def kill_server() -> None:
             assert managed.process is not None
+            killed.append(managed.process.pid)  # the leader of the server's process group
             os.kill(managed.process.pid, signal.SIGKILL)
 
         push, request, rollouts = engine.load_weights, engine.request, [0]
@@ -233,9 +237,16 @@ def test_a_killed_engine_is_started_again_and_every_step_trains_once(tmp_path: P
         engine.request = requests_after_a_kill  # type: ignore[method-assign]
         trainer.train()
         restarts = engine.restarts_done
+        assert managed.process is not None
+        last_group = managed.process.pid
     finally:
         trainer.close()
     assert restarts == 2
+    # The killed servers' engine cores and workers went with them (left running, each kept its KV
+    # cache's memory), and so did the last server at the end of the run.
+    for group in [*killed, last_group]:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(group, 0)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
     complete = sorted(p.name for p in (tmp_path / "run" / "checkpoint").iterdir() if (p / "manifest.json").is_file())
@@ -244,8 +255,13 @@ def test_a_killed_engine_is_started_again_and_every_step_trains_once(tmp_path: P
 
 def test_an_hf_family_model_trains_on_the_engine(tmp_path: Path, vllm_url: str) -> None:  # noqa: F811
     """transformers' Qwen 3 through the hf family, built from a folder of the debug Qwen 3's shapes,
-    sampled by the shared server after its weights were pushed there under transformers' names."""
+    sampled by the shared server after its weights were pushed there under transformers' names; the
+    pushes go to the folder rl.engine_weights_folder names, and at the end only they are removed
+    from it (bug caught: the engine's clean-up deleting a shared folder the user chose)."""
     folder = qwen3_debug_folder(tmp_path / "initial")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "keep.txt").write_text("the user's")
     overrides = [
         *SMALL,
         "--model.name=hf",
@@ -255,13 +271,16 @@ def test_an_hf_family_model_trains_on_the_engine(tmp_path: Path, vllm_url: str) 
         f"--rl.engine_urls={vllm_url}",
         f"--checkpoint.initial_load_path={folder}",
         f"--job.dump_folder={tmp_path / 'run'}",
+        f"--rl.engine_weights_folder={shared}",
         "--training.steps=2",
     ]
     trainer = Trainer(load_config("grpo_qwen3_debug", overrides))
     try:
         trainer.train()
+        assert [p.name for p in shared.glob("version-*")] == ["version-1"]  # each push replaces the last
     finally:
         trainer.close()
+    assert [p.name for p in shared.iterdir()] == ["keep.txt"]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
