@@ -27,6 +27,12 @@ and repeat 0). Prints one JSON line per run and the median tokens/s of each, wit
 transformers, eager and compiled (the GRPO issue asks for at least 2x on qwen3_debug, fp32, 128 x
 256), GRPO's logged rate / ours, eager (bucketed with --buckets) and compiled (at least 0.8 each),
 and bucketed / one batch, each the median of the repeats' own ratios.
+
+The vLLM column (--no-vllm leaves it out): the engine a run with `rl.engine = "vllm"` samples with,
+a server in the engine's own environment started from the same exported folder, its worker's
+threads on the cores this process may use; each repeat sends every prompt as one request (token ids
+in and out, seeded, the model's end-of-sequence ignored), all in flight, and counts the same
+completions x new-tokens tokens. Printed as vllm_tokens_per_sec and vllm / ours (eager).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 import torch  # noqa: E402
 
 from titan_tpu.config import load_config  # noqa: E402
+from titan_tpu.generation.vllm.engine import VllmEngine  # noqa: E402
 
 PAD = 0
 
@@ -95,6 +102,44 @@ def _theirs(hf_model: torch.nn.Module, prompts: list[list[int]], new_tokens: int
     generated = out[:, width:]
     assert generated.shape == (len(prompts), new_tokens)
     return generated.numel() / elapsed
+
+
+def _vllm(engine: VllmEngine, prompts: list[list[int]], new_tokens: int) -> float:
+    """The rollout engine a GRPO run with rl.engine = 'vllm' uses, on a server of the same weights:
+    every prompt one request, token ids in and out, all in flight at once."""
+    from titan_tpu.protocols.rollout import SamplingParams
+
+    params = SamplingParams(new_tokens, temperature=1.0)
+    start = time.perf_counter()
+    out = engine.generate(prompts, params, seeds=list(range(len(prompts))))
+    elapsed = time.perf_counter() - start
+    assert [len(tokens) for tokens in out.tokens] == [new_tokens] * len(prompts)
+    return len(prompts) * new_tokens / elapsed
+
+
+def _vllm_engine(folder: Path, dtype: str, max_len: int, log: Path) -> VllmEngine:
+    """A vLLM server in the engine's own environment (created on first use), its worker's OpenMP
+    threads on the cores this process may use, as ours are."""
+    import os
+
+    from titan_tpu.generation.vllm.environment import engine_python
+    from titan_tpu.generation.vllm.server import ManagedServer, ServerSettings
+    from titan_tpu.tasks.grpo.config import RLConfig
+
+    cores = sorted(os.sched_getaffinity(0))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(core) for core in cores))
+    settings = ServerSettings(
+        python=engine_python("", RLConfig().engine_requirement),
+        model_folder=folder,
+        dtype=dtype,
+        memory_share=0.1,
+        tensor_parallel=1,
+        max_model_len=max_len,
+        log=log,
+        start_timeout=600,
+        device_type="cpu",
+    )
+    return VllmEngine([], ManagedServer(settings), lambda model, folder: None, folder, 600.0, 0)
 
 
 def _grpo(prompt_lengths: list[int], new_tokens: int, dtype: str, buckets: int, compiled: bool, folder: Path) -> float:
@@ -148,6 +193,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prompt-tokens", type=int, nargs=2, default=[16, 48], metavar=("SHORTEST", "LONGEST"))
     parser.add_argument("--buckets", type=int, default=1, help="> 1 adds ours over prompts sorted in this many batches")
+    parser.add_argument(
+        "--vllm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the vLLM engine's column (a server in the engine's environment, created on first use)",
+    )
     opts, overrides = parser.parse_known_args(argv)
     import transformers
 
@@ -163,9 +214,12 @@ def main(argv: list[str]) -> int:
     model.init_weights()
     model = model.to(dtype).eval()
     prompts = _prompts(opts.completions, args.vocab_size, config.training.seed, *opts.prompt_tokens)
-    with tempfile.TemporaryDirectory() as folder:
-        export_model_to_hf(model, Path(folder) / "hf", spec.state_dict_adapter, args, dtype=opts.dtype)
-        hf_model = transformers.AutoModelForCausalLM.from_pretrained(Path(folder) / "hf", dtype=dtype).eval()
+    exported = tempfile.TemporaryDirectory()
+    folder = Path(exported.name) / "hf"
+    export_model_to_hf(model, folder, spec.state_dict_adapter, args, dtype=opts.dtype)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    longest = opts.prompt_tokens[1] + opts.new_tokens
+    engine = _vllm_engine(folder, opts.dtype, longest, Path(exported.name) / "engine.log") if opts.vllm else None
     # The same weights with every block compiled, as `compile.enable = true` compiles them in a run
     # (dynamic shapes after the first decode step); compiled here, before any timing.
     import copy
@@ -187,6 +241,8 @@ def main(argv: list[str]) -> int:
     }
     if opts.buckets > 1:
         rates["ours_bucketed"] = []
+    if engine is not None:
+        rates["vllm"] = []
     runs = tempfile.TemporaryDirectory()
     for repeat in range(opts.repeats):
         lengths, folder = [len(p) for p in prompts], Path(runs.name) / f"repeat_{repeat}"
@@ -200,6 +256,8 @@ def main(argv: list[str]) -> int:
         ]
         if opts.buckets > 1:
             runners.insert(1, ("ours_bucketed", lambda: _ours(model, prompts, opts.new_tokens, opts.buckets)))
+        if engine is not None:
+            runners.insert(3, ("vllm", functools.partial(_vllm, engine, prompts, opts.new_tokens)))
         # Every other repeat in reverse order, so a machine that speeds up or slows down during a
         # repeat favours no runner.
         for name, run in runners if repeat % 2 == 0 else runners[::-1]:
@@ -207,6 +265,9 @@ def main(argv: list[str]) -> int:
             rates[name].append(round(rate, 1))
             print(json.dumps({"sampler": name, "repeat": repeat, "tokens_per_sec": round(rate, 1)}), flush=True)
     runs.cleanup()
+    if engine is not None:
+        engine.close()
+    exported.cleanup()
     ours, ours_compiled, theirs, logged, logged_compiled = (
         statistics.median(rates[name])
         for name in ("ours", "ours_compiled", "transformers", "grpo_logged", "grpo_logged_compiled")
@@ -221,9 +282,14 @@ def main(argv: list[str]) -> int:
     logged_compiled_share = statistics.median(
         g / o for g, o in zip(rates["grpo_logged_compiled"], rates["ours_compiled"])
     )
-    bucketed = {}
+    columns: dict[str, float] = {}
+    if engine is not None:
+        columns = {
+            "vllm_tokens_per_sec": statistics.median(rates["vllm"]),
+            "vllm_over_ours": round(statistics.median(v / o for v, o in zip(rates["vllm"], rates["ours"])), 2),
+        }
     if opts.buckets > 1:
-        bucketed = {
+        columns |= {
             "ours_bucketed_tokens_per_sec": statistics.median(rates["ours_bucketed"]),
             "bucketed_over_ours": round(
                 statistics.median(b / o for b, o in zip(rates["ours_bucketed"], rates["ours"])), 2
@@ -248,7 +314,7 @@ def main(argv: list[str]) -> int:
                 "compiled_ratio": round(compiled_ratio, 2),
                 "logged_over_ours": round(logged_share, 2),
                 "logged_compiled_over_ours_compiled": round(logged_compiled_share, 2),
-                **bucketed,
+                **columns,
             }
         )
     )

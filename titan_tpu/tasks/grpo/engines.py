@@ -89,6 +89,7 @@ def vllm_engine(ctx: TaskContext, rl: RLConfig, args: Any) -> VllmEngine:
     adapter = ctx.spec.state_dict_adapter
     assert adapter is not None
     hf_config = adapter.to_hf_config(args)
+    # The run's initial folder holds its tokenizer, which a user's server must share.
     initial = Path(config.checkpoint.initial_load_path) if config.checkpoint.initial_load_path else None
     managed = None
     if not rl.engine_urls and ctx.is_writer:
@@ -112,7 +113,7 @@ def vllm_engine(ctx: TaskContext, rl: RLConfig, args: Any) -> VllmEngine:
         weights_folder=weights_folder_for(ctx.dump_folder, rl.engine_weights_folder),
         request_timeout=rl.engine_request_timeout,
         restarts=rl.engine_restarts,
-        check_served=served_model_check(hf_config, initial or None, _accepts_token(hf_config["vocab_size"] - 1)),
+        check_served=served_model_check(hf_config, initial, _accepts_token(hf_config["vocab_size"] - 1)),
     )
     if engine.max_model_len < config.training.seq_len:
         engine.close()
