@@ -2,37 +2,35 @@
 # Run the whole test suite (unit, parity, engine, multi-process on CPU): `bash scripts/test.sh`.
 # With arguments it is pytest with them: `bash scripts/test.sh -m "not slow"`, a path, `-k NAME`.
 #
-# The whole suite runs in two phases, so that a 2-core machine is kept busy (tests/README.md):
-#   1. two pytest processes side by side: the engine tests (a vLLM server on one core, its environment
-#      created on first use, mostly waiting) then the parity tests, in the background, their output
-#      printed when they end; and the unit tests in the foreground;
-#   2. the multi-process tests (tests/distributed/), alone: each launch takes every core.
+# The whole suite runs in three phases, so that a 2-core machine is kept busy (tests/README.md):
+#   1. two pytest processes side by side, one OpenMP thread each (more would only spin against each
+#      other): the unit tests in the foreground, and in the background the engine tests, which mostly
+#      wait (on pip creating the engine's environment the first time, on a vLLM server held to one
+#      core), their output printed when they end;
+#   2. the parity tests (a whole SFT run among them), on every core;
+#   3. the multi-process tests (tests/distributed/), each launch on every core.
 # The exit status is the first non-zero one of the four runs (pytest's 5, nothing collected, included).
-# Every test file lives under one of those three folders (tests/unit/repository/test_test_tiers.py).
+# Every test file lives under one of the three folders (tests/unit/repository/test_test_tiers.py).
 source "$(dirname "$0")/_venv.sh"
 if [ $# -gt 0 ]; then
     exec python -m pytest -q "$@"
 fi
 
-side_log="$(mktemp)"
-side_tmp="$(mktemp -d)"
+engine_log="$(mktemp)"
+engine_tmp="$(mktemp -d)"
 # Its own temporary folder and no cache: two pytest processes would otherwise share both.
-(
-    engine_status=0 parity_status=0
-    python -m pytest -q -p no:cacheprovider --basetemp="$side_tmp/engine" -m engine tests || engine_status=$?
-    python -m pytest -q -p no:cacheprovider --basetemp="$side_tmp/parity" tests/parity || parity_status=$?
-    [ "$engine_status" -eq 0 ] || exit "$engine_status"
-    exit "$parity_status"
-) >"$side_log" 2>&1 &
-side=$!
+OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider --basetemp="$engine_tmp" -m engine tests \
+    >"$engine_log" 2>&1 &
+engine=$!
 
 statuses=()
-python -m pytest -q -m "not engine" tests/unit || statuses+=($?)
-side_status=0
-wait "$side" || side_status=$?
-echo "----- engine and parity tests (run beside the unit tests) -----"
-cat "$side_log"
-rm -rf "$side_log" "$side_tmp"
-[ "$side_status" -eq 0 ] || statuses+=("$side_status")
+OMP_NUM_THREADS=1 python -m pytest -q -m "not engine" tests/unit || statuses+=($?)
+engine_status=0
+wait "$engine" || engine_status=$?
+echo "----- engine tests (run beside the unit tests) -----"
+cat "$engine_log"
+rm -rf "$engine_log" "$engine_tmp"
+[ "$engine_status" -eq 0 ] || statuses+=("$engine_status")
+python -m pytest -q tests/parity || statuses+=($?)
 python -m pytest -q tests/distributed || statuses+=($?)
 exit "${statuses[0]:-0}"
