@@ -88,8 +88,8 @@ def trl_dataset(config: TrainConfig, steps: int) -> tuple[list[dict[str, Any]], 
     tokenizer = build_tokenizer(config.data.tokenizer)
     prompts = prompt_set(config, tokenizer)
     ours = PromptStream(prompts.train, config.training.seed).at(0, PROMPTS * steps)
-    rl = config.section(RLConfig)
-    records = [{"prompt": [{"role": "user", "content": p.text}], **p.record} for p in ours]
+    rl = config.section(RLConfig)  # our prompts are the template around each record's prompt field
+    records = [{"prompt": [{"role": "user", "content": p.record[rl.prompt_field]}], **p.record} for p in ours]
     assert all(rl.reference_field in r for r in records)
     return records, [p.ids for p in ours], prompts.stop_text
 
