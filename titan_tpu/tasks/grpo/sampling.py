@@ -11,6 +11,7 @@ weights of rollout r - max_staleness or later.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -99,10 +100,10 @@ class RolloutSource:
             waited += more
         return sampled, waited
 
-    def _push(self, model: nn.Module, version: int) -> None:
+    def _push(self, model: nn.Module, version: int, due: bool = False) -> None:
         """The engine samples from `model`'s weights from now on, when rl.sync_every steps passed since
-        its last push (every rank calls this: a push gathers the model's shards)."""
-        if self.pushed_version >= 0 and version - self.pushed_version < self.rl.sync_every:
+        its last push or `due` (every rank calls this: a push gathers the model's shards)."""
+        if not due and self.pushed_version >= 0 and version - self.pushed_version < self.rl.sync_every:
             return
         assert self.rollout_engine is not None
         self.rollout_engine.load_weights(model, version)
@@ -140,14 +141,12 @@ class RolloutSource:
         return engine
 
     def evaluation(self, model: nn.Module, step: int) -> RolloutEngine:
-        """The engine held-out evaluation samples with, given the current weights."""
+        """The engine held-out evaluation samples with, given the current weights (pushed whatever
+        rl.sync_every says: an evaluation of older weights would report another model's accuracy)."""
         assert self.evaluation_engine is not None
         if self.evaluation_engine is self.rollout_engine:
-            if self.producer is not None:
-                with self.producer.paused():
-                    self._push(model, step)
-            else:
-                self._push(model, step)
+            with self.producer.paused() if self.producer is not None else contextlib.nullcontext():
+                self._push(model, step, due=True)
         else:
             self.evaluation_engine.load_weights(model, step)
         return self.evaluation_engine
