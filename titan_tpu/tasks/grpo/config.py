@@ -135,7 +135,7 @@ class RLConfig:
     )
     is_correction: bool = opt(
         False,
-        "Truncated importance sampling: weight each token's loss by min(trainer prob / engine prob, "
+        "vllm: truncated importance sampling: weight each token's loss by min(trainer prob / engine prob, "
         "rl.is_cap), the trainer's log-probs computed on the rollout (TRL's and verl's correction).",
     )
     is_cap: float = opt(3.0, "The truncation cap of rl.is_correction's per-token weight (TRL's default clip).")
@@ -215,6 +215,8 @@ VLLM_ONLY = (
     "engine_restarts",
     "sync_every",
     "max_staleness",
+    "is_correction",  # the builtin sampler's log-probs are the trainer's own: no mismatch to correct
+    "is_cap",
 )
 
 

@@ -1,6 +1,7 @@
 """The [rl] engine keys checked at load time, without a server.
 
-Bugs caught: a vLLM-only key (a weights folder, a staleness, a memory share) accepted with the builtin
+Bugs caught: a vLLM-only key (a weights folder, a staleness, a memory share, the importance-sampling
+correction) accepted with the builtin
 sampler, where it would do nothing; a negative staleness or a URL without a scheme reaching the run."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from titan_tpu.tasks.grpo.config import VLLM_ONLY, RLConfig
         "--rl.engine_urls=['http://127.0.0.1:8000']",
         "--rl.engine_memory=0.3",
         "--rl.sync_every=2",
+        "--rl.is_correction=true",
     ],
 )
 def test_a_vllm_key_with_the_builtin_engine_is_refused(override: str) -> None:
