@@ -50,13 +50,10 @@ def decoder_workload(config: TrainConfig, spec: ModelSpec, args: Any) -> Workloa
     return Workload("tokens", seq_len, seq_len, flops, (flops - head) / 3, moe)
 
 
-def require_decoding(ctx: TaskContext, args: Any, key: str) -> None:
-    """A ConfigError naming `key` unless the family's models of `args` decode with a KV cache (the
-    builtin sampler's way)."""
+def require_decoding(ctx: TaskContext, args: Any, key: str, remedy: str) -> None:
+    """A ConfigError naming `key` and what to do instead (`remedy`) unless the family's models of
+    `args` decode with a KV cache (the builtin sampler's way)."""
     decoding = ctx.spec.capabilities.decoding
     reason = "it has no KV-cache decoding" if decoding is None else decoding.unsupported(args)
     if reason is not None:
-        raise ConfigError(
-            f"{key}: model {ctx.spec.name} cannot be sampled by the builtin sampler ({reason}); "
-            "with GRPO, set rl.engine = 'vllm' (a vLLM server samples it)"
-        )
+        raise ConfigError(f"{key}: model {ctx.spec.name} cannot be sampled by the builtin sampler ({reason}); {remedy}")

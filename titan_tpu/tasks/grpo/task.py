@@ -106,7 +106,9 @@ class GRPOTask(TrainingTask):
         if self.rl.engine == "vllm":
             check_vllm_engine(self.ctx, self.rl, self.args)
         else:
-            require_decoding(self.ctx, self.args, "rl.engine = 'builtin'")
+            require_decoding(
+                self.ctx, self.args, "rl.engine = 'builtin'", "set rl.engine = 'vllm' (a vLLM server samples it)"
+            )
         return self.args
 
     def setup(self, model: nn.Module) -> None:

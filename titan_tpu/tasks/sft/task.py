@@ -92,7 +92,9 @@ class SftTask(TrainingTask):
     def model_args(self, args: Any) -> Any:
         self.args = decoder_args(self.ctx, self.encoding.tokenizer, args)
         if self._generates():
-            require_decoding(self.ctx, self.args, "sft.eval_generations")
+            require_decoding(
+                self.ctx, self.args, "sft.eval_generations", "set it to 0 (held-out loss, [validation], still runs)"
+            )
         return self.args
 
     def setup(self, model: nn.Module) -> None:

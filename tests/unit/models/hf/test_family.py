@@ -270,14 +270,22 @@ def test_decoder_layers_are_found_where_the_class_names_no_unsplit_modules() -> 
     assert model.layers_path == "biogpt.layers" and model.n_blocks == 2
 
 
-JAMBA = r"^{key}: model hf cannot be sampled by the builtin sampler \(JambaForCausalLM has linear_attention layers"
+JAMBA = r"^{key}: model hf cannot be sampled by the builtin sampler \(JambaForCausalLM has linear_attention layers.*\); {remedy}"
 
 
 @pytest.mark.parametrize(
     ("config", "overrides", "message"),
     [
-        ("grpo_qwen3_debug", ["--hf.architecture=JambaForCausalLM"], JAMBA.format(key="rl.engine = 'builtin'")),
-        ("sft_qwen3_debug", ["--hf.architecture=JambaForCausalLM"], JAMBA.format(key="sft.eval_generations")),
+        (
+            "grpo_qwen3_debug",
+            ["--hf.architecture=JambaForCausalLM"],
+            JAMBA.format(key="rl.engine = 'builtin'", remedy=r"set rl.engine = 'vllm'"),
+        ),
+        (
+            "sft_qwen3_debug",
+            ["--hf.architecture=JambaForCausalLM"],
+            JAMBA.format(key="sft.eval_generations", remedy=r"set it to 0"),
+        ),
         ("llama3_debug", ["--data.document_mask=true"], "data.document_mask: model hf attends across packed documents"),
     ],
 )
