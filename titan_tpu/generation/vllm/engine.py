@@ -1,9 +1,9 @@
 """The vLLM rollout engine: `RolloutEngine` over one or more vLLM servers.
 
-Every data-parallel rank is a client: it sends its own prompts, one request per prompt (each with the
-row's seed), spread round-robin over the servers, a few dozen in flight at once so that vLLM batches
-them. Weights travel as a Hugging Face folder: every rank takes part in gathering the (possibly
-sharded) model through the family's adapter, rank 0 writes it into shared memory (`/dev/shm` where
+Every data-parallel rank is a client: it sends its own prompts, one request per prompt (each with
+the row's seed), spread round-robin over the servers, up to IN_FLIGHT_PER_SERVER in flight at once
+so that vLLM batches them. Weights travel as a Hugging Face folder: every rank takes part in
+gathering the (possibly sharded) model through the family's adapter, rank 0 writes it into shared memory (`/dev/shm` where
 the host has it) and has each server load it in place, paused, its prefix cache dropped; on a GPU or
 TPU slice of its own the same swap runs over the network filesystem or vLLM's transfer engines
 (docs/grpo.md). A started server that dies or hangs is started again, at most rl.engine_restarts

@@ -58,7 +58,7 @@ def engine_python(configured: str, requirement: str) -> Path:
 
 
 def _create(folder: Path, requirement: str) -> None:
-    log = folder.with_suffix(".install.log")
+    log = folder.parent / f"{folder.name}.install.log"  # not with_suffix: the name ends in a version
     folder.parent.mkdir(parents=True, exist_ok=True)
     logger.info(f"engine: creating its environment {folder} (pip install {requirement}; minutes, once); log {log}")
     start = time.perf_counter()
