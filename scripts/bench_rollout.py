@@ -139,7 +139,8 @@ def _vllm_engine(folder: Path, dtype: str, max_len: int, log: Path) -> VllmEngin
         start_timeout=600,
         device_type="cpu",
     )
-    return VllmEngine([], ManagedServer(settings), lambda model, folder: None, folder, 600.0, 0)
+    # Nothing is pushed: the server already holds these weights.
+    return VllmEngine([], ManagedServer(settings), lambda model, into: None, log.parent / "pushes", 600.0, 0)
 
 
 def _grpo(prompt_lengths: list[int], new_tokens: int, dtype: str, buckets: int, compiled: bool, folder: Path) -> float:
