@@ -1,5 +1,6 @@
-"""Batched sampling from a decoder with the KV cache: prefill the left-padded prompts once, then one
-token per forward pass, with temperature, top-p, a token budget and stop tokens.
+"""Batched sampling from a decoder with the KV cache: prefill the left-padded prompts once (a prompt
+asked for several times once, its cache rows then copied), then one token per forward pass, with
+temperature, top-p, a token budget and stop tokens.
 
 Randomness is per row: each completion owns a vector of uniform numbers (one per generated position)
 drawn from its own seeded generator, and the token is picked by inverse CDF over the (top-p filtered)
@@ -88,6 +89,16 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
     return tokens.to(device), real.to(device)
 
 
+def distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[Sequence[int]], list[int]]:
+    """The distinct prompts in order of first appearance, and for each prompt its index among them."""
+    index: dict[tuple[int, ...], int] = {}
+    copies = [index.setdefault(tuple(prompt), len(index)) for prompt in prompts]
+    distinct: list[Sequence[int]] = [()] * len(index)
+    for prompt, k in zip(prompts, copies):
+        distinct[k] = prompt
+    return distinct, copies
+
+
 # The decode batch is compacted once the rows still running are at most this share of it.
 COMPACT_BELOW = 0.75
 # Decode steps between two looks at which rows have stopped. Each look reads device memory on the
@@ -119,10 +130,17 @@ def generate(
         together, once all of them have, and a rank whose rows have all stopped keeps decoding padding
         until then, so every rank runs the same number of forwards.
     """
-    tokens, real = left_pad(prompts, pad_id, device)
-    batch, width = tokens.shape
+    # Each distinct prompt is prefilled once and its cache rows copied to every row that asked for it
+    # (GRPO asks for each prompt group_size times): the prefix caching an inference server does.
+    distinct, copies = distinct_prompts(prompts)
+    tokens, real = left_pad(distinct, pad_id, device)
+    batch, width = len(prompts), tokens.shape[1]
     cache = decoding.new_cache(width + params.max_new_tokens)
     logits = logits_of(model(tokens, cache=cache, start_pos=0, key_padding_mask=real))[:, -1].float()
+    if len(distinct) < batch:
+        copies_index = torch.tensor(copies, dtype=torch.long, device=device)
+        cache.keep_rows(copies_index)
+        logits = logits[copies_index]
     # The decode steps through fused weights where the model allows, else its forward.
     fused = decoding.fused_step(model)
     stop_ids = torch.tensor(params.stop_ids, dtype=torch.long, device=device)

@@ -164,6 +164,38 @@ def test_the_moe_model_decodes_the_same_tokens_cached_and_uncached() -> None:
     assert any(leaky[i] != expected[i] for i in range(len(PROMPTS)) if len(PROMPTS[i]) < width)
 
 
+def test_a_repeated_prompt_is_prefilled_once_and_each_copy_samples_as_if_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GRPO asks for every prompt group_size times: the prefill runs on the distinct prompts only, and
+    each copy, with its own random numbers, samples what it samples alone (tokens and log-probs).
+    Catches a copy given another prompt's cache rows or logits, and a prefill of every copy."""
+    model = tiny_model()
+    prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0], PROMPTS[1]]
+    seeds = list(range(20, 20 + len(prompts)))
+    params = SamplingParams(10, temperature=1.0)
+    cpu = torch.device("cpu")
+    prefill_rows: list[int] = []
+    hook = model.register_forward_pre_hook(lambda module, args: prefill_rows.append(args[0].shape[0]) or None)
+    shared = generate(model, DECODER_DECODING, prompts, params, PAD, cpu, uniforms=row_uniforms(seeds, 10))
+    hook.remove()
+    assert prefill_rows[0] == 3, prefill_rows
+    for row, (prompt, seed) in enumerate(zip(prompts, seeds)):
+        alone = generate(model, DECODER_DECODING, [prompt], params, PAD, cpu, uniforms=row_uniforms([seed], 10))
+        assert shared.lists()[row] == alone.lists()[0], row
+        torch.testing.assert_close(shared.logp_lists()[row], alone.logp_lists()[0], rtol=0, atol=1e-5)
+
+    # Negative control: copies pointed at the wrong distinct prompt sample other completions.
+    def shifted(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+        distinct, copies = real(prompts)
+        return distinct, [(k + 1) % len(distinct) for k in copies]
+
+    real = sampler.distinct_prompts
+    monkeypatch.setattr(sampler, "distinct_prompts", shifted)
+    wrong = generate(model, DECODER_DECODING, prompts, params, PAD, cpu, uniforms=row_uniforms(seeds, 10))
+    assert wrong.lists() != shared.lists()
+
+
 def test_dropping_finished_rows_from_the_batch_changes_no_completion(monkeypatch: pytest.MonkeyPatch) -> None:
     """The decode batch shrinks as rows stop (sampler.COMPACT_BELOW); every row's tokens, with its own
     random numbers, are those of decoding the whole batch to the end."""

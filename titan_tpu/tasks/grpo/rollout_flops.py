@@ -9,20 +9,22 @@ attends to c keys costs
 A rollout row with a prompt of P tokens and a completion of T tokens (stop token included) costs:
 
 - sampling with the KV cache: the prefill, P tokens each charged the prompt's full square
-  (P forward(P): no causal discount, as training counts it), then one decode step per generated token
-  fed back, the j-th against the P + j keys its cache then holds, j = 1 .. T-1 (the last token is
-  never fed back: nothing is sampled after it);
+  (P forward(P): no causal discount, as training counts it), once for the group of rows that share
+  the prompt (the sampler prefills a prompt once and copies its cache rows), then one decode step per
+  generated token fed back, the j-th against the P + j keys its cache then holds, j = 1 .. T-1 (the
+  last token is never fed back: nothing is sampled after it);
 - each log-probability pass over prompt + completion (the reference's, when rl.beta > 0; the rollout
   policy's are recorded while sampling): (P + T) forward(P + T), the row's full square.
 
 What the batch also computes for padding (left-padded prompts, finished rows decoded until the batch
 is compacted, right-padded log-prob micro-batches) is overhead, not model work, and is not counted,
-as the training MFU does not count a mixture of experts' padding.
+as the training MFU does not count a mixture of experts' padding. Nor is a second prefill of a group
+whose rows two sampling batches or two ranks hold: the count errs low, never high.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,16 +50,26 @@ class ForwardCost:
 
     def sampling(self, prompt_len: int, completion_len: int) -> float:
         """Prefill of the prompt, then the completion's tokens but the last fed back one at a time."""
+        return self.prefill(prompt_len) + self.decoding(prompt_len, completion_len)
+
+    def prefill(self, prompt_len: int) -> float:
+        return prompt_len * self.token(prompt_len)
+
+    def decoding(self, prompt_len: int, completion_len: int) -> float:
+        """The completion's tokens but the last fed back one at a time, after a prompt's prefill."""
         fed_back = completion_len - 1
         decode_keys = fed_back * prompt_len + fed_back * (fed_back + 1) // 2  # sum of P + j, j = 1 .. T-1
-        return prompt_len * self.token(prompt_len) + fed_back * self.per_token + self.per_key * decode_keys
+        return fed_back * self.per_token + self.per_key * decode_keys
 
     def scoring(self, length: int) -> float:
         """One forward over a whole row of `length` tokens (a log-probability pass)."""
         return length * self.token(length)
 
 
-def rollout_flops(cost: ForwardCost, rows: Iterable[tuple[int, int]], scoring_passes: int) -> float:
-    """Sampling plus `scoring_passes` log-probability passes of every (prompt length, completion
-    length) row."""
-    return sum(cost.sampling(p, t) + scoring_passes * cost.scoring(p + t) for p, t in rows)
+def rollout_flops(cost: ForwardCost, groups: Iterable[tuple[int, Sequence[int]]], scoring_passes: int) -> float:
+    """Sampling plus `scoring_passes` log-probability passes of every group of rows sharing a prompt:
+    (prompt length, the completion lengths of its rows)."""
+    return sum(
+        cost.prefill(p) + sum(cost.decoding(p, t) + scoring_passes * cost.scoring(p + t) for t in completions)
+        for p, completions in groups
+    )

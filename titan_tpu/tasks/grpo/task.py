@@ -245,9 +245,12 @@ class GRPOTask(TrainingTask):
         # Every rank's rows (prompts are the same everywhere, lengths were summed above): the work of
         # the whole job, which step_metrics shares out per process as the trainer's TFLOP/s are.
         cost = ForwardCost.of_family(ctx.spec.flops_per_token, self.args)
-        every_row = [(len(taken[r // rl.group_size].ids), int(lengths[r])) for r in range(self.rows)]
+        groups = [
+            (len(prompt.ids), [int(n) for n in lengths[k * rl.group_size : (k + 1) * rl.group_size]])
+            for k, prompt in enumerate(taken)
+        ]
         scoring = int(reference is not None) + int(engine_apart)
-        stats["rollout_flops"] += rollout_flops(cost, every_row, scoring_passes=scoring)
+        stats["rollout_flops"] += rollout_flops(cost, groups, scoring_passes=scoring)
 
     def _engine_stats(self, batches: list[MicroBatch]) -> None:
         """The engine/trainer mismatch on the sampled tokens (k3 KL of the trainer from the engine,

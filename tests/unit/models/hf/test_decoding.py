@@ -61,13 +61,15 @@ def transformers_greedy(model: torch.nn.Module, prompt: list[int]) -> tuple[list
 @torch.no_grad()
 def test_our_sampler_decodes_an_hf_model_as_transformers_generate_does(monkeypatch: pytest.MonkeyPatch) -> None:
     model = mistral()
-    expected = [transformers_greedy(model, p) for p in PROMPTS]
+    # Rows 4 and 5 repeat rows 1 and 2: they share their prefill (transformers' cache rows copied).
+    prompts = [*PROMPTS, PROMPTS[1], PROMPTS[2]]
+    expected = [transformers_greedy(model, p) for p in prompts]
     # A stop token that ends one row early: the rows after it are decoded from a compacted cache.
     stop = expected[1][0][2]
     monkeypatch.setattr(sampler, "STOP_CHECK_EVERY", 1)
     monkeypatch.setattr(sampler, "COMPACT_BELOW", 1.0)
     params = SamplingParams(NEW, temperature=0.0, stop_ids=(stop,))
-    got = generate(model, HF_DECODING, PROMPTS, params, 0, torch.device("cpu"))
+    got = generate(model, HF_DECODING, prompts, params, 0, torch.device("cpu"))
     for row, (tokens, logps) in enumerate(expected):
         ours = got.lists()[row]
         end = tokens.index(stop) + 1 if stop in tokens else NEW
@@ -84,7 +86,7 @@ def test_our_sampler_decodes_an_hf_model_as_transformers_generate_does(monkeypat
 
     real = HFDecodeCache.extend
     monkeypatch.setattr(HFDecodeCache, "extend", attending_to_padding)
-    unmasked = generate(model, HF_DECODING, PROMPTS, params, 0, torch.device("cpu"))
+    unmasked = generate(model, HF_DECODING, prompts, params, 0, torch.device("cpu"))
     assert unmasked.lists()[0] == got.lists()[0]  # the longest prompt has no padding
     assert unmasked.lists()[1:] != got.lists()[1:]
 

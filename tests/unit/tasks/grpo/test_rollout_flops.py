@@ -46,7 +46,10 @@ def test_a_tiny_case_equals_the_hand_computation() -> None:
     assert cost.sampling(3, 3) == 9216
     assert cost.sampling(3, 1) == 3 * (1728 + 96)  # one generated token: the prefill alone
     assert cost.scoring(6) == 11520
-    assert rollout_flops(cost, [(3, 3), (3, 1)], scoring_passes=2) == 9216 + 5472 + 2 * (11520 + 4 * (1728 + 128))
+    scoring = 2 * (11520 + 4 * (1728 + 128))
+    # Two rows sharing the prompt: one prefill, then each row's decode steps (3744 and none).
+    assert rollout_flops(cost, [(3, [3, 1])], scoring_passes=2) == 5472 + 3744 + scoring
+    assert rollout_flops(cost, [(3, [3]), (3, [1])], scoring_passes=2) == 9216 + 5472 + scoring
     # Negative controls: the prompt recomputed at every decode step (no cache), and no attention term.
     no_cache = 5472 + 4 * (1728 + 128) + 5 * (1728 + 160)
     no_attention = ForwardCost(per_token=1728, per_key=0)

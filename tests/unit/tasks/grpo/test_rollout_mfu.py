@@ -35,11 +35,12 @@ def grpo_trainer(tmp_path: Path, *overrides: str) -> Trainer:
 
 def test_the_rollout_is_charged_what_it_computes(tmp_path: Path) -> None:
     """One prompt x 4 completions that never stop, so nothing in the rollout is padding, in two
-    mini-batches of 2: the task's count equals the counter's on sampling and the reference's
-    log-prob pass (the policy's log-probs come from the sampling, tests/unit/tasks/grpo/test_old_logps.py).
-    Catches a pass left out (the reference's: a negative control) or charged where none runs (the
-    policy's: the other), a row's prompt or completion length miscounted, and a rollout_tflops not
-    made of that count over the rollout's time."""
+    mini-batches of 2: the task's count equals the counter's on sampling (one prefill of the shared
+    prompt) and the reference's log-prob pass (the policy's log-probs come from the sampling,
+    tests/unit/tasks/grpo/test_old_logps.py). Catches a pass left out (the reference's: a negative
+    control) or charged where none runs (the policy's: the other), a prefill charged per row (the
+    third), a row's prompt or completion length miscounted, and a rollout_tflops not made of that
+    count over the rollout's time."""
     trainer = grpo_trainer(
         tmp_path, "--rl.prompts_per_step=1", "--rl.group_size=4", "--training.global_batch_size=2", "--rl.beta=0.04"
     )
@@ -59,11 +60,12 @@ def test_the_rollout_is_charged_what_it_computes(tmp_path: Path) -> None:
     # Within the RMSNorm weights the convention counts and the counter does not (tests/unit/tasks/grpo/test_rollout_flops.py).
     assert charged == pytest.approx(counted, rel=0.002)
     cost = ForwardCost.of_family(task.ctx.spec.flops_per_token, task.args)
-    rows = [(prompt_len, 4)] * 4
-    without_reference = rollout_flops(cost, rows, scoring_passes=0)
-    with_a_policy_pass = rollout_flops(cost, rows, scoring_passes=2)
-    assert without_reference != pytest.approx(counted, rel=0.002)
-    assert with_a_policy_pass != pytest.approx(counted, rel=0.002)
+    group = [(prompt_len, [4] * 4)]
+    without_reference = rollout_flops(cost, group, scoring_passes=0)
+    with_a_policy_pass = rollout_flops(cost, group, scoring_passes=2)
+    a_prefill_per_row = rollout_flops(cost, [(prompt_len, [4])] * 4, scoring_passes=1)
+    for wrong in (without_reference, with_a_policy_pass, a_prefill_per_row):
+        assert wrong != pytest.approx(counted, rel=0.002)
     assert metrics["rollout_tflops"] == pytest.approx(charged / seconds / 1e12)
 
 
