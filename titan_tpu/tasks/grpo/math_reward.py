@@ -9,6 +9,7 @@ the answer). Elsewhere math-verify takes the last `\\boxed{}` or, failing that, 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from math_verify import parse, verify
@@ -21,14 +22,17 @@ def final_answer_text(text: str) -> str:
     return text.rsplit(GSM8K_MARK, 1)[1] if GSM8K_MARK in text else text
 
 
-def _parsed(text: str) -> list[Any]:
+# Parsing is most of the reward's time (a millisecond a text), and a rollout repeats its texts: each
+# reference once per completion of its group, and the completions of a group often agree.
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> tuple[Any, ...]:
     answer = final_answer_text(text).strip()
     found = parse(answer)
     # A bare LaTeX reference (`\sqrt{8}`, no $ around it) parses only inside math delimiters.
-    return found if found else parse(f"${answer}$")
+    return tuple(found if found else parse(f"${answer}$"))
 
 
 def math_equivalent(completion: str, reference: str) -> bool:
     """True when the completion's final answer has the reference's value."""
     gold = _parsed(reference)
-    return bool(gold) and bool(verify(gold, _parsed(completion)))
+    return bool(gold) and bool(verify(list(gold), list(_parsed(completion))))
