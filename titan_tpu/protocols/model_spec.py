@@ -70,6 +70,10 @@ class Capabilities:
     separates_documents: bool = False
     # How it decodes with a KV cache (GRPO's rollouts, SFT's generated answers); None: it does not.
     decoding: Decoding | None = None
+    # Its forward may run several times before one backward (GRPO's training forward in length runs,
+    # titan_tpu/tasks/grpo/length_runs.py): nothing but autograd carries a forward to its backward.
+    # A mixture of experts whose backward reads its last forward's router counts may not.
+    repeated_forward: bool = False
 
 
 @dataclass(frozen=True)

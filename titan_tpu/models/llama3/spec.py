@@ -22,7 +22,11 @@ LLAMA3_SPEC = ModelSpec(
     state_dict_adapter=LLAMA3_STATE_DICT_ADAPTER,
     tunables=(ATTENTION, LOSS_CHUNKS),
     capabilities=Capabilities(
-        context_parallel=True, pipeline_stages=True, separates_documents=True, decoding=DECODER_DECODING
+        context_parallel=True,
+        pipeline_stages=True,
+        separates_documents=True,
+        decoding=DECODER_DECODING,
+        repeated_forward=True,
     ),
     planning=PlannerHooks(tp_plan=DENSE_DECODER_TP, block_activations=dense_decoder_activations),
 )

@@ -40,10 +40,15 @@ class MicroBatch:
     ref_logps: torch.Tensor | None
     advantages: torch.Tensor
     token_normaliser: float
-    real_tokens: int  # prompt and completion tokens, no padding: what one forward-backward covers
+    lengths: list[int]  # each row's prompt and completion tokens (its real tokens, no padding)
     sampled_logps: torch.Tensor | None = None
     trainer_logps: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
+
+    @property
+    def real_tokens(self) -> int:
+        """What one forward-backward covers: the rows' tokens without padding."""
+        return sum(self.lengths)
 
 
 def rank_rows(n_rows: int, global_batch: int, dp_rank: int, dp_world: int) -> list[list[int]]:
@@ -133,7 +138,7 @@ def build_micro_batches(
                     ref_logps=reference_logps(tokens) if reference_logps is not None else None,
                     advantages=advantages[chunk].to(device),
                     token_normaliser=mini_batch_tokens / (micro_count * dp_world),
-                    real_tokens=sum(len(prompts[r]) + len(completions[r]) for r in chunk),
+                    lengths=[len(prompts[r]) + len(completions[r]) for r in chunk],
                     sampled_logps=sampled if trainer is not None else None,
                     trainer_logps=trainer,
                     is_weights=weights,

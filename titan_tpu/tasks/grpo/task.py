@@ -34,6 +34,7 @@ from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.decoder import decoder_args, decoder_workload, require_decoding
 from titan_tpu.tasks.grpo.config import RLConfig
 from titan_tpu.tasks.grpo.engines import check_vllm_engine
+from titan_tpu.tasks.grpo.length_runs import logps_in_runs
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
 from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set, stop_ids
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
@@ -271,8 +272,14 @@ class GRPOTask(TrainingTask):
 
     def loss(self, model: nn.Module, batch: MicroBatch) -> TaskLoss:
         rl = self.rl
-        output = model(batch.tokens)
-        logps = logps_of(output, batch.tokens)
+        output = None
+        # Compiled blocks specialise on the sequence length (the CPU's blocked attention loops over
+        # it): each run's width would be one more compilation, up to dynamo's limit, in every step.
+        if self.ctx.spec.capabilities.repeated_forward and not self.ctx.config.compile.enable:
+            logps = logps_in_runs(model, batch.tokens, batch.lengths)
+        else:
+            output = model(batch.tokens)
+            logps = logps_of(output, batch.tokens)
         old_logps = logps.detach() if batch.old_logps is None else batch.old_logps
         terms = grpo_loss(
             logps,
@@ -289,7 +296,7 @@ class GRPOTask(TrainingTask):
             token_weights=batch.is_weights,
         )
         loss, aux_loss = terms.loss, torch.zeros((), device=terms.loss.device)
-        if not isinstance(output, torch.Tensor):
+        if output is not None and not isinstance(output, torch.Tensor):
             # A mixture of experts: its routers' load-balancing loss, weighted as pretraining weighs it
             # (titan_tpu/models/qwen3/model.py `moe_loss`; TRL's GRPOTrainer adds it the same way).
             self._is_moe = True
