@@ -107,7 +107,7 @@ def run_mode(staleness: int, recipe: Path, data: RecipeData, url: str, steps: in
     ]
     config = configs(phase_args, data, extra)["grpo"]
     start = time.perf_counter()
-    folder = run_phase(f"grpo_staleness_{staleness}", config, out)
+    folder = run_phase(f"grpo_staleness_{staleness}", config, out).folder
     wall = time.perf_counter() - start
     records = [json.loads(line) for line in (dump / "metrics.jsonl").read_text().splitlines()]
     steps_done = [r for r in records if "loss" in r]

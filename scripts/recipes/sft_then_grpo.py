@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa: E402
@@ -45,12 +46,20 @@ DEBUG_VOCAB = 512  # the qwen3 debug flavor's embedding rows
 MODEL = ["--model.name=qwen3", "--model.flavor=debug", "--training.dtype=float32"]
 
 
-def run_phase(name: str, config: TrainConfig, out: Path) -> Path:
-    """Train one phase and export it with the tokenizer; returns the Hugging Face folder."""
+@dataclass(frozen=True)
+class PhaseRun:
+    folder: Path  # the Hugging Face export, tokenizer included
+    train_seconds: float  # `Trainer.train()` alone: no model build, weight loading or export
+
+
+def run_phase(name: str, config: TrainConfig, out: Path) -> PhaseRun:
+    """Train one phase and export it with the tokenizer."""
     start = time.perf_counter()
     trainer = Trainer(config)
     try:
+        train_start = time.perf_counter()
         records = trainer.train()
+        train_seconds = time.perf_counter() - train_start
         folder = out / f"{name}_hf"
         files = tokenizer_export_files(config.data.tokenizer)
         export_model_to_hf(
@@ -61,7 +70,7 @@ def run_phase(name: str, config: TrainConfig, out: Path) -> Path:
     print(
         f"{name}: {config.training.steps} steps, last loss {records[-1].loss:.4f}, {time.perf_counter() - start:.0f} s"
     )
-    return folder
+    return PhaseRun(folder, train_seconds)
 
 
 def configs(args: argparse.Namespace, data: RecipeData, extra: list[str]) -> dict[str, TrainConfig]:
@@ -163,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     phases = configs(args, data, extra)
     accuracies: dict[str, float] = {}
     for name, config in phases.items():
-        folder = run_phase(name, config, args.out)
+        folder = run_phase(name, config, args.out).folder
         check: PhaseEvaluation = evaluate_export(folder, phases["grpo"])
         accuracies[name] = check.accuracy
         print(
