@@ -6,31 +6,41 @@
 #   1. two pytest processes side by side, one OpenMP thread each (more would only spin against each
 #      other): the unit tests in the foreground, and in the background the engine tests, which mostly
 #      wait (on pip creating the engine's environment the first time, on a vLLM server held to one
-#      core), their output printed when they end;
+#      core), then the scripts' unit tests (tests/unit/scripts), which even out the two sides; the
+#      background's output is printed when it ends;
 #   2. the parity tests (a whole SFT run among them), on every core;
 #   3. the multi-process tests (tests/distributed/), each launch on every core.
-# The exit status is the first non-zero one of the four runs (pytest's 5, nothing collected, included).
+# The exit status is the first non-zero one of the five runs (pytest's 5, nothing collected, included).
 # Every test file lives under one of the three folders (tests/unit/repository/test_test_tiers.py).
 source "$(dirname "$0")/_venv.sh"
 if [ $# -gt 0 ]; then
     exec python -m pytest -q "$@"
 fi
 
-engine_log="$(mktemp)"
-engine_tmp="$(mktemp -d)"
-# Its own temporary folder and no cache: two pytest processes would otherwise share both.
-OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider --basetemp="$engine_tmp" -m engine tests \
-    >"$engine_log" 2>&1 &
-engine=$!
+beside_log="$(mktemp)"
+beside_tmp="$(mktemp -d)"
+# Its own temporary folders and no cache: two pytest processes would otherwise share both.
+beside_pytest() {
+    local name="$1"
+    shift
+    OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider --basetemp="$beside_tmp/$name" "$@"
+}
+(
+    status=0
+    beside_pytest engine -m engine tests || status=$?
+    beside_pytest scripts -m "not engine" tests/unit/scripts || { [ "$status" -ne 0 ] || status=$?; }
+    exit "$status"
+) >"$beside_log" 2>&1 &
+beside=$!
 
 statuses=()
-OMP_NUM_THREADS=1 python -m pytest -q -m "not engine" tests/unit || statuses+=($?)
-engine_status=0
-wait "$engine" || engine_status=$?
-echo "----- engine tests (run beside the unit tests) -----"
-cat "$engine_log"
-rm -rf "$engine_log" "$engine_tmp"
-[ "$engine_status" -eq 0 ] || statuses+=("$engine_status")
+OMP_NUM_THREADS=1 python -m pytest -q -m "not engine" --ignore=tests/unit/scripts tests/unit || statuses+=($?)
+beside_status=0
+wait "$beside" || beside_status=$?
+echo "----- engine tests, then the scripts' unit tests (run beside the other unit tests) -----"
+cat "$beside_log"
+rm -rf "$beside_log" "$beside_tmp"
+[ "$beside_status" -eq 0 ] || statuses+=("$beside_status")
 python -m pytest -q tests/parity || statuses+=($?)
 python -m pytest -q tests/distributed || statuses+=($?)
 exit "${statuses[0]:-0}"
