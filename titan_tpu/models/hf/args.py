@@ -22,10 +22,11 @@ from titan_tpu.models.hf.config import HFConfig
 if TYPE_CHECKING:  # transformers is imported where it is used
     from transformers import PreTrainedModel
 
-# The flavors: the config as its folder or class gives it, or the debug sizes below on top of it.
+# The flavors: the config as its folder or class gives it, or the debug sizes below on top of a
+# class's config (a folder's model is never shrunk: its weights have its sizes).
 HF_FLAVORS: dict[str, str] = {
     "config": "the sizes of hf.config's folder, or the defaults of hf.architecture's config class",
-    "debug": "tiny sizes (2 layers, width 64, 4 heads) for tests and smoke runs",
+    "debug": "tiny sizes (2 layers, width 64, 4 heads) of hf.architecture's class, for tests and smoke runs",
 }
 # The debug sizes, each set only where the config has the field (names as transformers' configs
 # spell them; `attribute_map` turns most architectures' own names into these). 512 tokens covers
@@ -188,6 +189,13 @@ def hf_args(run: Any) -> HFArgs:
             f"valid: {', '.join(HF_FLAVORS)}"
         )
     if hf.config:
+        if model.flavor == "debug":
+            # The folder's sizes are what its weights and its users expect; shrinking them silently
+            # trained another model (or failed on the weights with a size mismatch naming no key).
+            raise ValueError(
+                "model.flavor: 'debug' would shrink hf.config's model to tiny sizes; set model.flavor = 'config' "
+                "for the folder's own sizes (or, for a tiny model of its class, hf.architecture with flavor 'debug')"
+            )
         architecture, config = _folder_config(Path(hf.config), hf.trust_remote_code)
         folder = str(Path(hf.config).parent if hf.config.endswith(".json") else Path(hf.config))
     elif hf.architecture:

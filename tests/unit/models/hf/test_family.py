@@ -128,19 +128,25 @@ def test_params_and_flops_count_the_built_model(architecture: str) -> None:
 
 def test_folder_config_values_are_kept_and_overrides_checked(tmp_path: Any) -> None:
     """A folder's config (rope_theta here) is what the model gets; a field the config lacks, a folder
-    without config.json, remote code and a class that is not a causal LM are one-line refusals."""
+    without config.json, remote code, a class that is not a causal LM and a folder with flavor 'debug'
+    (which shrank the folder's model in silence) are one-line refusals."""
     rope = '{ rope_parameters = { rope_type = "default", rope_theta = 12345.0 } }'
     model = built_like_a_run("MistralForCausalLM", f"--model.overrides={rope}")
     model.hf.save_pretrained(tmp_path / "folder")
-    args = hf_args(config_of(f"--hf.config={tmp_path / 'folder'}"))
+    args = hf_args(config_of(f"--hf.config={tmp_path / 'folder'}", "--model.flavor=config"))
     assert args.config.rope_parameters["rope_theta"] == 12345.0 and args.architecture == "MistralForCausalLM"
     assert args.config.hidden_size == 64  # the folder's size, not the class default
+    # The base config's flavor 'debug' would shrink the folder's model: refused, naming the fix.
+    with pytest.raises(
+        ConfigError, match=r"^model.flavor: 'debug' would shrink hf.config's model .* model.flavor = 'config'"
+    ):
+        hf_args(config_of(f"--hf.config={tmp_path / 'folder'}"))
     with pytest.raises(ConfigError, match=r"model.overrides.rope_theta: MistralConfig has no field"):
         hf_args(config_of("--hf.architecture=MistralForCausalLM", "--model.overrides={ rope_theta = 1.0 }"))
     with pytest.raises(ConfigError, match=r"model.overrides.hiden_size: .*did you mean 'hidden_size'"):
         hf_args(config_of("--hf.architecture=MistralForCausalLM", "--model.overrides={ hiden_size = 8 }"))
     with pytest.raises(ConfigError, match=r"hf.config: .*config.json does not exist"):
-        hf_args(config_of(f"--hf.config={tmp_path}"))
+        hf_args(config_of(f"--hf.config={tmp_path}", "--model.flavor=config"))
     with pytest.raises(ConfigError, match="did you mean 'MistralForCausalLM'"):
         hf_args(config_of("--hf.architecture=MistralForCasualLM"))
     with pytest.raises(ConfigError, match="not a causal language model"):
@@ -150,7 +156,7 @@ def test_folder_config_values_are_kept_and_overrides_checked(tmp_path: Any) -> N
         '{"architectures": ["X"], "auto_map": {"AutoModelForCausalLM": "m.X"}}'
     )
     with pytest.raises(ConfigError, match="trust_remote_code"):
-        hf_args(config_of(f"--hf.config={tmp_path / 'remote'}"))
+        hf_args(config_of(f"--hf.config={tmp_path / 'remote'}", "--model.flavor=config"))
     with pytest.raises(ConfigError, match="exactly one of hf.config"):
         config_of()
     with pytest.raises(ConfigError, match=r"^\[hf\] applies to model.name = 'hf', not 'llama3'; remove its keys"):
