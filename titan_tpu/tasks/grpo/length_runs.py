@@ -37,23 +37,24 @@ def length_runs(lengths: Sequence[int], runs: int) -> list[list[int]]:
     count = min(runs, len(order))
     if count <= 1:
         return [order]
-    sizes = [lengths[i] for i in order]
     n = len(order)
-    # cost[k][j]: fewest padded tokens of the first j sorted rows in k runs; cut[k][j]: where run k starts.
-    infinite = float("inf")
-    cost = [[infinite] * (n + 1) for _ in range(count + 1)]
-    cut = [[0] * (n + 1) for _ in range(count + 1)]
-    cost[0][0] = 0.0
+    # On the training step's path: one [n+1, n+1] tensor operation per run, not a Python loop over
+    # n^2 cuts. cost[j]: fewest padded tokens of the first j sorted rows in k runs so far; a run of
+    # sorted rows start..j-1 costs (j - start) x the length of row j-1, its longest.
+    longest = torch.tensor([0] + [lengths[i] for i in order], dtype=torch.float64)[:, None]  # [j]: row j-1's
+    ends = torch.arange(n + 1)[:, None]
+    starts = torch.arange(n + 1)[None, :]
+    cost = torch.full((n + 1,), float("inf"), dtype=torch.float64)
+    cost[0] = 0.0
+    cuts = []
     for k in range(1, count + 1):
-        for j in range(k, n + 1):
-            for start in range(k - 1, j):
-                # The run holds sorted rows start..j-1, so its longest is the last one.
-                value = cost[k - 1][start] + (j - start) * sizes[j - 1]
-                if value < cost[k][j]:
-                    cost[k][j], cut[k][j] = value, start
+        possible = (starts >= k - 1) & (starts < ends)
+        values = torch.where(possible, cost[None, :] + (ends - starts) * longest, float("inf"))
+        cost, cut = values.min(dim=1)
+        cuts.append(cut)
     bounds = [n]
-    for k in range(count, 0, -1):
-        bounds.append(cut[k][bounds[-1]])
+    for cut in reversed(cuts):
+        bounds.append(int(cut[bounds[-1]]))
     bounds.reverse()
     return [order[bounds[k] : bounds[k + 1]] for k in range(count)]
 
