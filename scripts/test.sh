@@ -26,10 +26,12 @@ beside_pytest() {
     OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider --basetemp="$beside_tmp/$name" "$@"
 }
 (
-    status=0
-    beside_pytest engine -m engine tests || status=$?
-    beside_pytest scripts -m "not engine" tests/unit/scripts || { [ "$status" -ne 0 ] || status=$?; }
-    exit "$status"
+    engine_status=0
+    scripts_status=0
+    beside_pytest engine -m engine tests || engine_status=$?
+    beside_pytest scripts -m "not engine" tests/unit/scripts || scripts_status=$?
+    [ "$engine_status" -eq 0 ] || exit "$engine_status"
+    exit "$scripts_status"
 ) >"$beside_log" 2>&1 &
 beside=$!
 
