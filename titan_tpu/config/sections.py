@@ -358,6 +358,12 @@ class CheckpointConfig:
         require(self.interval >= 1, "checkpoint.interval", f"must be >= 1, got {self.interval}")
         require(self.keep_latest_k >= 0, "checkpoint.keep_latest_k", "must be >= 0")
         require(self.load_step >= -1, "checkpoint.load_step", f"must be -1 or a step, got {self.load_step}")
+        require(
+            self.load_step == -1 or self.enable,
+            "checkpoint.load_step",
+            f"{self.load_step} is a step to resume from, and nothing is loaded while checkpoint.enable = false; "
+            "set checkpoint.enable = true",
+        )
 
 
 @dataclass

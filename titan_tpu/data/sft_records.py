@@ -77,12 +77,21 @@ def read_records(files: list[Path], start: RecordCursor = (0, 0)) -> Iterator[tu
             yield (file_index, index), where, record
 
 
-class FileRecords:
-    """The records of `data.path`'s .jsonl and .parquet files, in file order."""
+def _named(error: ConfigError, key: str) -> ConfigError:
+    """The file helpers name `data.path`; a held-out source's path is another key's value."""
+    return ConfigError(key + str(error).removeprefix("data.path")) if str(error).startswith("data.path:") else error
 
-    def __init__(self, path: str) -> None:
-        self.files = record_files(path)
-        self.description = f"data.path {path!r} ({len(self.files)} file{'s' * (len(self.files) != 1)})"
+
+class FileRecords:
+    """The records of `data.path`'s .jsonl and .parquet files, in file order. `key`: the config key the
+    path came from (validation.path, rl.eval_path), which messages name."""
+
+    def __init__(self, path: str, key: str = "data.path") -> None:
+        try:
+            self.files = record_files(path)
+        except ConfigError as error:
+            raise _named(error, key) from None
+        self.description = f"{key} {path!r} ({len(self.files)} file{'s' * (len(self.files) != 1)})"
 
     def records(self, start: RecordCursor = (0, 0)) -> Iterator[tuple[RecordCursor, str, dict[str, Any]]]:
         return read_records(self.files, start)
@@ -92,7 +101,7 @@ class HuggingFaceRecords:
     """The rows of an offline Hugging Face dataset: a folder written by `save_to_disk`, or a name or
     folder `datasets.load_dataset` finds in the local cache (the Hub stays off, `sources.hub_offline`)."""
 
-    def __init__(self, path: str, split: str) -> None:
+    def __init__(self, path: str, split: str, key: str = "data.path") -> None:
         from titan_tpu.data.sources import hub_offline
 
         try:
@@ -112,7 +121,7 @@ class HuggingFaceRecords:
             except Exception as err:  # datasets raises many types; all mean "cannot use this input"
                 reason = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
                 raise ConfigError(
-                    f"data.path: cannot load {self.description}: {type(err).__name__}: {reason[:300]}"
+                    f"{key}: cannot load {self.description}: {type(err).__name__}: {reason[:300]}"
                 ) from None
 
     def records(self, start: RecordCursor = (0, 0)) -> Iterator[tuple[RecordCursor, str, dict[str, Any]]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from titan_tpu.config import ConfigError, TrainConfig
+from titan_tpu.config import ConfigError, TrainConfig, catalogue
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.tasks.registry import require_task, task_names
@@ -46,10 +46,40 @@ def check_registered_names(config: TrainConfig) -> RegisteredNames:
     task = config.training.task
     if task != "auto":
         require_task(task)
-        return RegisteredNames(spec, task, overrides)
-    if spec.default_task not in task_names():
+    elif spec.default_task not in task_names():
         raise ConfigError(
             f"training.task: 'auto' means model {spec.name}'s task '{spec.default_task}', which is not "
             f"in titan_tpu/tasks/registry.py; valid: {', '.join(task_names())}"
         )
-    return RegisteredNames(spec, spec.default_task, overrides)
+    else:
+        task = spec.default_task
+    check_task_sections(config, task)
+    return RegisteredNames(spec, task, overrides)
+
+
+def check_task_sections(config: TrainConfig, task: str) -> None:
+    """The sections tasks own, against the task that runs: another task's section set to anything but
+    its defaults would be ignored, so it is refused; the running task's section checks the values of
+    other sections it reads (`check_with(config)`: a data path its dataset would not read, a held-out
+    source it cannot use), now that the task is known ('auto' resolved)."""
+    if config.data.chat_template and task in ("language_model", "rectified_flow"):
+        raise ConfigError(
+            f"data.chat_template: renders the chat records of the sft and grpo tasks; training.task '{task}' "
+            "reads no chat; remove it"
+        )
+    owners = catalogue.section_owners()
+    for name, section in config.owned.items():
+        owner = owners.get(name, "")
+        if not owner.startswith("task "):
+            continue
+        owner_task = owner.removeprefix("task ")
+        if owner_task != task:
+            if section != type(section)():
+                raise ConfigError(
+                    f"[{name}] applies to training.task = '{owner_task}', not '{task}'; remove its keys or "
+                    f"set training.task = '{owner_task}'"
+                )
+            continue
+        check_with = getattr(section, "check_with", None)
+        if check_with is not None:
+            check_with(config)

@@ -9,6 +9,7 @@ a resume with other data settings accepted, a summary that miscounts rows, token
 from __future__ import annotations
 
 from itertools import islice
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from titan_tpu.config import ConfigError, load_config
 from titan_tpu.data.generated_chat import GeneratedChat
 from titan_tpu.data.sft_dataset import SftBlockStart, SftDataset, first_epoch_summary
 from titan_tpu.data.sft_packing import IGNORE_INDEX
+from titan_tpu.data.sft_records import FileRecords
 from titan_tpu.tasks.sft.data import ChatEncoding, fingerprint, packing_of
 
 CONFIG = load_config("sft_qwen3_debug", ["--training.seq_len=128", "--data.shuffle_buffer=4"])
@@ -100,3 +102,12 @@ def test_summary_counts_one_epoch() -> None:
     assert summary.tokens == sum(lengths)
     assert summary.targets == sum(int((r[1] != IGNORE_INDEX).sum()) for r in rows)
     assert "40 examples (40 kept" in summary.describe()
+
+
+def test_a_held_out_path_is_named_by_its_own_key(tmp_path: Path) -> None:
+    """The held-out records come from validation.path (or rl.eval_path); a message naming data.path
+    sends the user to the wrong key."""
+    with pytest.raises(ConfigError, match=r"^validation.path: .*missing.jsonl does not exist"):
+        FileRecords(str(tmp_path / "missing.jsonl"), "validation.path")
+    (tmp_path / "held.jsonl").write_text('{"messages": []}\n')
+    assert FileRecords(str(tmp_path / "held.jsonl"), "validation.path").description.startswith("validation.path '")

@@ -238,7 +238,10 @@ class HFCausalLM(nn.Module):
         `tokens` continue the cached rows from `start_pos`; at 0, `key_padding_mask` [B, S] marks a
         left-padded prompt's real tokens."""
         if document_ids is not None:
-            raise ValueError("model 'hf' attends across packed documents; set data.document_mask = false")
+            raise ValueError(
+                "model 'hf' attends across packed documents; set data.document_mask = false (pretraining) "
+                "or sft.packing = false (sft)"
+            )
         if cache is not None:
             positions = cache.extend(tokens, start_pos, key_padding_mask)
             return self.hf(

@@ -6,10 +6,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import opt, opt_list, opt_table, require
+
+if TYPE_CHECKING:
+    from titan_tpu.config.loader import TrainConfig
 
 
 @dataclass
@@ -196,6 +199,54 @@ class RLConfig:
         for index, table in enumerate(self.rewards):
             _check_reward_table(table, f"rl.rewards[{index}]")
 
+    def check_with(self, config: TrainConfig) -> None:
+        """The [data] and [validation] values GRPO reads, against rl.task: records the arithmetic
+        generator would not read, keys of the other prompt source, a held-out loss GRPO does not measure."""
+        data = config.data
+        require(
+            data.text_field == "text" and not data.document_mask,
+            "data.text_field" if data.text_field != "text" else "data.document_mask",
+            "is for pretraining text; GRPO reads rl.prompt_field of its prompt records and samples one "
+            "completion per row; remove it",
+        )
+        if self.task == "arithmetic":
+            require(
+                not data.chat_template,
+                "data.chat_template",
+                "renders the prompt records of rl.task = 'data'; the arithmetic problems are plain text; set "
+                "rl.task = 'data' or remove it",
+            )
+            require(
+                data.source == "embedded" and not data.path,
+                "data.path" if data.path else "data.source",
+                f"{data.path or data.source!r} is not read while rl.task = 'arithmetic' (generated problems); "
+                "set rl.task = 'data' to train on your prompt records",
+            )
+            for key in DATA_ONLY:
+                require(
+                    getattr(self, key) == _default(key),
+                    f"rl.{key}",
+                    "applies to rl.task = 'data'; remove it or set rl.task = 'data'",
+                )
+        else:
+            require(
+                not self.eval_path or self.held_out_fraction == _default("held_out_fraction"),
+                "rl.held_out_fraction",
+                "splits data.path's records when rl.eval_path is empty; rl.eval_path holds the held-out prompts "
+                "here; remove one of them",
+            )
+            require(
+                self.max_operand == _default("max_operand"),
+                "rl.max_operand",
+                "applies to rl.task = 'arithmetic'; remove it or set rl.task = 'arithmetic'",
+            )
+        require(
+            not config.validation.enable,
+            "validation.enable",
+            "GRPO measures held-out accuracy (rl.eval_prompts, every metrics.eval_freq steps), not a held-out "
+            "loss; set validation.enable = false",
+        )
+
     def needs_reference(self) -> bool:
         """Whether a built-in reward compares with each record's rl.reference_field."""
         return any(table.get("fn") in ("exact", "math") for table in self.rewards)
@@ -203,6 +254,9 @@ class RLConfig:
 
 # Exact match plus a tenth of the format reward: an optionally signed integer, then the stop text.
 # The keys only the vLLM engine reads: set with the builtin engine, they would do nothing.
+# Keys of rl.task = 'data' (your records) that the arithmetic generator does not read.
+DATA_ONLY = ("prompt_field", "system_prompt", "eval_path", "template_switches")
+
 VLLM_ONLY = (
     "engine_urls",
     "engine_weights_folder",

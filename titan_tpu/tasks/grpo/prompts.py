@@ -115,9 +115,9 @@ def _records(source: str, path: str, split: str, key: str) -> list[tuple[str, di
             f"{key}: rl.task = 'data' needs the prompt records' path (.jsonl/.parquet files or a dataset)"
         )
     if source == "files":
-        reader: Any = FileRecords(path)
+        reader: Any = FileRecords(path, key)
     elif source == "huggingface":
-        reader = HuggingFaceRecords(path, split)
+        reader = HuggingFaceRecords(path, split, key)
     else:
         raise ConfigError("data.source: rl.task = 'data' reads records: set it to 'files' or 'huggingface'")
     return [(where, record) for _, where, record in reader.records()]

@@ -4,9 +4,12 @@ grid. Imports nothing but the configuration, so the loader reads it before torch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from titan_tpu.config.sections import opt, require
+
+if TYPE_CHECKING:
+    from titan_tpu.config.loader import TrainConfig
 
 
 @dataclass
@@ -71,6 +74,29 @@ class FluxConfig:
         require(bool(self.prompts()), "flux.sample_prompts", "must hold at least one prompt")
         require(self.sample_steps >= 1, "flux.sample_steps", "must be >= 1")
         require(self.samples_per_prompt >= 1, "flux.samples_per_prompt", "must be >= 1")
+
+    def check_with(self, config: TrainConfig) -> None:
+        """[data] and [validation] are for text: images come from flux.dataset and flux.data_path, and
+        the task reports no held-out loss (its evaluation is the sample grid)."""
+        data = config.data
+        require(
+            data.source == "embedded" and not data.path,
+            "data.path" if data.path else "data.source",
+            f"{data.path or data.source!r} is not read by the rectified_flow task; images and captions come "
+            "from flux.dataset and flux.data_path",
+        )
+        require(
+            not config.validation.enable,
+            "validation.enable",
+            "the rectified_flow task measures no held-out loss (its evaluation is the sample grid, "
+            "metrics.eval_freq); set validation.enable = false",
+        )
+        require(
+            self.dataset != "generated" or not self.data_path,
+            "flux.data_path",
+            f"{self.data_path!r} is not read while flux.dataset = 'generated'; set flux.dataset = 'folder' or "
+            "'webdataset'",
+        )
 
     def prompts(self) -> list[str]:
         return [p.strip() for p in self.sample_prompts.split("|") if p.strip()]

@@ -5,9 +5,13 @@ before torch loads."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from titan_tpu.config.errors import ConfigError
 from titan_tpu.config.sections import opt, opt_table, require
+
+if TYPE_CHECKING:
+    from titan_tpu.config.loader import TrainConfig
 
 
 @dataclass
@@ -50,3 +54,64 @@ class SftConfig:
         require(self.generated_held_out >= 1, "sft.generated_held_out", f"must be >= 1, got {self.generated_held_out}")
         require(self.eval_generations >= 0, "sft.eval_generations", f"must be >= 0, got {self.eval_generations}")
         require(self.max_new_tokens >= 1, "sft.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+
+    def generates(self, config: TrainConfig) -> bool:
+        """Whether evaluations generate answers (they run only with metrics.eval_freq > 0)."""
+        return self.eval_generations > 0 and config.metrics.eval_freq > 0
+
+    def check_with(self, config: TrainConfig) -> None:
+        """The [data] and [validation] values this task reads, against sft.dataset: a path the
+        generated task would not read, a held-out source that does not exist for the user's records."""
+        data, validation = config.data, config.validation
+        require(
+            data.text_field == "text",
+            "data.text_field",
+            "is the text of pretraining records; SFT reads sft.messages_field (or sft.prompt_field and "
+            "sft.completion_field)",
+        )
+        require(
+            not data.document_mask,
+            "data.document_mask",
+            "is for packed pretraining text; SFT keeps packed examples apart by itself (sft.packing); remove it",
+        )
+        if self.dataset == "generated":
+            require(
+                data.source == "embedded" and not data.path,
+                "data.path" if data.path else "data.source",
+                f"{data.path or data.source!r} is not read while sft.dataset = 'generated' (the built-in "
+                "generated chat task); set sft.dataset = 'data' to train on your records",
+            )
+        else:
+            require(
+                data.source != "embedded",
+                "data.source",
+                "'embedded' is pretraining text; sft.dataset = 'data' reads records: set data.source = 'files' "
+                "(or 'huggingface') and data.path",
+            )
+            for key in ("generated_examples", "generated_held_out"):
+                require(
+                    getattr(self, key) == SftConfig.__dataclass_fields__[key].default,
+                    f"sft.{key}",
+                    "is read only with sft.dataset = 'generated'; remove it or set sft.dataset = 'generated'",
+                )
+        readers = [
+            reader
+            for reader, reads in (
+                ("validation.enable = true", validation.enable),
+                (f"sft.eval_generations = {self.eval_generations}", self.generates(config)),
+            )
+            if reads
+        ]
+        if validation.source == "generated" and self.dataset != "generated" and readers:
+            raise ConfigError(
+                "validation.source: 'generated' is the held-out part of sft.dataset = 'generated', not of your "
+                f"records, and {' and '.join(readers)} {'read' if len(readers) > 1 else 'reads'} held-out "
+                "conversations; set validation.source = "
+                "'files' with validation.path = HELD_OUT.jsonl, or set validation.enable = false and "
+                "sft.eval_generations = 0"
+            )
+        if validation.source != "generated" and not validation.path and self.generates(config):
+            raise ConfigError(
+                f"sft.eval_generations: {self.eval_generations} held-out conversations are answered at each "
+                "evaluation, from validation.path, which is empty; set validation.path, or sft.eval_generations = 0"
+            )

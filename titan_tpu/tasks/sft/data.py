@@ -31,25 +31,18 @@ def training_records(config: TrainConfig) -> RecordSource:
         return GeneratedChat(config.training.seed, "train", sft.generated_examples, sft.messages_field)
     if data.source == "files":
         return FileRecords(data.path)
-    if data.source == "huggingface":
-        return HuggingFaceRecords(data.path, data.hf_split)
-    raise ConfigError(
-        "data.source: 'embedded' is pretraining text; training.task = 'sft' reads records: set data.source = "
-        "'files' or 'huggingface' with data.path, or sft.dataset = 'generated'"
-    )
+    # data.source = 'embedded' is refused when the config is checked (SftConfig.check_with).
+    return HuggingFaceRecords(data.path, data.hf_split)
 
 
 def held_out_records(config: TrainConfig) -> RecordSource:
     sft, validation = config.section(SftConfig), config.validation
     if validation.source == "generated":
-        if sft.dataset != "generated":
-            raise ConfigError(
-                "validation.source: 'generated' holds the held-out part of sft.dataset = 'generated' only"
-            )
+        # With sft.dataset = 'data' this is refused when the config is checked (SftConfig.check_with).
         return GeneratedChat(config.training.seed, "held_out", sft.generated_held_out, sft.messages_field)
     if validation.source == "files":
-        return FileRecords(validation.path)
-    return HuggingFaceRecords(validation.path, validation.hf_split)
+        return FileRecords(validation.path, "validation.path")
+    return HuggingFaceRecords(validation.path, validation.hf_split, "validation.path")
 
 
 @dataclasses.dataclass(frozen=True)

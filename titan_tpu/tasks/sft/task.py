@@ -57,6 +57,13 @@ class SftTask(TrainingTask):
                 "sft.eval_generations: generation with the KV cache runs data-parallel only; set it to 0 "
                 "with parallelism.tp > 1 (held-out loss, [validation], still runs)"
             )
+        if self.sft.packing and not ctx.spec.capabilities.separates_documents:
+            # Packed examples share a row; a model that takes no document ids would let each attend to
+            # the ones before it.
+            raise ConfigError(
+                f"sft.packing: model {ctx.spec.name} attends across packed examples (it takes no document "
+                "ids); set sft.packing = false (one example per row)"
+            )
         self.encoding = ChatEncoding.from_config(config)
         self.records = training_records(config)
         self.packing = packing_of(config, self.encoding, shuffle=True)
@@ -87,7 +94,7 @@ class SftTask(TrainingTask):
         require_held_out_rows(self.ctx, self.held_out.description, found, "packed conversations")
 
     def _generates(self) -> bool:
-        return self.sft.eval_generations > 0 and self.ctx.config.metrics.eval_freq > 0
+        return self.sft.generates(self.ctx.config)
 
     def model_args(self, args: Any) -> Any:
         self.args = decoder_args(self.ctx, self.encoding.tokenizer, args)

@@ -289,8 +289,14 @@ JAMBA = r"^{key}: model hf cannot be sampled by the builtin sampler \(JambaForCa
         ),
         (
             "sft_qwen3_debug",
-            ["--hf.architecture=JambaForCausalLM"],
+            ["--hf.architecture=JambaForCausalLM", "--sft.packing=false"],
             JAMBA.format(key="sft.eval_generations", remedy=r"set it to 0"),
+        ),
+        # Packed SFT rows need document ids (it used to fail at step 1, advising data.document_mask).
+        (
+            "sft_qwen3_debug",
+            ["--hf.architecture=Qwen3ForCausalLM"],
+            r"^sft.packing: model hf attends across packed examples .*; set sft.packing = false",
         ),
         ("llama3_debug", ["--data.document_mask=true"], "data.document_mask: model hf attends across packed documents"),
     ],

@@ -108,6 +108,8 @@ def test_train_py_exits_2_with_the_line(tmp_path: Path) -> None:
             "--sft.dataset=data",
             "--data.source=files",
             f"--data.path={path}",
+            "--validation.enable=false",
+            "--sft.eval_generations=0",
         ],
         cwd=ROOT,
         capture_output=True,
