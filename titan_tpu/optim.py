@@ -72,3 +72,29 @@ def lr_multiplier(step: int, total_steps: int, cfg: LRSchedulerConfig) -> float:
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: LRSchedulerConfig, total_steps: int) -> LambdaLR:
     return LambdaLR(optimizer, lambda step: lr_multiplier(step, total_steps, cfg))
+
+
+def apply_config_on_resume(
+    optimizer: torch.optim.Optimizer,
+    scheduler: LambdaLR,
+    cfg: OptimizerConfig,
+    schedule: LRSchedulerConfig,
+    total_steps: int,
+) -> None:
+    """After a checkpoint was loaded: the run's own hyperparameters over the ones the checkpoint
+    restored, so a restart with another peak lr, betas, weight decay, schedule or step count trains
+    with them from the resumed step on (the moments, the step and the schedule's position stay the
+    checkpoint's). Loading restores the saving run's values into the param groups and the schedule's
+    base lr; left there, a changed `optimizer.lr` would be accepted and never used."""
+    for index, group in enumerate(optimizer.param_groups):
+        group["betas"] = (cfg.beta1, cfg.beta2)
+        group["eps"] = cfg.eps
+        # build_optimizer's order: the decayed matrices first, then the undecayed norms and biases.
+        group["weight_decay"] = cfg.weight_decay if index == 0 else 0.0
+        group["initial_lr"] = cfg.lr
+    scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]
+    # The lr of the next step, as the schedule sets it after `last_epoch` steps (its lambda is built
+    # from this run's config; a checkpoint does not save functions).
+    factor = lr_multiplier(scheduler.last_epoch, total_steps, schedule)
+    for group in optimizer.param_groups:
+        group["lr"] = cfg.lr * factor

@@ -69,8 +69,12 @@ class CheckpointManager:
         dataloader: Any | None = None,
         device_type: str = "cpu",
         pipeline_stages: bool = False,
+        run_settings: dict[str, Any] | None = None,
     ) -> None:
-        """`pipeline_stages`: `model` holds this rank's pipeline stages only (parallelism.pp > 1)."""
+        """`pipeline_stages`: `model` holds this rank's pipeline stages only (parallelism.pp > 1).
+        `run_settings`: the run's values a restart may change (titan_tpu/training/resume_settings.py),
+        recorded in each manifest; `resumed_settings` is the loaded checkpoint's (None before a load,
+        or for a checkpoint that recorded none)."""
         self.cfg = cfg
         self.root = Path(dump_folder) / cfg.folder
         self.model = model
@@ -80,6 +84,8 @@ class CheckpointManager:
         self.device_type = device_type
         self.pipeline_stages = pipeline_stages
         self.train_state = TrainState()
+        self.run_settings = run_settings
+        self.resumed_settings: dict[str, Any] | None = None
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
@@ -186,6 +192,8 @@ class CheckpointManager:
         temp = layout.temp_dir(self.root, step, self.run_id)
         writer = ChecksummingWriter(temp)
         extra = {"world_size": self.world_size, "components": sorted(states), "model_only": model_only}
+        if self.run_settings is not None and not model_only:
+            extra["run_settings"] = self.run_settings
         no_dist = not self.distributed
         if self._executor is not None and not model_only:
             with quiet_single_process():
@@ -325,6 +333,7 @@ class CheckpointManager:
         if loaded_step != step:
             raise ConfigError(f"checkpoint {folder}: records step {loaded_step}, its folder says {step}")
         self.train_state.step = step
+        self.resumed_settings = layout.read_manifest(folder).get("run_settings")
         self._say(logging.INFO, "checkpoint: loaded %s (%s)", folder, ", ".join(states))
         return step
 

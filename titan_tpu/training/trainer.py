@@ -42,13 +42,14 @@ from titan_tpu.metrics.mfu import mfu_percent, task_flops_per_sec, with_task_mfu
 from titan_tpu.metrics.plot import write_run_loss_chart
 from titan_tpu.metrics.profiler import StepProfiler
 from titan_tpu.metrics.progress import Progress
-from titan_tpu.optim import build_lr_scheduler, build_optimizer
+from titan_tpu.optim import apply_config_on_resume, build_lr_scheduler, build_optimizer
 from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.tasks.base import TaskContext, TrainingTask
 from titan_tpu.tasks.registry import task_class
 from titan_tpu.training.forward_backward import accumulated_forward_backward, pipeline_forward_backward
 from titan_tpu.training.record_window import RecordWindow, is_eval_step, is_record_step, mean_over_data_parallel
 from titan_tpu.training.registered_names import RegisteredNames, check_registered_names
+from titan_tpu.training.resume_settings import changed_settings, check_steps_left, resume_line, run_settings
 from titan_tpu.training.seeding import seed_everything
 
 logger = logging.getLogger("titan_tpu")
@@ -218,6 +219,7 @@ class Trainer:
             dataloader=self.task.data_state(),
             device_type=self.device.type,
             pipeline_stages=self.pipeline is not None,
+            run_settings=run_settings(config),
         )
         self.comm.govern_group(self.checkpointer.process_group)
         if not config.checkpoint.create_seed_checkpoint:
@@ -233,6 +235,7 @@ class Trainer:
         path = self.config.checkpoint.initial_load_path
         if step is not None:
             self.step = step
+            self._continue_from_checkpoint(step)
             if path and self.is_writer:
                 logger.info("checkpoint: resumed at step %d, so initial_load_path is not used", step)
             return
@@ -242,6 +245,20 @@ class Trainer:
             load_hf_weights(self.model, path, adapter, self.model_args, what=self._model_name(), progress=reading)
             if self.is_writer:
                 logger.info("checkpoint: initial weights from %s", path)
+
+    def _continue_from_checkpoint(self, step: int) -> None:
+        """This run's optimizer settings, schedule and step count from the resumed step on, and one
+        line naming what it changes (titan_tpu/training/resume_settings.py)."""
+        config = self.config
+        check_steps_left(config, step, str(self.checkpointer.root))
+        apply_config_on_resume(
+            self.optimizer, self.lr_scheduler, config.optimizer, config.lr_scheduler, config.training.steps
+        )
+        changes = changed_settings(self.checkpointer.resumed_settings, run_settings(config))
+        if changes and self.is_writer:
+            logger.info(resume_line(step, changes))
+        if step == config.training.steps and self.is_writer:
+            logger.info("checkpoint: step %d is training.steps: nothing left to train; raise it to go on", step)
 
     # ------------------------------------------------------------------------------------ loop
 
@@ -312,7 +329,8 @@ class Trainer:
                 step = self.step + 1
                 record_now = is_record_step(step, self.config)
                 saving = self.checkpointer.will_save(step, last=step == training.steps)
-                lr = float(self.lr_scheduler.get_last_lr()[0])  # a float: the groups' lr is optimizer.lr
+                # The groups' lr, which a resume sets (the schedule's `get_last_lr` keeps the saved one).
+                lr = float(self.optimizer.param_groups[0]["lr"])
                 with self.profiler.step(step):
                     loss, items = self.forward_backward()
                     window.add(loss, items)
