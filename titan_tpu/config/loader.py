@@ -93,6 +93,12 @@ class TrainConfig:
     validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
     owned: dict[str, Any] = dataclasses.field(default_factory=_owned_sections)
 
+    def __post_init__(self) -> None:
+        # The TOML file it was loaded from (None: no file), set by load_config. Not a field, so not a
+        # section and not compared: files a config names by module (GRPO's own rewards) are looked
+        # for beside it too.
+        self.source_file: Path | None = None
+
     def section(self, cls: type[Section]) -> Section:
         """The owned section of class `cls` (e.g. `config.section(RLConfig)` is [rl])."""
         for section in self.owned.values():
@@ -236,6 +242,7 @@ def load_config(config_name: str | None, overrides: list[str]) -> TrainConfig:
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
         apply_section_values(config, values, str(path))
+        config.source_file = path.resolve()
     apply_section_values(config, parse_overrides(overrides), "command line", from_cli=True)
     config.validate()
     return config

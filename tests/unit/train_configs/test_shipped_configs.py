@@ -49,8 +49,13 @@ EXPECTED_PARAMS: dict[str, str] = {
     "flux_dev.toml": "12B",
     "hf_mistral_debug.toml": "139584",  # own flavor (titan_tpu/models/hf/args.py's debug sizes)
     "hf_mistral_7b.toml": "7.24B",  # Mistral AI's Mistral 7B v0.1 model card: "7.24B params"
+    "sft_own_data.toml": "3410432",  # own flavor
+    "grpo_own_data.toml": "3410432",  # own flavor
 }
-SHIPPED = sorted(p.name for p in CONFIG_DIR.glob("*.toml"))
+# Templates whose model is the user's folder, given on the command line: refused without it (below),
+# run with one by tests/unit/repository/test_readme_own_data.py.
+NEEDS_A_FOLDER = {"hf_own_folder.toml": r"hf\.config: model\.name = 'hf' needs exactly one of hf\.config"}
+SHIPPED = sorted(p.name for p in CONFIG_DIR.glob("*.toml") if p.name not in NEEDS_A_FOLDER)
 
 
 def matches_published(count: int, published: str) -> bool:
@@ -74,6 +79,13 @@ def built_param_count(path: Path) -> int:
 
 def test_every_shipped_config_has_an_expected_size() -> None:
     assert SHIPPED == sorted(EXPECTED_PARAMS), "add the new config's published size to EXPECTED_PARAMS"
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_A_FOLDER))
+def test_a_template_for_your_folder_is_refused_without_one(name: str) -> None:
+    assert (CONFIG_DIR / name).is_file()
+    with pytest.raises(ConfigError, match=NEEDS_A_FOLDER[name]):
+        built_param_count(CONFIG_DIR / name)
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -18,6 +18,7 @@ from titan_tpu.tasks.grpo.config import RLConfig
 from titan_tpu.tasks.grpo.hf_greedy import greedy_ours, greedy_transformers, load_exported
 from titan_tpu.tasks.grpo.prompts import prompt_set, stop_ids
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score
+from titan_tpu.tasks.grpo.user_code import search_folders
 
 COMPARED = 16
 
@@ -39,7 +40,7 @@ def evaluate_export(folder: Path, config: TrainConfig, compared: int = COMPARED)
     ids = [p.ids for p in held_out]
     model, decoding = load_exported(folder, config.model.name, config.model.flavor)
     ours = greedy_ours(model, decoding, ids, rl.max_new_tokens, stops, tokenizer.eos_id)
-    first = build_rewards(rl.rewards, rl.reference_field, prompts.stop_text)[0]
+    first = build_rewards(rl.rewards, rl.reference_field, prompts.stop_text, search_folders(config))[0]
     batch = Completions(
         [p.text for p in held_out],
         [tokenizer.decode(o) for o in ours],

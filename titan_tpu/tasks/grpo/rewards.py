@@ -4,23 +4,25 @@ finished answer from one cut off) and the dataset records they came from; the ru
 weighted sum (`rl.rewards`).
 
 Built-ins: `exact`, `math` (math_reward.py) and `format`. Anything else is `module:function`, your
-own, imported once at start-up and called once per rollout batch on each data-parallel rank with that
-rank's completions. A reward that cannot be imported, raises, returns the wrong number of values, or
-a value that is not a finite number stops the run with one line naming it (and the record, where one
-record's value is at fault).
+own, imported once at start-up (from the Python path, the config's folder or the current folder:
+user_code.py) and called once per rollout batch on each data-parallel rank with that rank's
+completions. A reward that cannot be imported, raises, returns the wrong number of values, or a value
+that is not a finite number stops the run with one line naming it (and the record, where one record's
+value is at fault); one that raises is followed by its own traceback, which holds your file and line.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from titan_tpu.config import ConfigError
+from titan_tpu.tasks.grpo.user_code import import_user_module, traceback_text
 
 Record = Mapping[str, Any]
 RewardFn = Callable[[list[str], list[str], list[Record]], Sequence[float]]
@@ -81,22 +83,26 @@ def _format(pattern: str) -> RewardFn:
     return format_reward
 
 
-def _imported(spec: str, where: str) -> RewardFn:
+def _imported(spec: str, where: str, folders: Sequence[Path]) -> RewardFn:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"{where}: {spec!r} is neither a built-in reward (exact, math, format) nor 'module:function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attribute)
-    except Exception as err:  # the user's module: any failure to import it is reported the same way
-        raise ConfigError(f"{where}: cannot import {spec!r}: {type(err).__name__}: {err}") from None
+    module = import_user_module(module_name, folders, where)
+    if not hasattr(module, attribute):
+        place = getattr(module, "__file__", None) or module_name
+        raise ConfigError(f"{where}: {spec!r}: {place} defines no {attribute!r}")
+    fn = getattr(module, attribute)
     if not callable(fn):
         raise ConfigError(f"{where}: {spec!r} is a {type(fn).__name__}, not a function")
     return fn
 
 
-def build_rewards(tables: list[dict[str, Any]], reference_field: str, stop_text: str) -> list[Reward]:
+def build_rewards(
+    tables: list[dict[str, Any]], reference_field: str, stop_text: str, folders: Sequence[Path] = ()
+) -> list[Reward]:
     """The rewards of `rl.rewards` (shapes checked by the config), each named by its fn (and its
-    place in the list, for a second reward with the same fn)."""
+    place in the list, for a second reward with the same fn). A module of yours is looked for on the
+    Python path, then in `folders` (user_code.search_folders)."""
     rewards: list[Reward] = []
     for index, table in enumerate(tables):
         name, where = table["fn"], f"rl.rewards[{index}].fn"
@@ -110,7 +116,7 @@ def build_rewards(tables: list[dict[str, Any]], reference_field: str, stop_text:
         elif kind == "format":
             fn = _format(table["pattern"])
         else:
-            fn = _imported(kind, where)
+            fn = _imported(kind, where, folders)
         rewards.append(Reward(name, fn, float(table.get("weight", 1.0))))
     return rewards
 
@@ -120,7 +126,12 @@ def _scores(reward: Reward, batch: Completions) -> list[float]:
     try:
         values = list(reward.fn(batch.prompts, batch.texts, batch.records))
     except Exception as err:  # the reward's own failure, whatever it is, ends the run with its name
-        raise RewardError(f"reward {reward.name} raised {type(err).__name__}: {err} (on {count} completions)") from None
+        # Then its traceback from the reward's own frame on: the file and line where it failed.
+        own_frames = err.__traceback__.tb_next if err.__traceback__ is not None else None
+        raise RewardError(
+            f"reward {reward.name} raised {type(err).__name__}: {err} (on {count} completions)\n"
+            + traceback_text(err, own_frames)
+        ) from None
     if len(values) != count:
         raise RewardError(
             f"reward {reward.name} returned {len(values)} value{'s' * (len(values) != 1)} for {count} "

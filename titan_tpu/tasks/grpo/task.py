@@ -41,6 +41,7 @@ from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weig
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
 from titan_tpu.tasks.grpo.sampling import RolloutSource
+from titan_tpu.tasks.grpo.user_code import search_folders
 
 
 class GRPOTask(TrainingTask):
@@ -63,7 +64,7 @@ class GRPOTask(TrainingTask):
         self.tokenizer = build_tokenizer(config.data.tokenizer)
         self.prompts = prompt_set(config, self.tokenizer)
         stop_text = self.prompts.stop_text
-        self.rewards = build_rewards(self.rl.rewards, self.rl.reference_field, stop_text)
+        self.rewards = build_rewards(self.rl.rewards, self.rl.reference_field, stop_text, search_folders(config))
         stops = stop_ids(self.tokenizer, stop_text)
         self.params = SamplingParams(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_p, stops)
         self.greedy = dataclasses.replace(self.params, temperature=0.0)

@@ -4,8 +4,9 @@ line that names the function (and the record, where one record's value is at fau
 
 Bugs caught: a math check that compares strings (`0.5` vs `\\frac{1}{2}`), reads a worked solution's
 intermediate numbers as the answer, or passes a wrong answer that looks right (`#### 420` for 42); a
-user reward called per completion instead of per batch, or without the records; a failure inside a
-user reward that surfaces as a traceback, or a NaN or a short list that trains on garbage."""
+user reward called per completion instead of per batch, or without the records; a wrong result from
+a user reward that surfaces as a traceback, or a NaN or a short list that trains on garbage (a reward
+that raises: test_reward_modules.py)."""
 
 from __future__ import annotations
 
@@ -107,10 +108,6 @@ def test_a_user_reward_is_called_once_per_batch_with_prompts_completions_and_rec
     ("body", "message"),
     [
         (
-            "def score(p, c, r):\n    raise ValueError('no answer field')\n",
-            r"^reward {m}:score raised ValueError: no answer field \(on 3 completions\)$",
-        ),
-        (
             "def score(p, c, r):\n    return [1.0, 0.0]\n",
             r"^reward {m}:score returned 2 values for 3 completions; it must return one per completion$",
         ),
@@ -139,9 +136,12 @@ def test_a_failing_user_reward_is_one_line_naming_it(
     [
         (
             "no_such_module_here:score",
-            r"rl.rewards\[0\].fn: cannot import 'no_such_module_here:score': ModuleNotFoundError",
+            r"rl.rewards\[0\].fn: no module 'no_such_module_here' on the Python path; put no_such_module_here.py",
         ),
-        ("json:no_such_function", r"rl.rewards\[0\].fn: cannot import 'json:no_such_function': AttributeError"),
+        (
+            "json:no_such_function",
+            r"rl.rewards\[0\].fn: 'json:no_such_function': .*json.* defines no 'no_such_function'",
+        ),
         ("json:__doc__", r"rl.rewards\[0\].fn: 'json:__doc__' is a str, not a function"),
         (
             "exactly",
