@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from titan_tpu.config import ConfigError  # noqa: E402
-from titan_tpu.launch.jobset import JobSetRequest, render_jobset  # noqa: E402
+from titan_tpu.launch.jobset import JobSetRequest, config_grace_period_s, render_jobset  # noqa: E402
 from titan_tpu.launch.rollout_job import RolloutRequest, rollout_shape  # noqa: E402
 from titan_tpu.launch.slices import ACCELERATORS  # noqa: E402
 
@@ -122,6 +122,8 @@ def main(argv: list[str]) -> int:
     opts, overrides = parser.parse_known_args(argv)
     try:
         rollout = _rollout(parser, opts)
+        # The pods' terminationGracePeriodSeconds: the time the config gives a preempted run to save.
+        grace_period_s = config_grace_period_s(opts.config, tuple(arg for arg in overrides if arg != "--"))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -139,6 +141,7 @@ def main(argv: list[str]) -> int:
         chips_per_host=opts.chips_per_host,
         service_account=opts.service_account,
         rollout=rollout,
+        grace_period_s=grace_period_s,
     )
     try:
         manifest, shape = render_jobset(request)

@@ -171,9 +171,10 @@ class CheckpointManager:
         """Save when `step` is a multiple of checkpoint.interval, or it is the last step."""
         return self.save(step) if self.will_save(step, last) else False
 
-    def save(self, step: int, model_only: bool = False) -> bool:
-        """Save `step` (async when configured, except model-only saves); False when skipped because a
-        complete checkpoint of that step already exists (it is never overwritten)."""
+    def save(self, step: int, model_only: bool = False, blocking: bool = False) -> bool:
+        """Save `step` (async when configured, except model-only and `blocking` saves, which return once
+        it is committed); False when skipped because a complete checkpoint of that step already exists
+        (it is never overwritten). An async save in flight is waited for first."""
         self._wait_pending()
         final = layout.step_dir(self.root, step)
         exists = self._broadcast(final.exists() if self.rank == 0 else None)
@@ -195,7 +196,7 @@ class CheckpointManager:
         if self.run_settings is not None and not model_only:
             extra["run_settings"] = self.run_settings
         no_dist = not self.distributed
-        if self._executor is not None and not model_only:
+        if self._executor is not None and not model_only and not blocking:
             with quiet_single_process():
                 response = dcp.async_save(
                     state_dict,

@@ -353,9 +353,20 @@ class CheckpointConfig:
     create_seed_checkpoint: bool = opt(
         False, "Write step-0 initial weights and exit, so differently laid out runs start equal."
     )
+    preemption_grace_s: int = opt(
+        30,
+        "Seconds between SIGTERM and SIGKILL when a pod is preempted or evicted: on SIGTERM (or SIGINT) the run "
+        "ends the step in progress, saves it and exits. The step plus the save must fit in it; the save's time is "
+        "logged against it, and render_jobset.py writes it as the pods' terminationGracePeriodSeconds.",
+    )
 
     def validate(self) -> None:
         require(self.interval >= 1, "checkpoint.interval", f"must be >= 1, got {self.interval}")
+        require(
+            self.preemption_grace_s >= 1,
+            "checkpoint.preemption_grace_s",
+            f"must be >= 1 (seconds), got {self.preemption_grace_s}",
+        )
         require(self.keep_latest_k >= 0, "checkpoint.keep_latest_k", "must be >= 0")
         require(self.load_step >= -1, "checkpoint.load_step", f"must be -1 or a step, got {self.load_step}")
         require(

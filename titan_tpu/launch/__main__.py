@@ -14,8 +14,10 @@ import argparse
 import logging
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable
+from types import FrameType
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips
@@ -143,6 +145,7 @@ def run_torchrun(argv: list[str]) -> int:
     workers (a parent process would have to forward it by hand), the variables TorchTPU set in
     this process reach the workers unchanged, and the rendezvous backend registered here is the
     one torchrun finds."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
@@ -154,11 +157,21 @@ def run_torchrun(argv: list[str]) -> int:
         torchrun_main(argv)
     except ChildFailedError:
         return 1  # torchrun has printed which process failed, and how, once it ran out of restarts
+    except SignalException as stopped:
+        # The agent sent the signal on to the training processes, which save the step in progress and
+        # exit (titan_tpu/training/preemption.py), waited for them (TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+        # seconds, default 30, then SIGKILL), and restarts nothing: the JobSet or a person restarts.
+        logger.warning(
+            "launch: %s: the training processes were sent it to save and stop; not restarting them",
+            stopped.sigval.name,
+        )
+        return 128 + int(stopped.sigval)
     return 0
 
 
 def launch(argv: list[str]) -> int:
-    """The launcher's exit status: 0 when training finished, 1 when it failed, 2 on bad input."""
+    """The launcher's exit status: 0 when training finished, 1 when it failed, 2 on bad input,
+    128 + N when signal N (SIGTERM: 143) stopped it."""
     options = parse_args(argv)
     try:
         torchrun_args = prepare(options)
@@ -168,10 +181,18 @@ def launch(argv: list[str]) -> int:
     return run_torchrun(torchrun_args)
 
 
+def _stop_before_training(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     # Before anything imports torch: on a host without TPU device files, torch would load torch_tpu
     # for nothing, here and in every worker, which inherits the setting.
     skip_tpu_backend_without_chips()
+    # As a container's first process the launcher would ignore a SIGTERM it has no handler for (the
+    # pod would wait out its grace period) until torchrun's agent installs its own as the training
+    # processes start; nothing is running yet, so this one just ends the launcher.
+    signal.signal(signal.SIGTERM, _stop_before_training)
     # The launcher's own lines at INFO; libraries that log at import time stay at WARNING, and
     # torchrun's agent keeps its own level (LOGLEVEL), at which it reports failures and restarts.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")

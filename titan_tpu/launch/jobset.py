@@ -15,6 +15,11 @@ Indexed Job; GKE's TPU webhook sets TPU_WORKER_ID and TPU_WORKER_HOSTNAMES on TP
 MEGASCALE_* variables of a multi-slice JobSet (GKE's own multi-slice examples set none of them).
 Setting them by hand would fight the webhook.
 
+Preemption: a pod gets SIGTERM, then SIGKILL `terminationGracePeriodSeconds` later; the trainer's pods
+get checkpoint.preemption_grace_s (`config_grace_period_s`), in which the training processes save
+the step in progress and exit, and torchrun's agent waits as long for them
+(TORCH_ELASTIC_SHUTDOWN_TIMEOUT) before it kills them.
+
 Failures: a pod that fails fails its Job at once (`backoffLimit: 0`, `restartPolicy: Never`), and
 the JobSet then recreates every Job, up to `failurePolicy.maxRestarts` times. Within a pod the
 launcher restarts its process group first. Either way the run resumes from the newest complete
@@ -34,6 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from titan_tpu.config import load_config
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.launch import rollout_job
 from titan_tpu.launch.rollout_job import RolloutRequest
@@ -63,6 +69,8 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
 _DNS_LABEL_MAX = 63
 # Set from other inputs; an override would silently disagree with them.
 _OWNED_OVERRIDES = ("--job.dump_folder=",)
+# Kubernetes' default terminationGracePeriodSeconds, and checkpoint.preemption_grace_s's.
+DEFAULT_GRACE_PERIOD_S = 30
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,12 @@ class JobSetRequest:
     chips_per_host: int | None = None  # only for topologies GKE builds two ways (v5e/v6e 2x4)
     service_account: str | None = None  # a Kubernetes service account with access to the bucket
     rollout: RolloutRequest | None = None  # vLLM servers on slices of their own, for GRPO
+    grace_period_s: int = DEFAULT_GRACE_PERIOD_S  # SIGTERM to SIGKILL: the config's checkpoint.preemption_grace_s
+
+
+def config_grace_period_s(config: str, overrides: tuple[str, ...]) -> int:
+    """checkpoint.preemption_grace_s of the trainer's config with the user's overrides."""
+    return load_config(config, list(overrides)).checkpoint.preemption_grace_s
 
 
 def _check(request: JobSetRequest, shape: SliceShape) -> None:
@@ -99,6 +113,8 @@ def _check(request: JobSetRequest, shape: SliceShape) -> None:
             f"{request.slices} slices of {shape.accelerator} {shape.topology}: GKE runs multi-slice "
             f"jobs on multi-host slices only, and this one has 1 host; {hint}"
         )
+    if request.grace_period_s < 1:
+        raise ConfigError(f"grace_period_s={request.grace_period_s}: expected seconds >= 1")
     restarts = (("max_restarts", request.max_restarts), ("launcher_restarts", request.launcher_restarts))
     for field, value in restarts:
         if value < 0:
@@ -185,10 +201,13 @@ def _trainer_pod_template(
         "name": CONTAINER,
         "image": request.image,
         "command": command,
+        # torchrun's agent gives the training processes this long to save and exit after SIGTERM.
+        "env": [{"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(request.grace_period_s)}],
         "resources": {"requests": dict(chips), "limits": dict(chips)},
     }
     spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the Job fails at once and the JobSet restarts every pod
+        "terminationGracePeriodSeconds": request.grace_period_s,
         "nodeSelector": {ACCELERATOR_LABEL: shape.accelerator, TOPOLOGY_LABEL: shape.topology},
         "containers": [container],
     }

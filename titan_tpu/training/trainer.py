@@ -47,6 +47,7 @@ from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.tasks.base import TaskContext, TrainingTask
 from titan_tpu.tasks.registry import task_class
 from titan_tpu.training.forward_backward import accumulated_forward_backward, pipeline_forward_backward
+from titan_tpu.training.preemption import PreemptionWatch
 from titan_tpu.training.record_window import RecordWindow, is_eval_step, is_record_step, mean_over_data_parallel
 from titan_tpu.training.registered_names import RegisteredNames, check_registered_names
 from titan_tpu.training.resume_settings import changed_settings, check_steps_left, resume_line, run_settings
@@ -324,6 +325,9 @@ class Trainer:
         compiling = None
         if self.config.compile.enable and self.is_writer:
             compiling = Progress("first step, compiling", 1, "step")
+        # SIGTERM/SIGINT: the step in progress ends, is saved, and the run exits (training/preemption.py).
+        preemption = PreemptionWatch(self.config.checkpoint.preemption_grace_s, self.is_writer)
+        preemption.install()
         try:
             while self.step < training.steps:
                 step = self.step + 1
@@ -352,14 +356,21 @@ class Trainer:
                     self.device.reset_peak_memory()
                     window.reset()
                 self.checkpointer.maybe_save(self.step, last=self.step == training.steps)
+                if self.step < training.steps and (signum := preemption.agreed_signal()):
+                    if window.steps:  # losses not read yet: a non-finite one never reaches the checkpoint
+                        self._read_losses(window.losses, first_step=step - window.steps + 1)
+                    preemption.stop(signum, self.step, self.checkpointer, saved=saving)
                 self.comm.start_training()
         except RuntimeError as error:
             self.comm.raise_if_timeout(error)
             raise
         finally:
             self.profiler.close()
-            self.checkpointer.close()
-            self.metrics.close()
+            try:
+                self.checkpointer.close()
+                self.metrics.close()
+            finally:
+                preemption.restore()  # after the last save is committed, which a signal must not cut short
         if self.is_writer and self.config.metrics.plot_loss:
             self._draw_loss_chart()
         return records
