@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from titan_tpu.config.sections import MetricsConfig
+from titan_tpu.metrics.console import ConsoleView, duration
 
 logger = logging.getLogger("titan_tpu")
 
@@ -34,6 +35,11 @@ class StepRecord:
     memory_gib: float  # peak device memory (peak RSS on a CPU) since the previous record
     step_time_s: float
     extras: dict[str, float] = field(default_factory=dict)  # the task's own values (reward, accuracy)
+    # For the console line only (metrics.jsonl keeps its keys): `step N/T`, the time left, and which
+    # of the task's values the line shows.
+    total_steps: int | None = None
+    eta_s: float | None = None
+    console: ConsoleView = field(default_factory=ConsoleView)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON record: the throughput is named after the unit (`tokens_per_sec`)."""
@@ -52,14 +58,25 @@ class StepRecord:
         return record
 
     def console_line(self) -> str:
-        mfu = f"{self.mfu:5.1f}%" if self.mfu is not None else "  n/a"
+        """The step's values for a person: `step N/T`, the loss, the device's numbers, the time per
+        step and left, then the task's values; with `console.brief` only the task's chosen values,
+        the throughput and the times, short enough for a terminal."""
+        view = self.console
+        total = f"/{self.total_steps}" if self.total_steps else ""
+        head = [f"step {self.step:{len(total) - 1 if total else 6}d}{total}", f"loss {self.loss:8.4f}"]
+        shown = view.shown if view.shown is not None else tuple((key, key) for key in self.extras)
+        extras = [f"{label} {self.extras[key]:.4g}" for key, label in shown if key in self.extras]
         unit = {"tokens": "tok", "samples": "smp"}.get(self.unit, self.unit)
-        extras = "".join(f" | {k} {v:.4g}" for k, v in self.extras.items())
-        return (
-            f"step {self.step:6d} | loss {self.loss:8.4f} | grad_norm {self.grad_norm:7.3f} | "
-            f"lr {self.lr:.2e} | {unit}/s {self.items_per_sec:9.1f} | TFLOP/s {self.tflops:7.3f} | "
-            f"mfu {mfu} | mem {self.memory_gib:6.2f} GiB | step {self.step_time_s:6.3f} s{extras}"
-        )
+        rate = f"{unit}/s {self.items_per_sec:9.1f}"
+        times = [f"{self.step_time_s:6.3f} s/step"]
+        if self.eta_s is not None:
+            times.append(f"eta {duration(self.eta_s)}")
+        if view.brief:
+            return " | ".join([*head, *extras, rate, *times])
+        mfu = f"{self.mfu:5.1f}%" if self.mfu is not None else "  n/a"
+        device = [f"TFLOP/s {self.tflops:7.3f}", f"mfu {mfu}", f"mem {self.memory_gib:6.2f} GiB"]
+        optimizer = [f"grad_norm {self.grad_norm:7.3f}", f"lr {self.lr:.2e}"]
+        return " | ".join([*head, *optimizer, rate, *device, *times, *extras])
 
 
 class MetricsLogger:
@@ -92,6 +109,8 @@ class MetricsLogger:
         if not self.is_writer:
             return
         logger.info(record.console_line())
+        if record.console.note:
+            logger.info("step %d: %s", record.step, record.console.note)
         assert self._jsonl is not None
         values = record.to_dict()
         self._jsonl.write(json.dumps(values) + "\n")

@@ -18,6 +18,8 @@ checkpoints and the metrics record. A `TrainingTask` supplies what differs:
   an item in the throughput field (`tokens_per_sec`, `samples_per_sec`).
 - `step_metrics()`: extra values for the step record (read on logging steps only).
 - `evaluate(model, step)`: held-out numbers or samples every `metrics.eval_freq` steps.
+- `describe_data()` and `console_view(loss, extras)`: the data in the run's start-up line, and which
+  of the task's values its step lines show (metrics.jsonl keeps them all).
 
 Language-model pretraining is one task (`language_model.py`); rectified-flow image training and
 GRPO are others. Tasks are found by name in `registry.py`.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +38,7 @@ import torch
 from torch import nn
 
 from titan_tpu.config.errors import ConfigError
+from titan_tpu.metrics.console import ConsoleView
 
 if TYPE_CHECKING:
     from titan_tpu.config import TrainConfig
@@ -152,6 +156,16 @@ class TrainingTask(ABC):
 
     def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
         return {}
+
+    def describe_data(self) -> str:
+        """What the run trains on and how much of it, in a few words, for the start-up line (called once
+        on the writing process, after `setup`). A task that knows its data's size says it here."""
+        return f"{type(self).__name__}'s batches, {self.ctx.config.training.global_batch_size} samples a step"
+
+    def console_view(self, loss: float, extras: Mapping[str, float]) -> ConsoleView:
+        """Which of a record's values (`extras`: `step_metrics` and `evaluate`'s) its console line shows,
+        and a note under it; every value by default."""
+        return ConsoleView()
 
     def close(self) -> None:  # noqa: B027 (a hook with nothing to do by default, not an abstract method)
         """Release what the task started (a rollout engine's server); called once the run ends."""

@@ -15,8 +15,10 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.data.documents import DocumentSource
+from titan_tpu.data.files import FileSource
 from titan_tpu.data.loader import PackedDataset, build_dataloader, build_source, stateful_loader
 from titan_tpu.data.packing import BlockStart
+from titan_tpu.data.sources import EmbeddedSource
 from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.distributed.context_parallel import split_for_rank
 from titan_tpu.protocols.model_spec import ModelSpec
@@ -62,6 +64,16 @@ def rows_in_one_pass(dataset: PackedDataset, limit: int) -> int:
             break
         found += len(block)
     return min(found, limit)
+
+
+def source_in_words(source: DocumentSource) -> str:
+    """The source's description, with the count and size of its files where it reads files (a Hugging
+    Face dataset streams: its size is known only after a pass)."""
+    files = source.files if isinstance(source, (EmbeddedSource, FileSource)) else []
+    if not files:
+        return source.description
+    size = sum(path.stat().st_size for path in files)
+    return f"{source.description}: {len(files):,} files, {size / 1e6:,.1f} MB"
 
 
 class LanguageModelTask(TrainingTask):
@@ -168,6 +180,18 @@ class LanguageModelTask(TrainingTask):
 
     def data_state(self) -> StatefulDataLoader | None:
         return self.dataloader
+
+    def describe_data(self) -> str:
+        """The corpus, the tokenizer and the tokens the run's steps take from it."""
+        assert self.dataloader is not None, "setup() builds the data loader"
+        dataset = self.dataloader.dataset
+        assert isinstance(dataset, PackedDataset), "build_dataloader packs a document source"
+        training = self.ctx.config.training
+        rows, tokens = training.global_batch_size, training.global_batch_size * self.seq_len * training.steps
+        return (
+            f"{source_in_words(dataset.source)}, {self.ctx.config.data.tokenizer} tokenizer; {rows} rows x "
+            f"{self.seq_len} tokens a step, {tokens:,} tokens in all"
+        )
 
     def next_batch(self, model: nn.Module) -> dict[str, torch.Tensor]:
         if self._batches is None:

@@ -51,6 +51,7 @@ from titan_tpu.training.preemption import PreemptionWatch
 from titan_tpu.training.record_window import RecordWindow, is_eval_step, is_record_step, mean_over_data_parallel
 from titan_tpu.training.registered_names import RegisteredNames, check_registered_names
 from titan_tpu.training.resume_settings import changed_settings, check_steps_left, resume_line, run_settings
+from titan_tpu.training.run_report import count_parameters, start_report
 from titan_tpu.training.seeding import seed_everything
 
 logger = logging.getLogger("titan_tpu")
@@ -167,6 +168,7 @@ class Trainer:
         config = self.config
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
+        self.parameter_count = count_parameters(model)  # of the whole model, before a layout splits it
         self.pipeline: PipelineRunner | None = None
         self.model: nn.Module
         if self.parallel.dims.pp_enabled:
@@ -316,6 +318,7 @@ class Trainer:
             self.checkpointer.close()
             self.metrics.close()
             return []
+        self.report = start_report(self)  # the start-up line; the clock of the eta and the last line
         records: list[StepRecord] = []
         window = RecordWindow()
         self.device.synchronize()
@@ -371,19 +374,21 @@ class Trainer:
                 self.metrics.close()
             finally:
                 preemption.restore()  # after the last save is committed, which a signal must not cut short
-        if self.is_writer and self.config.metrics.plot_loss:
-            self._draw_loss_chart()
+        chart = self._draw_loss_chart() if self.is_writer and self.config.metrics.plot_loss else None
+        if self.is_writer:
+            logger.info(self.report.final_line(self.step, records, chart))
         return records
 
-    def _draw_loss_chart(self) -> None:
+    def _draw_loss_chart(self) -> Path | None:
         """dump_folder/loss.png from the run's metrics.jsonl; a chart that cannot be drawn never fails
         a run that has finished training."""
         try:
             path = write_run_loss_chart(self.dump_folder, self.process.world_size)
         except Exception as error:  # whatever matplotlib or a damaged metrics file raises
             logger.warning("metrics: loss chart not drawn (%s)", error)
-            return
+            return None
         logger.info("metrics: loss chart in %s", path)
+        return path
 
     def rates(self, items: int, seconds: float) -> tuple[float, float]:
         """(items/s, model FLOP/s) per process for `items` trained by this rank in `seconds`: the
@@ -416,6 +421,9 @@ class Trainer:
             memory_gib=self.device.peak_memory_gib(),
             step_time_s=elapsed / window.steps,
             extras=with_task_mfu(extras, self.peak_flops),
+            total_steps=self.config.training.steps,
+            eta_s=self.report.eta_s(self.step),
+            console=self.task.console_view(mean_loss, extras),
         )
 
     def evaluate(self) -> dict[str, float]:

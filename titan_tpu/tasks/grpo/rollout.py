@@ -44,6 +44,8 @@ class MicroBatch:
     sampled_logps: torch.Tensor | None = None
     trainer_logps: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
+    # (tied groups, groups) of its mini-batch: all tied means every advantage of the step is 0.
+    groups_tied: tuple[int, int] = (0, 0)
 
     @property
     def real_tokens(self) -> int:

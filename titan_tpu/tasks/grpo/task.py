@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.parallelize import parallelize_model, reshard_setting
 from titan_tpu.generation.answers import greedy_answer_score
 from titan_tpu.generation.logprobs import logps_of, token_logps
+from titan_tpu.metrics.console import ConsoleView
 from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.protocols.planning import Workload
 from titan_tpu.protocols.rollout import SamplingParams
@@ -41,6 +42,14 @@ from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weig
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
 from titan_tpu.tasks.grpo.sampling import RolloutSource
+from titan_tpu.tasks.grpo.step_lines import (
+    RolloutSample,
+    console_view,
+    describe_prompts,
+    log_sample,
+    mini_batch_ties,
+    tied_groups,
+)
 from titan_tpu.tasks.grpo.user_code import search_folders
 
 
@@ -92,6 +101,8 @@ class GRPOTask(TrainingTask):
         self._is_moe = False
         self.args: Any = None
         self._last_exit: float | None = None
+        self._step_ties = (0, 0)  # of the mini-batch the last step trained on
+        self._sample: RolloutSample | None = None  # shown at the next evaluation
         self._reset_stats()
 
     # ------------------------------------------------------------------------------ set-up
@@ -174,6 +185,7 @@ class GRPOTask(TrainingTask):
         if not self.queue:
             self._rollout(model)
         batch = self.queue.popleft()
+        self._step_ties = batch.groups_tied
         self._stats["train_tokens"] += batch.real_tokens
         self._last_exit = time.perf_counter()
         return batch
@@ -191,9 +203,8 @@ class GRPOTask(TrainingTask):
         prompts = {r: taken[r // rl.group_size].ids for r in mine}
         completions, sampled_logps = sampled.completions, sampled.logps
         # Rewards, each reward's part and lengths of this rank's rows, summed with the other ranks'.
-        parts = score(
-            self.rewards, self._completions([taken[r // rl.group_size] for r in mine], [completions[r] for r in mine])
-        )
+        scored = self._completions([taken[r // rl.group_size] for r in mine], [completions[r] for r in mine])
+        parts = score(self.rewards, scored)
         table = torch.zeros(2 + len(self.rewards), self.rows, dtype=torch.float64)
         rows_mine = torch.tensor(mine, dtype=torch.long)
         table[0, rows_mine] = torch.tensor(weighted_total(self.rewards, parts, len(mine)), dtype=torch.float64)
@@ -203,6 +214,12 @@ class GRPOTask(TrainingTask):
         table = self._global(table)
         rewards, lengths = table[0], table[1]
         advantages = group_advantages(rewards, rl.group_size, rl.scale_rewards, rl.advantage_eps).float()
+        tied = tied_groups(rewards, rl.group_size)
+        if mine and ctx.is_writer:
+            answer = taken[mine[0] // rl.group_size].record.get(rl.reference_field)
+            self._sample = RolloutSample(
+                scored.prompts[0], scored.texts[0], float(rewards[mine[0]]), None if answer is None else str(answer)
+            )
 
         reference = self.reference
         # From an engine other than the trainer's own modules, the trainer scores the same tokens:
@@ -227,6 +244,9 @@ class GRPOTask(TrainingTask):
         )
         if engine_apart:
             reshard_all(model)
+        ties = mini_batch_ties(tied, self.rows, ctx.config.training.global_batch_size, rl.group_size)
+        for index, batch in enumerate(batches):
+            batch.groups_tied = ties[index * len(ties) // len(batches)]
         for _ in range(rl.updates_per_rollout):
             self.queue.extend(batches)
         # The rollout's time is all of it that is not the policy update: sampling (or waiting for it),
@@ -236,6 +256,7 @@ class GRPOTask(TrainingTask):
         stats["rollouts"] += 1
         stats["reward_sum"] += float(rewards.sum())
         stats["reward_std_sum"] += float(rewards.view(-1, rl.group_size).std(dim=1).mean())
+        stats["tied_groups"] += float(tied.sum())
         for k, reward in enumerate(self.rewards):
             stats[f"reward/{reward.name}"] += float(table[2 + k].sum())
         stats["length_sum"] += float(lengths.sum())
@@ -315,6 +336,7 @@ class GRPOTask(TrainingTask):
             "rollouts",
             "reward_sum",
             "reward_std_sum",
+            "tied_groups",
             "length_sum",
             "rollout_time",
             "rollout_flops",
@@ -355,6 +377,9 @@ class GRPOTask(TrainingTask):
             metrics.update(
                 reward_mean=s["reward_sum"] / rows,
                 reward_std=s["reward_std_sum"] / s["rollouts"],
+                # Share of groups whose rewards were all equal: no learning signal from them (TRL's
+                # frac_reward_zero_std).
+                tied_groups=s["tied_groups"] / (s["rollouts"] * self.rl.prompts_per_step),
                 completion_length=s["length_sum"] / rows,
                 rollout_tokens_per_sec=s["length_sum"] / s["rollout_time"],
                 # Per process, like the record's tflops; the trainer adds rollout_mfu beside it.
@@ -385,6 +410,12 @@ class GRPOTask(TrainingTask):
         if sync is not None and sync.version >= 0:
             metrics.update({"sync/seconds": sync.seconds, "sync/bytes": float(sync.bytes)})
         return metrics
+
+    def describe_data(self) -> str:
+        return describe_prompts(self.ctx.config, self.prompts, self.steps_per_rollout)
+
+    def console_view(self, loss: float, extras: Mapping[str, float]) -> ConsoleView:
+        return console_view(loss, self.rl.beta, self._step_ties)
 
     def _completions(self, prompts: list[Prompt], ids: list[list[int]]) -> Completions:
         return Completions(
@@ -418,6 +449,8 @@ class GRPOTask(TrainingTask):
             # Every rank calls the vLLM engine (its recovery is collective) or decodes in lockstep.
             in_lockstep=self._lockstep() is not None or self.source.is_vllm,
         )
+        if ctx.is_writer and self._sample is not None:
+            log_sample(step, self._sample)
         return {"heldout_accuracy": correct / count if count else float("nan")}
 
     def close(self) -> None:

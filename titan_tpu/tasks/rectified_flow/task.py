@@ -30,7 +30,7 @@ from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.protocols.planning import Workload
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.rectified_flow.config import FluxConfig
-from titan_tpu.tasks.rectified_flow.data import GeneratedShapes, build_image_dataloader, to_pixels
+from titan_tpu.tasks.rectified_flow.data import GeneratedShapes, ImageCaptionStream, build_image_dataloader, to_pixels
 from titan_tpu.tasks.rectified_flow.encoders import Autoencoder, TextEncoders
 from titan_tpu.tasks.rectified_flow.flow import image_ids, interpolate, pack, sample_time, text_ids, unpack
 from titan_tpu.tasks.rectified_flow.sampler import euler_sample, save_grid
@@ -97,6 +97,20 @@ class RectifiedFlowTask(TrainingTask):
 
     def data_state(self) -> StatefulDataLoader | None:
         return self.dataloader
+
+    def describe_data(self) -> str:
+        """The image-caption set, its size, and how many epochs training.steps is."""
+        assert self.dataloader is not None, "setup() builds the data loader"
+        stream = self.dataloader.dataset
+        assert isinstance(stream, ImageCaptionStream), "build_image_dataloader streams an image-caption set"
+        flux, training = self.flux, self.ctx.config.training
+        pairs = len(stream.source)
+        where = "generated shapes" if flux.dataset == "generated" else f"{flux.dataset} {flux.data_path}"
+        epochs = training.steps * training.global_batch_size / pairs
+        return (
+            f"{where}: {pairs:,} image-caption pairs at {flux.image_size} px; {training.steps} steps x "
+            f"{training.global_batch_size} images = {epochs:.2f} epochs"
+        )
 
     def _encode_text(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.flux.cache_encodings:

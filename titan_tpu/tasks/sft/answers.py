@@ -11,6 +11,7 @@ does. Conversations are split over data-parallel ranks and the counts summed.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
@@ -23,9 +24,12 @@ from titan_tpu.data.sft_dataset import RecordSource
 from titan_tpu.distributed.parallelize import reshard_setting
 from titan_tpu.generation.answers import greedy_answer_score
 from titan_tpu.generation.builtin import BuiltinEngine
+from titan_tpu.metrics.console import SampleField, sample_lines
 from titan_tpu.protocols.rollout import SamplingParams
 from titan_tpu.tasks.base import TaskContext
 from titan_tpu.tasks.sft.data import ChatEncoding
+
+logger = logging.getLogger("titan_tpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +68,10 @@ def exact_answer_rate(
     max_new_tokens: int,
     ctx: TaskContext,
     step: int,
+    shown: list[tuple[HeldOutAnswer, str]] | None = None,
 ) -> dict[str, float]:
-    """{"sft/exact_answers": share of held-out answers generated exactly, "sft/answers": how many}."""
+    """{"sft/exact_answers": share of held-out answers generated exactly, "sft/answers": how many}.
+    `shown` receives this rank's first answer and the text generated for it, to be read in the log."""
     decoding = ctx.spec.capabilities.decoding
     if decoding is None:
         raise RuntimeError(f"model {ctx.spec.name} does not decode with a KV cache; sft.eval_generations needs one")
@@ -75,7 +81,10 @@ def exact_answer_rate(
     engine.load_weights(model, step)
 
     def exact(indices: list[int], ids: list[list[int]]) -> float:
-        return float(sum(encoding.tokenizer.decode(i) == answers[k].expected for k, i in zip(indices, ids)))
+        texts = [encoding.tokenizer.decode(i) for i in ids]
+        if shown is not None and texts:
+            shown.append((answers[indices[0]], texts[0]))
+        return float(sum(text == answers[k].expected for k, text in zip(indices, texts)))
 
     was_training = model.training
     model.eval()
@@ -93,3 +102,16 @@ def exact_answer_rate(
     finally:
         model.train(was_training)
     return {"sft/exact_answers": correct / total if total else 0.0, "sft/answers": total}
+
+
+def log_answer(step: int, answer: HeldOutAnswer, generated: str, encoding: ChatEncoding) -> None:
+    """One held-out answer beside what the model generated for it, a few lines in the log: what the
+    exact-answer rate counts, seen on one case."""
+    verdict = "exact" if generated == answer.expected else "not exact"
+    fields: list[SampleField] = [
+        ("prompt", encoding.tokenizer.decode(answer.prompt), "end"),
+        ("generated", generated, "start"),
+        ("expected", answer.expected, "start"),
+    ]
+    for line in sample_lines(f"step {step}: a held-out answer, greedy ({verdict}):", fields):
+        logger.info(line)

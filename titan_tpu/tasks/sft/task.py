@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from itertools import islice
 from typing import Any
 
@@ -32,16 +32,21 @@ from titan_tpu.data.loader import stateful_loader
 from titan_tpu.data.sft_dataset import SftDataset, first_epoch_summary
 from titan_tpu.data.sft_packing import IGNORE_INDEX
 from titan_tpu.distributed.grad_utils import sum_over
+from titan_tpu.metrics.console import ConsoleView
 from titan_tpu.protocols.model_spec import ModelSpec
 from titan_tpu.protocols.planning import Workload
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.decoder import decoder_args, decoder_workload, language_model_loss, require_decoding
-from titan_tpu.tasks.sft.answers import HeldOutAnswer, exact_answer_rate, held_out_answers
+from titan_tpu.tasks.sft.answers import HeldOutAnswer, exact_answer_rate, held_out_answers, log_answer
 from titan_tpu.tasks.sft.config import SftConfig
 from titan_tpu.tasks.sft.data import ChatEncoding, fingerprint, held_out_records, packing_of, training_records
 from titan_tpu.tasks.validation import held_out_loss, micro_batches_per_evaluation, require_held_out_rows
 
 logger = logging.getLogger(__name__)
+
+# The console line's values of the task (metrics.jsonl also keeps sft/fill, sft/trained_share and
+# the held-out perplexity and counts).
+CONSOLE = ConsoleView(shown=(("validation/loss", "validation/loss"), ("sft/exact_answers", "exact answers")))
 
 
 class SftTask(TrainingTask):
@@ -161,6 +166,22 @@ class SftTask(TrainingTask):
     def planned_workload(cls, config: TrainConfig, spec: ModelSpec, args: Any) -> Workload:
         return decoder_workload(config, spec, args)
 
+    def describe_data(self) -> str:
+        """The records, what one epoch of them packs into, and how many epochs training.steps is."""
+        summary, training = self.summary, self.ctx.config.training
+        counts = summary.counts
+        kept = counts.examples - counts.dropped_too_long - counts.dropped_no_target
+        # Global rows follow one another across epochs, so the steps take steps x global batch rows.
+        epochs = training.steps * training.global_batch_size / summary.rows
+        return (
+            f"{self.records.description}: {kept:,} examples -> {summary.rows:,} rows of {training.seq_len}, "
+            f"{summary.tokens:,} tokens ({summary.targets:,} trained on) an epoch; {training.steps} steps x "
+            f"{training.global_batch_size} rows = {epochs:.2f} epochs"
+        )
+
+    def console_view(self, loss: float, extras: Mapping[str, float]) -> ConsoleView:
+        return CONSOLE
+
     def step_metrics(self) -> dict[str, float]:
         tokens, targets, positions = self._window
         self._window = [0, 0, 0]
@@ -175,9 +196,11 @@ class SftTask(TrainingTask):
         if self.ctx.config.validation.enable:
             metrics.update(held_out_loss(model, self._validation_batches(), self.ctx, self.loss_chunk_elements))
         if self._generates():
-            metrics.update(
-                exact_answer_rate(model, self._answers, self.encoding, self.sft.max_new_tokens, self.ctx, step)
-            )
+            shown: list[tuple[HeldOutAnswer, str]] = []
+            max_new = self.sft.max_new_tokens
+            metrics.update(exact_answer_rate(model, self._answers, self.encoding, max_new, self.ctx, step, shown))
+            if self.ctx.is_writer and shown:
+                log_answer(step, *shown[0], self.encoding)
         return metrics
 
     def _validation_batches(self) -> Iterator[dict[str, torch.Tensor]]:

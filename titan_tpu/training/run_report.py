@@ -1,0 +1,43 @@
+"""The trainer's side of the run's first and last lines (titan_tpu/metrics/run_summary.py): what it
+knows about the run, gathered once training starts."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from titan_tpu.metrics.run_summary import RunReport, RunStart
+
+if TYPE_CHECKING:
+    from titan_tpu.training.trainer import Trainer
+
+logger = logging.getLogger("titan_tpu")
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Every parameter of the whole model, each tensor once (a tied head adds nothing): counted on
+    the model built on `meta`, before any layout shards it or cuts it into pipeline stages."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def start_report(trainer: Trainer) -> RunReport:
+    """The run's clock and, on the writing process, its start-up line."""
+    config = trainer.config
+    data = trainer.task.describe_data() if trainer.is_writer else ""
+    start = RunStart(
+        model=f"{config.model.name} {config.model.flavor} ({trainer.spec.model_cls.__name__})",
+        parameters=trainer.parameter_count,
+        layout=trainer.parallel.dims.describe(),
+        processes=trainer.process.world_size,
+        dtype=trainer.resolved.compute_dtype,
+        data=data,
+        steps=config.training.steps,
+        first_step=trainer.step + 1,
+        dump_folder=trainer.dump_folder,
+        checkpoint_folder=trainer.checkpointer.root if config.checkpoint.enable else None,
+    )
+    if trainer.is_writer:
+        logger.info(start.line())
+    return RunReport(start)
