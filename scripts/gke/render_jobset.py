@@ -14,6 +14,11 @@ servers, each on a single-host slice of --rollout-topology, running --rollout-im
 from --rollout-model-folder (the run's initial Hugging Face folder, which the trainer starts from
 too); the trainer is given their URLs and a weights folder under the dump folder (docs/gke.md,
 "GRPO with a rollout slice").
+
+Before printing anything it checks the trainer's command as train.py would, on the slices' devices
+(one process each): the config and its overrides, the model, flavor and task names, the layout
+against the device count and the global batch against the data-parallel degree. A mistake is one
+`error: ...` line and exit status 2, not a pod failing on the TPUs.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import yaml
 
@@ -29,8 +34,18 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from titan_tpu.config import ConfigError  # noqa: E402
-from titan_tpu.launch.jobset import JobSetRequest, config_grace_period_s, render_jobset  # noqa: E402
+from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa: E402
+
+skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
+
+from titan_tpu.config import ConfigError, TrainConfig, load_config  # noqa: E402
+from titan_tpu.launch.jobset import (  # noqa: E402
+    CONTAINER,
+    REPLICATED_JOB,
+    JobSetRequest,
+    config_grace_period_s,
+    render_jobset,
+)
 from titan_tpu.launch.rollout_job import RolloutRequest, rollout_shape  # noqa: E402
 from titan_tpu.launch.slices import ACCELERATORS  # noqa: E402
 
@@ -117,6 +132,50 @@ def _rollout(parser: argparse.ArgumentParser, opts: argparse.Namespace) -> Rollo
     )
 
 
+def _trainer_arguments(manifest: dict[str, Any]) -> tuple[str, list[str]]:
+    """(config, overrides) as the trainer's pods pass them to train.py, read from the manifest."""
+    (job,) = [job for job in manifest["spec"]["replicatedJobs"] if job["name"] == REPLICATED_JOB]
+    pod = job["template"]["spec"]["template"]["spec"]
+    (container,) = [container for container in pod["containers"] if container["name"] == CONTAINER]
+    command: list[str] = container["command"]
+    _config_flag, config, *overrides = command[command.index("train.py") + 1 :]  # --config NAME ...
+    return config, overrides
+
+
+def _check_names(config: TrainConfig) -> str | None:
+    """train.py's check of the model, flavor and task names; what could not be checked here, or None."""
+    from titan_tpu.models.hf.config import HFConfig
+
+    folder = config.section(HFConfig).config
+    if config.model.name == "hf" and folder and not Path(folder).exists():
+        # The hf family builds its arguments from that folder, which is on the pods' storage (a bucket).
+        return f"the registered names (model hf's arguments come from hf.config {folder}, on the pods' storage)"
+    from titan_tpu.training.registered_names import check_registered_names
+
+    check_registered_names(config)
+    return None
+
+
+def check_trainer(manifest: dict[str, Any], processes: int, where: str) -> str | None:
+    """What train.py checks before it touches a device, for the manifest's trainer command run as
+    `processes` processes (`where` says what they run on): the config and its overrides, the
+    registered names, the layout and the batch split. ConfigError names the first mistake; returns
+    what could not be checked here, or None."""
+    config_name, overrides = _trainer_arguments(manifest)
+    config = load_config(config_name, overrides)
+    unchecked = _check_names(config)
+    # Both import torch, as the registries do: after the torch-free checks have passed.
+    from titan_tpu.config.batch import split_global_batch
+    from titan_tpu.distributed.parallel_dims import ParallelDims
+
+    try:
+        dims = ParallelDims.from_config(config.parallelism, processes)
+        split_global_batch(config.training.global_batch_size, config.training.local_batch_size, dims.dp)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return unchecked
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     opts, overrides = parser.parse_known_args(argv)
@@ -145,6 +204,9 @@ def main(argv: list[str]) -> int:
     )
     try:
         manifest, shape = render_jobset(request)
+        processes = request.slices * shape.devices
+        where = f"{request.slices} x {shape.accelerator} {shape.topology} = {processes} devices, one process each"
+        unchecked = check_trainer(manifest, processes, where)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -158,6 +220,8 @@ def main(argv: list[str]) -> int:
             f"# rollout: {rollout.replicas} vLLM server(s), each on a {served.accelerator} {served.topology} "
             f"({served.chips} chips, {served.machine_type}, tensor parallel {served.devices})"
         )
+    if unchecked is not None:
+        print(f"# not checked here: {unchecked}")
     print(yaml.safe_dump(manifest, sort_keys=False), end="")
     return 0
 
