@@ -8,6 +8,10 @@
 #      not carry the other packages (use pip's own configuration to redirect every install).
 #   2. this repository, editable, with the `test` and `tpu` extras; `tpu` brings torch-tpu and
 #      libtpu (about 0.5 GB) on Python 3.11+, and imports on machines without chips too.
+#   3. a startup hook (site-packages/titan_tpu_startup.pth): on a host without TPU device files, every
+#      Python process of the venv starts with torch's autoload of torch_tpu off, so a bare
+#      `torchrun` (whose agent imports torch before train.py runs) or `import torch` neither loads it
+#      nor prints libtpu's lines; on a TPU host it does nothing (titan_tpu/device/tpu_runtime.py).
 # It reinstalls when pyproject.toml, this script, TITAN_TORCH or TITAN_PIP_ARGS change.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +31,7 @@ if [ ! -f "$STAMP" ]; then
     # shellcheck disable=SC2086
     "$VENV/bin/pip" install --quiet $TITAN_PIP_ARGS "$TITAN_TORCH"
     "$VENV/bin/pip" install --quiet -e "$ROOT[test,tpu]"
+    "$VENV/bin/python" -c "from titan_tpu.device.tpu_runtime import install_startup_hook; install_startup_hook()"
     rm -f "$VENV"/.installed-*
     touch "$STAMP"
 fi

@@ -15,6 +15,12 @@ can be seen, so two start-up costs buy nothing there:
 
 A value the user set is kept; a TPU VM or GKE TPU pod, which has the device files, is left alone, so
 `device.type = "auto"` finds its chips.
+
+Processes that import torch before any project code runs (torchrun's agent, which passes its
+environment on to the workers; a user's own script) are reached by a startup hook: a `.pth` file in
+the environment's site-packages, whose one line Python's `site` runs at every interpreter start and
+which calls `skip_tpu_backend_without_chips`. scripts/_venv.sh installs it (`install_startup_hook`);
+the line does nothing once titan_tpu is uninstalled.
 """
 
 from __future__ import annotations
@@ -25,6 +31,13 @@ import os
 AUTOLOAD_VARIABLE = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 SKIP_METADATA_VARIABLE = "TPU_SKIP_MDS_QUERY"
 TPU_DEVICE_FILES = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
+# Sorted after setuptools' `__editable__.*.pth`, so that an editable install's finder is in place.
+STARTUP_HOOK_FILE = "titan_tpu_startup.pth"
+# `site` runs a .pth line that starts with "import"; it must stay one line.
+STARTUP_HOOK_LINE = (
+    "import importlib.util; importlib.util.find_spec('titan_tpu') is not None and "
+    "__import__('titan_tpu.device.tpu_runtime').device.tpu_runtime.skip_tpu_backend_without_chips()"
+)
 
 
 def host_has_tpu_device_files() -> bool:
@@ -49,3 +62,13 @@ def skip_tpu_backend_without_chips() -> bool:
         return False
     os.environ[AUTOLOAD_VARIABLE] = "0"
     return True
+
+
+def install_startup_hook(site_packages: str | None = None) -> str:
+    """Write the startup hook into `site_packages` (default: this interpreter's); returns its path."""
+    import sysconfig  # here: every interpreter start imports this module, and only the set-up calls this
+
+    path = os.path.join(site_packages or sysconfig.get_path("purelib"), STARTUP_HOOK_FILE)
+    with open(path, "w", encoding="utf-8") as hook:
+        hook.write(STARTUP_HOOK_LINE + "\n")
+    return path

@@ -349,10 +349,13 @@ def test_loading_a_config_loads_no_torch_and_no_owner_code() -> None:
     a config and its --help reads every owned section through its packages' doors and loads nothing
     else of titan_tpu: the bug this catches is a door or a section module that imports its family's or
     task's code (and with it torch), so that every config error waits for torch."""
+    # Counted from the import of titan_tpu.config: what the environment's startup hook loaded before
+    # (titan_tpu.device.tpu_runtime, see there) is not the config's doing.
     probe = (
-        "import sys, titan_tpu.config as c\n"
+        "import sys; before = set(sys.modules)\n"
+        "import titan_tpu.config as c\n"
         "c.load_config('grpo_qwen3_debug', []); c.help_text()\n"
-        "print(sorted(m for m in sys.modules if m in ('torch', 'numpy', 'transformers') "
+        "print(sorted(m for m in set(sys.modules) - before if m in ('torch', 'numpy', 'transformers') "
         "or m.startswith('titan_tpu.') and not m.startswith('titan_tpu.config')))"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)

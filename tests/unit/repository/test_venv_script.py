@@ -1,5 +1,5 @@
-"""scripts/_venv.sh, run against a stand-in `python3` whose venv's pip only logs its arguments:
-what it installs, with which arguments, and when it installs again. Nothing is downloaded."""
+"""scripts/_venv.sh, run against a stand-in `python3` whose venv's pip and python only log their
+arguments: what it installs, with which arguments, and when it installs again. Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -12,14 +12,17 @@ import pytest
 
 from tests.support.paths import REPO
 
-# `python3 -m venv DIR` makes DIR/bin/pip, a script that appends its arguments to pip.log.
+# `python3 -m venv DIR` makes DIR/bin/pip, a script that appends its arguments to pip.log, and
+# DIR/bin/python, which appends "python" and its arguments.
 FAKE_PYTHON3 = """#!/usr/bin/env bash
 set -e
 [ "$1 $2" = "-m venv" ] || { echo "unexpected: $*" >&2; exit 1; }
 mkdir -p "$3/bin"
 printf '#!/usr/bin/env bash\\necho "$*" >> %q\\n' "$3/../pip.log" > "$3/bin/pip"
-chmod +x "$3/bin/pip"
+printf '#!/usr/bin/env bash\\necho "python $*" >> %q\\n' "$3/../pip.log" > "$3/bin/python"
+chmod +x "$3/bin/pip" "$3/bin/python"
 """
+INSTALL_STARTUP_HOOK = "python -c from titan_tpu.device.tpu_runtime import install_startup_hook; install_startup_hook()"
 
 
 @pytest.fixture
@@ -52,11 +55,14 @@ def set_up(root: Path, **env: str) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
-def test_default_installs_pinned_torch_then_test_and_tpu_extras(checkout: Path) -> None:
+def test_default_installs_pinned_torch_then_test_and_tpu_extras_then_the_startup_hook(checkout: Path) -> None:
+    """The hook last, by the venv's own python, once titan_tpu is installed (catches a set-up whose
+    venv loads torch_tpu in a bare torchrun's agent on a host without chips)."""
     assert set_up(checkout) == [
         "install --quiet --upgrade pip",
         "install --quiet torch==2.13.0",
         f"install --quiet -e {checkout}[test,tpu]",
+        INSTALL_STARTUP_HOOK,
     ]
     assert set_up(checkout) == []  # set up once: a second run installs nothing
 
@@ -76,10 +82,10 @@ def test_changes_to_the_set_up_install_again(checkout: Path) -> None:
     set_up(checkout)
     with open(checkout / "scripts" / "_venv.sh", "a") as script:
         script.write("# a changed set-up script\n")
-    assert len(set_up(checkout)) == 3
+    assert len(set_up(checkout)) == 4
     with open(checkout / "pyproject.toml", "a") as project:
         project.write("\n# a changed dependency list\n")
-    assert len(set_up(checkout)) == 3
-    assert len(set_up(checkout, TITAN_TORCH="torch==2.12.1")) == 3
+    assert len(set_up(checkout)) == 4
+    assert len(set_up(checkout, TITAN_TORCH="torch==2.12.1")) == 4
     stamps = list((checkout / ".venv").glob(".installed-*"))
     assert len(stamps) == 1  # old stamps are removed, so going back installs again too
