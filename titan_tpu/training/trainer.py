@@ -25,7 +25,7 @@ from torch import nn
 
 from titan_tpu.autotune.for_run import choose_run_kernels
 from titan_tpu.checkpoint import CheckpointManager
-from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights
+from titan_tpu.checkpoint.hf_import import check_hf_config
 from titan_tpu.config import ResolvedConfig, TrainConfig, write_resolved_config
 from titan_tpu.config.batch import split_global_batch
 from titan_tpu.device import Device, dtype_name, host_peak_flops, resolve_compute_dtype, select_device
@@ -42,15 +42,16 @@ from titan_tpu.metrics.mfu import mfu_percent, task_flops_per_sec, with_task_mfu
 from titan_tpu.metrics.plot import write_run_loss_chart
 from titan_tpu.metrics.profiler import StepProfiler
 from titan_tpu.metrics.progress import Progress
-from titan_tpu.optim import apply_config_on_resume, build_lr_scheduler, build_optimizer
+from titan_tpu.optim import build_lr_scheduler, build_optimizer
 from titan_tpu.protocols.tunable import KernelShape
 from titan_tpu.tasks.base import TaskContext, TrainingTask
 from titan_tpu.tasks.registry import task_class
 from titan_tpu.training.forward_backward import accumulated_forward_backward, pipeline_forward_backward
+from titan_tpu.training.initial_state import load_initial_state, model_name
 from titan_tpu.training.preemption import PreemptionWatch
 from titan_tpu.training.record_window import RecordWindow, is_eval_step, is_record_step, mean_over_data_parallel
 from titan_tpu.training.registered_names import RegisteredNames, check_registered_names
-from titan_tpu.training.resume_settings import changed_settings, check_steps_left, resume_line, run_settings
+from titan_tpu.training.resume_settings import run_settings
 from titan_tpu.training.run_report import count_parameters, start_report
 from titan_tpu.training.seeding import seed_everything
 
@@ -143,7 +144,7 @@ class Trainer:
         if initial and self.spec.state_dict_adapter is not None:
             # Before the kernels are measured at the model's shapes and the model is built: a mismatched
             # folder should cost neither a measurement nor a materialised 405B model.
-            check_hf_config(Path(initial), self.spec.state_dict_adapter, args, self._model_name())
+            check_hf_config(Path(initial), self.spec.state_dict_adapter, args, model_name(config))
         dims = self.parallel.dims
         shape = KernelShape(
             self.device.torch_device,
@@ -226,42 +227,16 @@ class Trainer:
         )
         self.comm.govern_group(self.checkpointer.process_group)
         if not config.checkpoint.create_seed_checkpoint:
-            self._load_initial_state()
-
-    def _model_name(self) -> str:
-        return f"model {self.config.model.name} flavor {self.config.model.flavor}"
-
-    def _load_initial_state(self) -> None:
-        """Resume from the newest complete checkpoint (or checkpoint.load_step); without one, take the
-        weights from checkpoint.initial_load_path when it is set (a Hugging Face folder)."""
-        step = self.checkpointer.load()
-        path = self.config.checkpoint.initial_load_path
-        if step is not None:
-            self.step = step
-            self._continue_from_checkpoint(step)
-            if path and self.is_writer:
-                logger.info("checkpoint: resumed at step %d, so initial_load_path is not used", step)
-            return
-        if path:
-            reading = Progress.starter("loading Hugging Face weights", "files") if self.is_writer else None
-            adapter = self.spec.state_dict_adapter
-            load_hf_weights(self.model, path, adapter, self.model_args, what=self._model_name(), progress=reading)
-            if self.is_writer:
-                logger.info("checkpoint: initial weights from %s", path)
-
-    def _continue_from_checkpoint(self, step: int) -> None:
-        """This run's optimizer settings, schedule and step count from the resumed step on, and one
-        line naming what it changes (titan_tpu/training/resume_settings.py)."""
-        config = self.config
-        check_steps_left(config, step, str(self.checkpointer.root))
-        apply_config_on_resume(
-            self.optimizer, self.lr_scheduler, config.optimizer, config.lr_scheduler, config.training.steps
-        )
-        changes = changed_settings(self.checkpointer.resumed_settings, run_settings(config))
-        if changes and self.is_writer:
-            logger.info(resume_line(step, changes))
-        if step == config.training.steps and self.is_writer:
-            logger.info("checkpoint: step %d is training.steps: nothing left to train; raise it to go on", step)
+            self.step = load_initial_state(
+                config,
+                self.checkpointer,
+                self.model,
+                self.optimizer,
+                self.lr_scheduler,
+                self.spec,
+                self.model_args,
+                self.is_writer,
+            )
 
     # ------------------------------------------------------------------------------------ loop
 
