@@ -75,14 +75,17 @@ def available(device_type: DeviceType) -> bool:
     return device_type == "cpu" or accelerator_type() == device_type
 
 
-def resolve_device_type(requested: str) -> DeviceType:
+def resolve_device_type(requested: str, warn: bool = True) -> DeviceType:
     """`auto` picks the accelerator PyTorch sees (tpu or cuda), else the CPU; a forced type must be
-    there."""
+    there. `warn`: say why an installed accelerator package is not used (once per host, not per
+    process)."""
     skip_tpu_metadata_lookup_without_chips()  # before the first device query starts libtpu
     if requested == "auto":
         found = accelerator_type()
         if _is_accelerator(found):
             return found
+        if not warn:
+            return "cpu"
         if found is not None:
             logger.warning("device: torch.accelerator reports %r, which titan_tpu does not drive; using the CPU", found)
         elif torch_tpu_version() is not None:
@@ -193,6 +196,6 @@ class Device:
 
 
 def select_device(requested: str, local_rank: int) -> Device:
-    device = Device(resolve_device_type(requested), local_rank)
+    device = Device(resolve_device_type(requested, warn=local_rank == 0), local_rank)
     device.activate()
     return device
