@@ -245,8 +245,8 @@ class GRPOTask(TrainingTask):
         if engine_apart:
             reshard_all(model)
         ties = mini_batch_ties(tied, self.rows, ctx.config.training.global_batch_size, rl.group_size)
-        for index, batch in enumerate(batches):
-            batch.groups_tied = ties[index * len(ties) // len(batches)]
+        for k, batch in enumerate(batches):
+            batch.groups_tied = ties[k * len(ties) // len(batches)]
         for _ in range(rl.updates_per_rollout):
             self.queue.extend(batches)
         # The rollout's time is all of it that is not the policy update: sampling (or waiting for it),

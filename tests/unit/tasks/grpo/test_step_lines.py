@@ -124,6 +124,9 @@ def test_a_run_whose_groups_all_tie_says_so_and_shows_a_sample(
     varies within groups, its loss is not 0 and no note appears."""
     lines, records = _run(tmp_path / "tied", "--rl.rewards=[{ fn = \"format\", pattern = '.*' }]", caplog)
     assert [r["loss"] for r in records] == [0.0, 0.0] and records[0]["tied_groups"] == 1.0
+    # Synchronous: each rollout is sampled by the weights of its own step (the tie bookkeeping once
+    # reused the rollout's index variable, and the second rollout logged a staleness of -1).
+    assert [r["rollout/staleness"] for r in records] == [0.0, 0.0]
     notes = [line for line in lines if "groups tied" in line]
     assert notes == [
         f"step {s}: all 2 groups tied (every completion of each group got the same reward, so every "
