@@ -41,6 +41,7 @@ from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set, stop_
 from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
+from titan_tpu.tasks.grpo.rollout_stats import add_engine_mismatch, engine_metrics, fresh_stats
 from titan_tpu.tasks.grpo.sampling import RolloutSource
 from titan_tpu.tasks.grpo.step_lines import (
     RolloutSample,
@@ -264,7 +265,8 @@ class GRPOTask(TrainingTask):
         stats["rollout_wait"] += waited
         stats["sample_time"] += sampled.seconds
         stats["staleness_sum"] += index * self.steps_per_rollout - sampled.version
-        self._engine_stats(batches)
+        if engine_apart:
+            add_engine_mismatch(stats, batches, rl.is_cap)
         # Every rank's rows (prompts are the same everywhere, lengths were summed above): the work of
         # the whole job, which step_metrics shares out per process as the trainer's TFLOP/s are.
         cost = ForwardCost.of_family(ctx.spec.flops_per_token, self.args)
@@ -274,21 +276,6 @@ class GRPOTask(TrainingTask):
         ]
         scoring = int(reference is not None) + int(engine_apart)
         stats["rollout_flops"] += rollout_flops(cost, groups, scoring_passes=scoring)
-
-    def _engine_stats(self, batches: list[MicroBatch]) -> None:
-        """The engine/trainer mismatch on the sampled tokens (k3 KL of the trainer from the engine,
-        estimated on the engine's samples) and the share of tokens the correction truncated."""
-        for batch in batches:
-            if batch.trainer_logps is None or batch.sampled_logps is None:
-                continue
-            # In float64: float32 rounds exp(x) - 1 - x to 0 for the |x| < 1e-4 of two float32 runs.
-            log_ratio = (batch.trainer_logps.double() - batch.sampled_logps.double()) * batch.mask
-            k3 = torch.exp(log_ratio) - 1 - log_ratio
-            self._stats["engine_kl_sum"] += float((k3 * batch.mask).sum())
-            self._stats["engine_tokens"] += float(batch.mask.sum())
-            if batch.is_weights is not None:
-                truncated = (torch.exp(log_ratio) > self.rl.is_cap) & (batch.mask > 0)
-                self._stats["is_truncated"] += float(truncated.sum())
 
     # ------------------------------------------------------------------------------ loss
 
@@ -332,26 +319,7 @@ class GRPOTask(TrainingTask):
     # ------------------------------------------------------------------------------ metrics
 
     def _reset_stats(self) -> None:
-        keys = (
-            "rollouts",
-            "reward_sum",
-            "reward_std_sum",
-            "tied_groups",
-            "length_sum",
-            "rollout_time",
-            "rollout_flops",
-            "micro_batches",
-            "train_tokens",
-            "train_time",
-            "rollout_wait",
-            "sample_time",
-            "staleness_sum",
-            "engine_kl_sum",
-            "engine_tokens",
-            "is_truncated",
-            *(f"reward/{r.name}" for r in self.rewards),
-        )
-        self._stats: dict[str, float] = dict.fromkeys(keys, 0.0)
+        self._stats = fresh_stats([r.name for r in self.rewards])
         # k3 KL, clip fraction and (MoE) router aux loss of each micro-batch
         self._loss_sums = torch.zeros(3, device=self.ctx.device)
 
@@ -386,29 +354,8 @@ class GRPOTask(TrainingTask):
                 rollout_tflops=s["rollout_flops"] / self.ctx.parallel.dims.world_size / s["rollout_time"] / 1e12,
             )
             metrics.update({f"reward/{r.name}": s[f"reward/{r.name}"] / rows for r in self.rewards})
-            metrics.update(self._engine_metrics(s))
+            metrics.update(engine_metrics(s, self.rl, self.source))
         self._reset_stats()
-        return metrics
-
-    def _engine_metrics(self, s: dict[str, float]) -> dict[str, float]:
-        """Per rollout: its staleness in optimizer steps, sampling and waiting seconds (rank 0's), and
-        with the vLLM engine the engine/trainer KL, the truncated share and the last push's cost."""
-        metrics = {
-            "rollout/staleness": s["staleness_sum"] / s["rollouts"],
-            "rollout/sample_seconds": s["sample_time"] / s["rollouts"],
-        }
-        if self.rl.max_staleness > 0:
-            metrics["rollout/trainer_wait_seconds"] = s["rollout_wait"] / s["rollouts"]
-            producer = self.source.producer
-            if producer is not None:
-                metrics["rollout/engine_idle_seconds"] = producer.idle_seconds
-        if s["engine_tokens"] > 0:
-            metrics["rollout/engine_kl"] = s["engine_kl_sum"] / s["engine_tokens"]
-            if self.rl.is_correction:
-                metrics["rollout/is_truncated"] = s["is_truncated"] / s["engine_tokens"]
-        sync = self.source.sync_record()
-        if sync is not None and sync.version >= 0:
-            metrics.update({"sync/seconds": sync.seconds, "sync/bytes": float(sync.bytes)})
         return metrics
 
     def describe_data(self) -> str:
