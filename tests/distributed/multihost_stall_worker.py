@@ -6,6 +6,7 @@ whose marker is already written belongs to a restarted attempt and trains on wit
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,10 @@ def main() -> int:
             partial = marker.with_suffix(".tmp")
             partial.write_text(str(os.getpid()))
             partial.rename(marker)  # whole or absent: the test reads the pid as soon as it appears
+            # A parked rank stands for one blocked in a collective with the rank the test kills: the
+            # collective fails, and the SIGTERM torchrun's agent sends ends the process at once
+            # (PreemptionWatch.abandon). A sleeping process would only note it until SIGKILL.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             time.sleep(STALL_S)
         return saved
 

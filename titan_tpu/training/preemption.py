@@ -62,7 +62,8 @@ class Preempted(SystemExit):
 
 class PreemptionWatch:
     """`install()` before the loop, `agreed_signal()` on every rank after every step, `stop()` when
-    that is not 0, `restore()` when the loop is over (the handlers found before come back)."""
+    that is not 0, `restore()` when the loop is over (the handlers found before come back), or
+    `abandon()` when a failure leaves it."""
 
     def __init__(self, grace_s: float, is_writer: bool) -> None:
         self.grace_s = grace_s
@@ -95,6 +96,20 @@ class PreemptionWatch:
                 "preemption: %s came after the last step's check; the run ends as it was going to",
                 signal.Signals(self._signum).name,
             )
+
+    def abandon(self) -> None:
+        """A failure is leaving the loop: put the handlers back, and end the process at once on a signal
+        already noted, as it would have ended without the watch. When one process fails, torchrun's
+        agent stops the others with SIGTERM; noted and kept for the end of a step that never comes,
+        it would leave them in their clean-up (which may wait on the failed peer) until SIGKILL, and
+        delay the restart by the agent's shutdown timeout."""
+        signum = self._signum if not self._stopped else 0
+        for sig, handler in self._previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self._previous.clear()
+        if signum:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only note it: this may run inside a collective, a save or a logging call of the main thread.

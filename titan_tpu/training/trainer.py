@@ -48,7 +48,7 @@ from titan_tpu.tasks.base import TaskContext, TrainingTask
 from titan_tpu.tasks.registry import task_class
 from titan_tpu.training.forward_backward import accumulated_forward_backward, pipeline_forward_backward
 from titan_tpu.training.initial_state import load_initial_state, model_name
-from titan_tpu.training.preemption import PreemptionWatch
+from titan_tpu.training.preemption import Preempted, PreemptionWatch
 from titan_tpu.training.record_window import RecordWindow, is_eval_step, is_record_step, mean_over_data_parallel
 from titan_tpu.training.registered_names import RegisteredNames, check_registered_names
 from titan_tpu.training.resume_settings import run_settings
@@ -339,8 +339,11 @@ class Trainer:
                         self._read_losses(window.losses, first_step=step - window.steps + 1)
                     preemption.stop(signum, self.step, self.checkpointer, saved=saving)
                 self.comm.start_training()
-        except RuntimeError as error:
-            self.comm.raise_if_timeout(error)
+        except BaseException as error:
+            if not isinstance(error, Preempted):
+                preemption.abandon()  # a signal from now on ends the process, as torchrun expects
+            if isinstance(error, RuntimeError):
+                self.comm.raise_if_timeout(error)
             raise
         finally:
             self.profiler.close()

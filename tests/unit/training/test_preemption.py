@@ -12,6 +12,8 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -244,3 +246,26 @@ def test_a_step_longer_than_the_grace_period_is_warned_about_once(caplog: pytest
 def test_grace_period_below_one_second_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"checkpoint.preemption_grace_s: must be >= 1 \(seconds\), got 0"):
         load_config("llama3_debug", ["--checkpoint.preemption_grace_s=0"])
+
+
+ABANDON = """
+import os, signal, sys
+from titan_tpu.training.preemption import PreemptionWatch
+watch = PreemptionWatch(30, is_writer=False)
+watch.install()
+if sys.argv[1] == "signal":
+    os.kill(os.getpid(), signal.SIGTERM)  # noted, as during a collective that then fails
+watch.abandon()
+print("still running")
+"""
+
+
+@pytest.mark.parametrize(("case", "returncode"), [("signal", -signal.SIGTERM), ("none", 0)])
+def test_a_failure_leaving_the_loop_ends_the_process_on_a_noted_signal(case: str, returncode: int) -> None:
+    """When one process fails, torchrun's agent sends SIGTERM to the others, whose clean-up may wait on
+    the failed peer: a noted signal must end them at once, as it did before the watch (it used to
+    keep them until the agent's SIGKILL, a restart 60 s slower in the two-host kill test). Without a
+    signal, abandon() only puts the handlers back."""
+    done = subprocess.run([sys.executable, "-c", ABANDON, case], capture_output=True, text=True, timeout=60)
+    assert done.returncode == returncode, done.stderr[-2000:]
+    assert ("still running" in done.stdout) == (case == "none")
