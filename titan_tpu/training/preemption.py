@@ -86,11 +86,14 @@ class PreemptionWatch:
         for sig in SIGNALS:
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
-    def restore(self) -> None:
+    def _put_back(self) -> None:
         for sig, handler in self._previous.items():
             # None: a handler not set from Python; the default is the closest Python can put back.
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         self._previous.clear()
+
+    def restore(self) -> None:
+        self._put_back()
         if self._signum and not self._stopped and self.is_writer:
             logger.info(
                 "preemption: %s came after the last step's check; the run ends as it was going to",
@@ -104,9 +107,7 @@ class PreemptionWatch:
         it would leave them in their clean-up (which may wait on the failed peer) until SIGKILL, and
         delay the restart by the agent's shutdown timeout."""
         signum = self._signum if not self._stopped else 0
-        for sig, handler in self._previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        self._previous.clear()
+        self._put_back()
         if signum:
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
