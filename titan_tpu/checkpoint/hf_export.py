@@ -2,12 +2,13 @@
 (or, for FLUX.1, diffusers' `FluxTransformer2DModel.from_pretrained`) loads: `config.json` from the
 flavor plus `model.safetensors` (or shards with the index; diffusers' file names where the adapter's
 `weights_stem` says so, `titan_tpu.checkpoint.hf_format.HFFiles`), names and layout from the model
-family's adapter (`hf_format.HFParts`: stacked tensors such as Qwen 3 MoE experts are written one HF
-tensor per slice). In: `titan_tpu.checkpoint.hf_import`.
+family's adapter (`StateDictAdapter.export_layouts`: stacked tensors such as Qwen 3 MoE experts are
+written one HF tensor per slice, the hf family's as transformers' save_pretrained writes them). In:
+`titan_tpu.checkpoint.hf_import`.
 
 From a live model: one tensor at a time is gathered (`full_tensor()` for DTensors, all ranks in the same
-order), cast to the export dtype, split into its HF tensors and written by rank 0 into shards of
-bounded size. From a checkpoint folder (offline, one process): about one shard's worth of tensors is
+order), the folder tensors it completes are assembled (`hf_format.FolderAssembly`), cast to the export
+dtype and written by rank 0 into shards of bounded size. From a checkpoint folder (offline, one process): about one shard's worth of tensors is
 read at a time. Either way the folder is written under a temporary name and renamed when complete.
 """
 
@@ -32,8 +33,8 @@ from titan_tpu.checkpoint import layout
 from titan_tpu.checkpoint.hf_format import (
     CONFIG_FILE,
     TRANSFORMERS_FILES,
+    FolderAssembly,
     HFFiles,
-    HFParts,
     StartProgress,
     tied_repeats,
 )
@@ -151,8 +152,9 @@ def export_model_to_hf(
     # A model's state dict holds tensors only; torch's type also covers optimizer states.
     model_state = cast(dict[str, torch.Tensor], get_model_state_dict(model))
     state_dict = {name: value for name, value in model_state.items() if name not in repeats}
-    parts = {name: HFParts.of(adapter, name, value.shape) for name, value in state_dict.items()}
-    plan = [(hf_name, p.shape) for p in parts.values() for hf_name in p.names]
+    layouts = adapter.export_layouts(args, {name: tuple(value.shape) for name, value in state_dict.items()})
+    plan = [(hf_name, layout.shape) for hf_name, layout in layouts.items()]
+    assembly = FolderAssembly(layouts)
     writer = None
     if writes:
         config = adapter.to_hf_config(args)
@@ -162,7 +164,7 @@ def export_model_to_hf(
     for name, value in state_dict.items():
         full = value.full_tensor() if isinstance(value, DTensor) else value
         if writer is not None:
-            for hf_name, tensor in parts[name].split(full):
+            for hf_name, tensor in assembly.add(name, full):
                 writer.add(hf_name, tensor)
         del full
     result = writer.close() if writer is not None else None
@@ -239,14 +241,15 @@ def export_checkpoint_to_hf(
         listed = "; ".join(problems[:3])
         raise ConfigError(f"export: checkpoint {step_folder} does not fit the flavor: {listed}")
     names = list(expected_shapes)
-    parts = {n: HFParts.of(adapter, n, expected_shapes[n]) for n in names}
-    plan = [(hf_name, parts[n].shape) for n in names for hf_name in parts[n].names]
+    layouts = adapter.export_layouts(args, {n: tuple(expected_shapes[n]) for n in names})
+    plan = [(hf_name, layout.shape) for hf_name, layout in layouts.items()]
+    assembly = FolderAssembly(layouts)
     config = adapter.to_hf_config(args)
     files = HFFiles.of(adapter)
     writer = HFFolderWriter(Path(out), plan, _export_dtype(dtype), config, max_shard_bytes, files, extra_files)
     reporter = progress(len(plan), writer.total_size) if progress is not None else None
     for name, tensor in _read_in_groups(step_folder, tensors, names, max_shard_bytes):
-        for hf_name, part in parts[name].split(tensor):
+        for hf_name, part in assembly.add(name, tensor):
             writer.add(hf_name, part)
             if reporter is not None:
                 reporter.advance(1, part.numel() * writer.dtype.itemsize)

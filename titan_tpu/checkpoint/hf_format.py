@@ -3,15 +3,16 @@
 the model family's state-dict adapter. diffusers folders (FLUX.1's `transformer/`) name the weights
 `diffusion_pytorch_model.*` instead: the adapter's `weights_stem` says which (`HFFiles`).
 
-One of our tensors is either one Hugging Face tensor under another name, or several stacked along a
-dimension: Qwen 3 MoE keeps each layer's experts as one [E, out, in] weight, the files hold E tensors
-`...experts.K.gate_proj.weight`. The adapter says which (`StateDictAdapter.hf_tensors`); everything here
-handles both the same way, through `HFParts`.
+How one of our tensors is made of the folder's tensors, and each folder tensor of ours, is the
+adapter's answer (`StateDictAdapter.import_layouts`, `export_layouts`): a `Layout` of blocks, which
+both directions read and write the same way whether a tensor is renamed, stacked from one tensor per
+expert (Qwen 3 MoE keeps each layer's experts as one [E, out, in] weight), or converted as
+transformers converts its checkpoints (the hf family).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from titan_tpu.protocols.state_dict_adapter import StateDictAdapter
+from titan_tpu.protocols.tensor_layout import Layout, assemble
 
 CONFIG_FILE = "config.json"
 # What a diffusers pipeline's root holds instead of config.json; its models are in subfolders.
@@ -70,48 +72,36 @@ def tied_repeats(model: nn.Module) -> set[str]:
     return repeats
 
 
-@dataclass(frozen=True)
-class HFParts:
-    """Where one of our tensors lies in a Hugging Face folder: `names[0]` whole (dim None), or
-    `torch.stack([names[0], names[1], ...], dim)`. `shape` is each HF tensor's."""
+class FolderAssembly:
+    """Folder tensors from ours given one at a time (an export gathers one tensor at a time): each
+    folder tensor is handed out once all of ours it is made of have come, and each of ours is
+    dropped once no folder tensor still needs it."""
 
-    names: list[str]
-    dim: int | None
-    shape: tuple[int, ...]
+    def __init__(self, layouts: Mapping[str, Layout]) -> None:
+        self.layouts = dict(layouts)
+        self.order = {name: i for i, name in enumerate(self.layouts)}
+        self.waiting = {name: set(layout.sources) for name, layout in self.layouts.items()}
+        self.readers: dict[str, set[str]] = {}
+        for name, sources in self.waiting.items():
+            for source in sources:
+                self.readers.setdefault(source, set()).add(name)
+        self.held: dict[str, torch.Tensor] = {}
 
-    @classmethod
-    def of(cls, adapter: StateDictAdapter, name: str, shape: Sequence[int]) -> HFParts:
-        shape = tuple(int(n) for n in shape)
-        names, dim = adapter.hf_tensors(name, shape)
-        names = list(names)
-        if dim is None:
-            if len(names) != 1:
-                raise ValueError(f"adapter: {name} maps whole to {len(names)} tensors, expected 1")
-            return cls(names, None, shape)
-        if not 0 <= dim < len(shape) or len(names) != shape[dim]:
-            raise ValueError(f"adapter: {name} {list(shape)} is not a stack of {len(names)} along dim {dim}")
-        return cls(names, dim, shape[:dim] + shape[dim + 1 :])
-
-    def split(self, full: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, tensor) of a whole (gathered) tensor of ours."""
-        if self.dim is None:
-            yield self.names[0], full
-        else:
-            yield from zip(self.names, full.unbind(self.dim))
-
-    def blocks(
-        self, local: torch.Tensor, offsets: Sequence[int]
-    ) -> Iterator[tuple[str, torch.Tensor, tuple[int, ...]]]:
-        """(HF name, view of `local`, its offsets in that HF tensor) for a block `local` of our tensor
-        starting at `offsets`: only the HF tensors the block covers."""
-        offsets = tuple(offsets)
-        if self.dim is None:
-            yield self.names[0], local, offsets
-            return
-        dim = self.dim
-        inner = offsets[:dim] + offsets[dim + 1 :]
-        for i in range(local.shape[dim]):
-            yield self.names[offsets[dim] + i], local.select(dim, i), inner
+    def add(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """(folder name, tensor) of every folder tensor that `tensor` completes."""
+        self.held[name] = tensor
+        for folder_name in sorted(self.readers.get(name, ()), key=self.order.__getitem__):
+            waiting = self.waiting[folder_name]
+            waiting.discard(name)
+            if not waiting:
+                layout = self.layouts[folder_name]
+                yield folder_name, assemble(layout, self.held)
+                for source in layout.sources:
+                    self.readers[source].discard(folder_name)
+                    if not self.readers[source]:
+                        del self.held[source]
+        if not self.readers.get(name):
+            self.held.pop(name, None)
 
 
 class ReadProgress(Protocol):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,13 +33,13 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
+from titan_tpu.checkpoint.hf_fit import plan_import
 from titan_tpu.checkpoint.hf_format import (
     CONFIG_FILE,
     PIPELINE_FILE,
     TRANSFORMERS_FILES,
     WEIGHTS_SUFFIX,
     HFFiles,
-    HFParts,
     StartProgress,
     tied_repeats,
 )
@@ -83,28 +84,41 @@ def local_block(value: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]] | N
     return value.to_local(), tuple(chunks[0].offsets)
 
 
-class _BlockLoadPlanner(SafeLoadPlanner):
-    """Loads a state dict whose values are blocks of the stored tensors: `offsets[fqn]` says where
-    each block starts (DefaultLoadPlanner only knows whole tensors and DTensors)."""
+@dataclass(frozen=True)
+class BlockRead:
+    """Fill `tensor` with the block of the folder's tensor `name` that starts at `offsets` (the
+    block's shape is `tensor`'s; `tensor` may be a strided view, e.g. of a rank's shard)."""
 
-    def __init__(self, offsets: dict[str, tuple[int, ...]]) -> None:
+    name: str
+    tensor: torch.Tensor
+    offsets: tuple[int, ...]
+
+
+class _BlockLoadPlanner(SafeLoadPlanner):
+    """Loads blocks of the stored tensors, several per tensor where a layout asks for several
+    (DefaultLoadPlanner only knows whole tensors and DTensors)."""
+
+    def __init__(self, reads: list[BlockRead]) -> None:
         super().__init__()
-        self.offsets = offsets
+        self.targets: dict[str, list[BlockRead]] = {}
+        for read in reads:
+            self.targets.setdefault(read.name, []).append(read)
 
     def create_local_plan(self) -> LoadPlan:
         if self.metadata is None:
             raise RuntimeError("create_local_plan before set_up_planner: no checkpoint metadata")
         requests = []
-        for fqn, tensor in self.state_dict.items():
-            chunk = ChunkStorageMetadata(offsets=torch.Size(self.offsets[fqn]), sizes=tensor.size())
-            md = self.metadata.state_dict_metadata[fqn]
+        for name, reads in self.targets.items():
+            md = self.metadata.state_dict_metadata[name]
             if not isinstance(md, TensorStorageMetadata):
-                raise ValueError(f"{fqn} is not a tensor in the Hugging Face folder")
-            requests += create_read_items_for_chunk_list(fqn, md, [chunk])
+                raise ValueError(f"{name} is not a tensor in the Hugging Face folder")
+            chunks = [ChunkStorageMetadata(torch.Size(r.offsets), r.tensor.size()) for r in reads]
+            requests += create_read_items_for_chunk_list(name, md, chunks)
         return LoadPlan(requests)
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
-        return self.state_dict[index.fqn]
+        assert index.index is not None  # create_read_items_for_chunk_list numbers the chunks
+        return self.targets[index.fqn][index.index].tensor
 
 
 def read_hf_config(folder: Path) -> dict[str, Any]:
@@ -197,46 +211,39 @@ def load_hf_weights(
     # The same dict as tensors: a model's state dict holds tensors only; torch's type also covers optimizer states.
     tensors = cast(dict[str, torch.Tensor], state_dict)
     repeats = tied_repeats(model)
-    parts = {name: HFParts.of(adapter, name, value.shape) for name, value in tensors.items() if name not in repeats}
-    available = hf_tensor_index(folder, HFFiles.of(adapter))
-    wanted = {hf_name: p.shape for p in parts.values() for hf_name in p.names}
-    problems = [f"{key} is missing" for key in wanted if key not in available]
-    problems += [
-        f"{key} is {list(available[key][1])} there, {list(shape)} here"
-        for key, shape in wanted.items()
-        if key in available and available[key][1] != shape
-    ]
-    if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        listed = "; ".join(problems[:3])
-        raise ConfigError(f"Hugging Face folder {folder} does not fit {what}: {listed}{more}")
-    # Each rank asks for the blocks of HF tensors its shards hold; they are views of those shards, so
-    # the reads land in place.
-    blocks: dict[str, tuple[torch.Tensor, tuple[int, ...]]] = {}
+    shapes = {name: tuple(value.shape) for name, value in tensors.items() if name not in repeats}
+    available = {name: shape for name, (_, shape) in hf_tensor_index(folder, HFFiles.of(adapter)).items()}
+    layouts = plan_import(folder, adapter, args, shapes, available, what)
+    # Each rank asks for the blocks of the folder's tensors its shards hold, into views of those
+    # shards, so the reads land in place.
+    reads: list[BlockRead] = []
     with torch.no_grad():
-        for name, value in tensors.items():
-            block = local_block(value) if name not in repeats else None
+        for name, layout in layouts.items():
+            block = local_block(tensors[name])
             if block is not None:
-                blocks.update((n, (view, start)) for n, view, start in parts[name].blocks(*block))
-    read_hf_blocks(folder, blocks, process_group, progress)
+                local, offsets = block
+                reads += [
+                    BlockRead(part.source, part.target_view(local), part.source_offsets)
+                    for part in layout.blocks(offsets, local.shape)
+                ]
+    read_hf_blocks(folder, reads, process_group, progress)
     set_model_state_dict(model, state_dict)
 
 
 def read_hf_blocks(
     folder: Path,
-    blocks: dict[str, tuple[torch.Tensor, tuple[int, ...]]],
+    reads: list[BlockRead],
     process_group: dist.ProcessGroup | None = None,
     progress: StartProgress | None = None,
 ) -> None:
-    """Fill each `blocks[hf_name] = (tensor, offsets)` with the block of that HF tensor starting at
-    `offsets` (the tensor's shape is the block's). Collective when a process group is initialised."""
+    """Carry out `reads` (`BlockRead`). Collective when a process group is initialised."""
     reader = HuggingFaceStorageReader(str(folder)) if progress is None else _ReportingReader(str(folder), progress)
     try:
         with quiet_single_process():
             dcp.load(
-                {name: tensor for name, (tensor, _) in blocks.items()},
+                {read.name: read.tensor for read in reads},
                 storage_reader=reader,
-                planner=_BlockLoadPlanner({name: offsets for name, (_, offsets) in blocks.items()}),
+                planner=_BlockLoadPlanner(reads),
                 process_group=process_group,
                 no_dist=not (dist.is_available() and dist.is_initialized()),
             )

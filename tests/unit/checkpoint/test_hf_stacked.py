@@ -13,13 +13,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
-from titan_tpu.checkpoint.hf_format import HFParts
-from titan_tpu.checkpoint.hf_import import load_hf_weights, read_hf_blocks
+from titan_tpu.checkpoint.hf_import import BlockRead, load_hf_weights, read_hf_blocks
 from titan_tpu.config import ConfigError
+from titan_tpu.models.common.stacked_layouts import StackedTensors
 from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
 from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.model import Qwen3MoeModel
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER as ADAPTER
+from titan_tpu.protocols.tensor_layout import Layout, assemble
 
 ARGS = QWEN3_MOE_FLAVORS["debug_moe"]
 EXPERTS = "layers.1.feed_forward.experts.w2"
@@ -49,36 +50,42 @@ def write_folder(folder: Path, config: dict, tensors: dict[str, torch.Tensor] | 
     return folder
 
 
-def test_parts_of_stacked_and_whole_tensors() -> None:
+def test_layouts_of_stacked_and_whole_tensors() -> None:
     shape = (ARGS.num_experts, ARGS.dim, ARGS.moe_hidden_dim)
-    parts = HFParts.of(ADAPTER, EXPERTS, shape)
-    assert parts.dim == 0 and parts.shape == shape[1:]
-    assert parts.names == [f"model.layers.1.mlp.experts.{k}.down_proj.weight" for k in range(ARGS.num_experts)]
-    router = HFParts.of(ADAPTER, "layers.1.feed_forward.router.gate.weight", (ARGS.num_experts, ARGS.dim))
-    assert router == HFParts(["model.layers.1.mlp.gate.weight"], None, (ARGS.num_experts, ARGS.dim))
-    llama = HFParts.of(LLAMA3_STATE_DICT_ADAPTER, "norm.weight", (256,))
-    assert llama == HFParts(["model.norm.weight"], None, (256,))
+    names = [f"model.layers.1.mlp.experts.{k}.down_proj.weight" for k in range(ARGS.num_experts)]
+    router = "layers.1.feed_forward.router.gate.weight"
+    shapes = {EXPERTS: shape, router: (ARGS.num_experts, ARGS.dim)}
+    layouts = ADAPTER.import_layouts(ARGS, shapes, {}).layouts
+    assert layouts[EXPERTS].sources == names and layouts[EXPERTS].shape == shape
+    assert layouts[router] == Layout.whole("model.layers.1.mlp.gate.weight", shapes[router])
+    llama = LLAMA3_STATE_DICT_ADAPTER.import_layouts(None, {"norm.weight": (256,)}, {}).layouts
+    assert llama["norm.weight"] == Layout.whole("model.norm.weight", (256,))
+    exported = ADAPTER.export_layouts(ARGS, shapes)
+    assert list(exported) == [*names, "model.layers.1.mlp.gate.weight"]
 
     full = torch.randn(shape)
-    assert [(n, t.shape) for n, t in parts.split(full)] == [(n, shape[1:]) for n in parts.names]
-    assert all(torch.equal(t, full[k]) for k, (_, t) in enumerate(parts.split(full)))
-    # A shard holding experts 2..3, rows 8..15 (EP over experts, then FSDP over dim 1): the views are of
-    # experts 2 and 3 only, each placed at row 8 of its HF tensor.
-    local = full[2:4, 8:16]
-    blocks = list(parts.blocks(local, (2, 8, 0)))
-    assert [(n, start) for n, _, start in blocks] == [(parts.names[2], (8, 0)), (parts.names[3], (8, 0))]
-    assert all(torch.equal(view, full[2 + i, 8:16]) for i, (_, view, _) in enumerate(blocks))
+    for k, name in enumerate(names):
+        assert torch.equal(assemble(exported[name], {EXPERTS: full}), full[k])
+    # A shard holding experts 2..3, rows 8..15 (EP over experts, then FSDP over dim 1): the blocks
+    # are of experts 2 and 3 only, each at row 8 of its HF tensor, landing in the shard's views.
+    local = full[2:4, 8:16].clone()
+    blocks = list(layouts[EXPERTS].blocks((2, 8, 0), local.shape))
+    assert [(b.source, b.source_offsets, b.source_sizes) for b in blocks] == [
+        (names[2], (8, 0), (8, shape[2])),
+        (names[3], (8, 0), (8, shape[2])),
+    ]
+    assert all(torch.equal(b.target_view(local), full[2 + i, 8:16]) for i, b in enumerate(blocks))
 
 
 def test_adapter_that_miscounts_a_stack_is_refused() -> None:
-    class Wrong:
+    class Wrong(StackedTensors):
         def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
             return ["a", "b"], (0 if name == "stack" else None)
 
     with pytest.raises(ValueError, match=r"stack \[3, 4\] is not a stack of 2 along dim 0"):
-        HFParts.of(Wrong(), "stack", (3, 4))  # type: ignore[arg-type]
+        Wrong().import_layouts(None, {"stack": (3, 4)}, {})
     with pytest.raises(ValueError, match="maps whole to 2 tensors"):
-        HFParts.of(Wrong(), "whole", (3, 4))  # type: ignore[arg-type]
+        Wrong().import_layouts(None, {"whole": (3, 4)}, {})
 
 
 def test_block_reads_land_in_place(tmp_path: Path) -> None:
@@ -88,12 +95,12 @@ def test_block_reads_land_in_place(tmp_path: Path) -> None:
     tensors = hf_tensors(model)
     folder = write_folder(tmp_path / "hf", ADAPTER.to_hf_config(ARGS), tensors)
     full = model.state_dict()[EXPERTS]
-    parts = HFParts.of(ADAPTER, EXPERTS, full.shape)
+    layout = ADAPTER.import_layouts(ARGS, {EXPERTS: tuple(full.shape)}, {}).layouts[EXPERTS]
     local = torch.zeros(2, full.shape[1] // 2, full.shape[2], dtype=torch.bfloat16)
     start = (6, full.shape[1] // 2, 0)  # experts 6..7, the second half of their rows
-    blocks = {name: (view, offsets) for name, view, offsets in parts.blocks(local, start)}
-    assert sorted(blocks) == sorted(parts.names[6:8])
-    read_hf_blocks(folder, blocks)
+    reads = [BlockRead(b.source, b.target_view(local), b.source_offsets) for b in layout.blocks(start, local.shape)]
+    assert sorted(r.name for r in reads) == sorted(layout.sources[6:8])
+    read_hf_blocks(folder, reads)
     assert torch.equal(local, full[6:8, full.shape[1] // 2 :].to(torch.bfloat16))
 
 
@@ -143,7 +150,8 @@ def test_missing_or_misshapen_expert_is_named(tmp_path: Path) -> None:
     folder = write_folder(tmp_path / "hf", ADAPTER.to_hf_config(ARGS), tensors)
     expected = (
         r"model.layers.2.mlp.experts.5.up_proj.weight is missing; "
-        r"model.layers.0.mlp.experts.7.down_proj.weight is \[3, 3\] there, \[256, 256\] here"
+        r"model.layers.0.mlp.experts.7.down_proj.weight is \[3, 3\] there, \[256, 256\] here; "
+        r"conversion: names mapped one to one, experts stacked$"
     )
     with pytest.raises(ConfigError, match=expected):
         load_hf_weights(cpu_model(), folder, ADAPTER, ARGS)

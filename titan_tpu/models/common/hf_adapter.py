@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import re
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 import torch
 
 from titan_tpu.models.common.decoder_args import DecoderArgs
+from titan_tpu.models.common.stacked_layouts import StackedTensors
 
 # The family's argument class, so its hooks read its own fields with their types.
 A = TypeVar("A", bound=DecoderArgs)
@@ -57,7 +58,7 @@ def _close(value: Any, want: float, rel_tol: float) -> bool:
     return isinstance(value, (int, float)) and math.isclose(value, want, rel_tol=rel_tol)
 
 
-class DecoderHFAdapter(ABC, Generic[A]):
+class DecoderHFAdapter(StackedTensors, Generic[A]):
     """Stateless; one instance serves every flavor of a family (the methods take the args)."""
 
     # transformers' folder: model.safetensors; 5.x reads `dtype`, 4.x `torch_dtype` from config.json.
@@ -125,7 +126,7 @@ class DecoderHFAdapter(ABC, Generic[A]):
         raise KeyError(f"Hugging Face tensor '{hf_name}' has no {self.family} counterpart")
 
     def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
-        """The checkpoint layer's interface: here every tensor maps whole to one HF tensor."""
+        """Here every tensor maps whole to one HF tensor (StackedTensors turns this into layouts)."""
         return [self.hf_name(name)], None
 
     # Tensors, as a family that splits or stacks them (qwen3's experts) needs in its override.

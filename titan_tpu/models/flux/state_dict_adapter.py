@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, TypeVar
 
+from titan_tpu.models.common.stacked_layouts import StackedTensors
 from titan_tpu.models.flux.args import FluxArgs
 
 T = TypeVar("T")
@@ -68,7 +69,7 @@ def _invert(mapping: dict[str, str]) -> dict[str, str]:
     return {v: k for k, v in mapping.items()}
 
 
-class FluxStateDictAdapter:
+class FluxStateDictAdapter(StackedTensors):
     """Maps names and configs between our FluxModel and diffusers' FluxTransformer2DModel. Stateless."""
 
     class_name = "FluxTransformer2DModel"
@@ -102,7 +103,7 @@ class FluxStateDictAdapter:
         return self._rename(hf_name, forward=False)
 
     def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
-        """The checkpoint layer's interface: every FLUX tensor maps whole to one diffusers tensor."""
+        """Every FLUX tensor maps whole to one diffusers tensor (StackedTensors turns this into layouts)."""
         return [self.hf_name(name)], None
 
     def to_hf(self, state_dict: dict[str, T]) -> dict[str, T]:

@@ -1,11 +1,21 @@
-"""The hf family <-> its own Hugging Face folder: the weights are transformers' own under an `hf.`
-prefix, so names map one to one, and the config is the model's config (with its architecture)."""
+"""The hf family <-> Hugging Face folders: the weights are transformers' runtime tensors under an `hf.`
+prefix, read from and written to the checkpoint format transformers saves and the Hub publishes,
+through transformers' own conversion for the model type (conversion.py: per-expert tensors fused,
+renamed keys); the config is the model's config (with its architecture)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import torch
+
+from titan_tpu.models.hf import conversion
 from titan_tpu.models.hf.args import HFArgs
+from titan_tpu.protocols.state_dict_adapter import ImportPlan, Shapes
+from titan_tpu.protocols.tensor_layout import Layout
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PREFIX = "hf."
 # Config fields that decide the weights' meaning beyond their shapes (the shapes are checked
@@ -30,8 +40,18 @@ class HFFamilyAdapter:
     weights_stem = "model"
     config_dtype_keys = ("dtype", "torch_dtype")
 
-    def hf_tensors(self, name: str, shape: tuple[int, ...]) -> tuple[list[str], int | None]:
-        return [name.removeprefix(PREFIX)], None
+    def meta_model(self, args: HFArgs) -> PreTrainedModel:
+        """transformers' model for `args` on `meta`: what its conversion mapping is looked up by."""
+        from titan_tpu.models.hf.model import build_hf_model
+
+        with torch.device("meta"):
+            return build_hf_model(args)
+
+    def import_layouts(self, args: HFArgs, shapes: Shapes, available: Shapes) -> ImportPlan:
+        return conversion.import_plan(self.meta_model(args), available, PREFIX)
+
+    def export_layouts(self, args: HFArgs, shapes: Shapes) -> dict[str, Layout]:
+        return conversion.export_layouts(self.meta_model(args), shapes, PREFIX)
 
     def to_hf_config(self, args: HFArgs) -> dict[str, Any]:
         config = args.config.to_dict()

@@ -1,0 +1,240 @@
+"""Where a tensor's elements come from when it is assembled from other tensors' blocks: one of ours
+from a Hugging Face folder's tensors (a whole tensor under another name, experts stacked, gate and up
+projections concatenated, a fused projection chunked, a transposed weight), or a folder's tensor from
+ours on export. A `Layout` is the target's shape and its `Piece`s; each piece is a box of the target
+filled by a box of one source, whose axes may be permuted or dropped (a stacked source has no axis
+for the stack). The pieces tile the target.
+
+Both directions read and write blocks through it: a rank fills its shard of one of ours by reading,
+for each piece the shard overlaps, only the overlapping block of that source (`Layout.blocks`), and
+an export fills each folder tensor piece by piece from our gathered tensors (`assemble`). Layouts are
+built by the ops a conversion is made of (`whole`, `stack`, `cat`, `narrow`, `transpose`, `squeeze`,
+`unsqueeze`), as `torch`'s ops of the same names would move the elements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The box `offsets`..`offsets + sizes` of the target holds `source`'s box starting at
+    `source_offsets`; target axis d runs along source axis `axes[d]`, or is a size-1 axis the source
+    lacks (None). A source axis that no target axis runs along is fixed at its offset (size 1)."""
+
+    source: str
+    source_offsets: tuple[int, ...]
+    axes: tuple[int | None, ...]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PieceBlock:
+    """The part of a piece inside a block of the target: read `source`'s box at `source_offsets`
+    with `source_sizes` into `target_view(block)`, a view of the block in the source's axis order."""
+
+    piece: Piece
+    source_offsets: tuple[int, ...]
+    source_sizes: tuple[int, ...]
+    slices: tuple[slice, ...]  # of the block
+
+    @property
+    def source(self) -> str:
+        return self.piece.source
+
+    def target_view(self, block: torch.Tensor) -> torch.Tensor:
+        """The view of `block` this piece fills, shaped and ordered as the source's box."""
+        view = block[self.slices]
+        axes = self.piece.axes
+        for dim in reversed(range(len(axes))):
+            if axes[dim] is None:
+                view = view.squeeze(dim)
+        kept = [axis for axis in axes if axis is not None]
+        view = view.permute(sorted(range(len(kept)), key=lambda i: kept[i]))
+        for axis in range(len(self.source_sizes)):
+            if axis not in kept:
+                view = view.unsqueeze(axis)
+        return view
+
+
+def _insert(values: tuple, dim: int, value: object) -> tuple:
+    return values[:dim] + (value,) + values[dim:]
+
+
+def _normalise(dim: int, ndim: int) -> int:
+    if not -ndim <= dim < max(ndim, 1):
+        raise IndexError(f"dimension {dim} is out of range for {ndim} dimensions")
+    return dim % ndim if ndim else 0
+
+
+@dataclass(frozen=True)
+class Layout:
+    shape: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+
+    @classmethod
+    def whole(cls, source: str, shape: Sequence[int]) -> Layout:
+        shape = tuple(int(n) for n in shape)
+        zeros = (0,) * len(shape)
+        return cls(shape, (Piece(source, zeros, tuple(range(len(shape))), zeros, shape),))
+
+    @property
+    def sources(self) -> list[str]:
+        """The sources, each once, in the order of their first piece."""
+        return list(dict.fromkeys(piece.source for piece in self.pieces))
+
+    @staticmethod
+    def stack(layouts: Sequence[Layout], dim: int = 0) -> Layout:
+        shape = layouts[0].shape
+        if any(layout.shape != shape for layout in layouts):
+            raise ValueError(f"stack of differently shaped tensors: {[list(layout.shape) for layout in layouts]}")
+        dim = _normalise(dim, len(shape) + 1)
+        pieces = tuple(
+            dataclasses.replace(
+                piece,
+                axes=_insert(piece.axes, dim, None),
+                offsets=_insert(piece.offsets, dim, k),
+                sizes=_insert(piece.sizes, dim, 1),
+            )
+            for k, layout in enumerate(layouts)
+            for piece in layout.pieces
+        )
+        return Layout(_insert(shape, dim, len(layouts)), pieces)
+
+    @staticmethod
+    def cat(layouts: Sequence[Layout], dim: int = 0) -> Layout:
+        dim = _normalise(dim, len(layouts[0].shape))
+        pieces: list[Piece] = []
+        start = 0
+        for layout in layouts:
+            rest = layout.shape[:dim] + layout.shape[dim + 1 :]
+            if rest != layouts[0].shape[:dim] + layouts[0].shape[dim + 1 :]:
+                raise ValueError(f"cat along {dim} of shapes {[list(layout.shape) for layout in layouts]}")
+            for piece in layout.pieces:
+                offsets = list(piece.offsets)
+                offsets[dim] += start
+                pieces.append(dataclasses.replace(piece, offsets=tuple(offsets)))
+            start += layout.shape[dim]
+        shape = list(layouts[0].shape)
+        shape[dim] = start
+        return Layout(tuple(shape), tuple(pieces))
+
+    def narrow(self, dim: int, start: int, length: int) -> Layout:
+        dim = _normalise(dim, len(self.shape))
+        offsets = [0] * len(self.shape)
+        sizes = list(self.shape)
+        offsets[dim], sizes[dim] = start, length
+        pieces = tuple(
+            dataclasses.replace(
+                part.piece,
+                source_offsets=part.source_offsets,
+                offsets=tuple(s.start for s in part.slices),
+                sizes=tuple(s.stop - s.start for s in part.slices),
+            )
+            for part in self.blocks(offsets, sizes)
+        )
+        return Layout(tuple(sizes), pieces)
+
+    def transpose(self, dim0: int, dim1: int) -> Layout:
+        dim0, dim1 = _normalise(dim0, len(self.shape)), _normalise(dim1, len(self.shape))
+
+        def swap(values: tuple) -> tuple:
+            values = list(values)
+            values[dim0], values[dim1] = values[dim1], values[dim0]
+            return tuple(values)
+
+        pieces = tuple(
+            dataclasses.replace(p, axes=swap(p.axes), offsets=swap(p.offsets), sizes=swap(p.sizes))
+            for p in self.pieces
+        )
+        return Layout(swap(self.shape), pieces)
+
+    def squeeze(self, dim: int) -> Layout:
+        dim = _normalise(dim, len(self.shape))
+        if self.shape[dim] != 1:
+            return self
+
+        def drop(values: tuple) -> tuple:
+            return values[:dim] + values[dim + 1 :]
+
+        pieces = tuple(
+            dataclasses.replace(p, axes=drop(p.axes), offsets=drop(p.offsets), sizes=drop(p.sizes))
+            for p in self.pieces
+        )
+        return Layout(drop(self.shape), pieces)
+
+    def unsqueeze(self, dim: int) -> Layout:
+        dim = _normalise(dim, len(self.shape) + 1)
+        pieces = tuple(
+            dataclasses.replace(
+                p, axes=_insert(p.axes, dim, None), offsets=_insert(p.offsets, dim, 0), sizes=_insert(p.sizes, dim, 1)
+            )
+            for p in self.pieces
+        )
+        return Layout(_insert(self.shape, dim, 1), pieces)
+
+    def blocks(self, offsets: Sequence[int], sizes: Sequence[int]) -> Iterator[PieceBlock]:
+        """The pieces' parts inside the target's box at `offsets` with `sizes` (a rank's shard)."""
+        for piece in self.pieces:
+            low = [max(o, p) for o, p in zip(offsets, piece.offsets)]
+            high = [min(o + s, p + n) for o, s, p, n in zip(offsets, sizes, piece.offsets, piece.sizes)]
+            if any(lo >= hi for lo, hi in zip(low, high)):
+                continue
+            source_offsets = list(piece.source_offsets)
+            source_sizes = [1] * len(source_offsets)
+            for dim, axis in enumerate(piece.axes):
+                if axis is not None:
+                    source_offsets[axis] += low[dim] - piece.offsets[dim]
+                    source_sizes[axis] = high[dim] - low[dim]
+            slices = tuple(slice(lo - o, hi - o) for lo, hi, o in zip(low, high, offsets))
+            yield PieceBlock(piece, tuple(source_offsets), tuple(source_sizes), slices)
+
+    def extents(self) -> dict[str, tuple[int, ...]]:
+        """Per source, the smallest shape that holds every box read from it."""
+        ends: dict[str, list[int]] = {}
+        for block in self.blocks((0,) * len(self.shape), self.shape):
+            end = [o + s for o, s in zip(block.source_offsets, block.source_sizes)]
+            seen = ends.setdefault(block.source, end)
+            seen[:] = [max(a, b) for a, b in zip(seen, end)]
+        return {source: tuple(end) for source, end in ends.items()}
+
+
+def assemble(layout: Layout, sources: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The target of `layout` from whole `sources` (a whole tensor under another name is returned
+    as it is, cast to `dtype`)."""
+    first = sources[layout.pieces[0].source]
+    dtype = dtype or first.dtype
+    if len(layout.pieces) == 1 and Layout.whole(layout.pieces[0].source, layout.shape) == layout:
+        return first.to(dtype)
+    out = torch.empty(layout.shape, dtype=dtype, device=first.device)
+    for block in layout.blocks((0,) * len(layout.shape), layout.shape):
+        box = tuple(slice(o, o + s) for o, s in zip(block.source_offsets, block.source_sizes))
+        block.target_view(out).copy_(sources[block.source][box])
+    return out
+
+
+def stacked_layout(names: Sequence[str], dim: int | None, shape: Sequence[int]) -> Layout:
+    """Our tensor of global `shape` as `names[0]` whole (dim None) or `torch.stack(names, dim)`."""
+    shape = tuple(int(n) for n in shape)
+    if dim is None:
+        if len(names) != 1:
+            raise ValueError(f"maps whole to {len(names)} tensors, expected 1")
+        return Layout.whole(names[0], shape)
+    if not 0 <= dim < len(shape) or len(names) != shape[dim]:
+        raise ValueError(f"{list(shape)} is not a stack of {len(names)} along dim {dim}")
+    part = shape[:dim] + shape[dim + 1 :]
+    return Layout.stack([Layout.whole(name, part) for name in names], dim)
+
+
+def unstacked_layouts(name: str, names: Sequence[str], dim: int | None, shape: Sequence[int]) -> dict[str, Layout]:
+    """The reverse of `stacked_layout`: each of `names` as a layout over our tensor `name`."""
+    whole = Layout.whole(name, shape)
+    if dim is None:
+        return {names[0]: whole}
+    return {hf_name: whole.narrow(dim, k, 1).squeeze(dim) for k, hf_name in enumerate(names)}
