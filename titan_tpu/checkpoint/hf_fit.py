@@ -11,7 +11,7 @@ from typing import Any
 
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.protocols.state_dict_adapter import Shapes, StateDictAdapter
-from titan_tpu.protocols.tensor_layout import Layout
+from titan_tpu.protocols.tensor_layout import BlockLayout
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ def _first(what: str, items: list[str]) -> list[str]:
     return [f"{items[0]}{more}"]
 
 
-def layout_problems(layouts: dict[str, Layout], shapes: Shapes, available: Shapes) -> list[str]:
+def layout_problems(layouts: dict[str, BlockLayout], shapes: Shapes, available: Shapes) -> list[str]:
     """What keeps `layouts` from making each of `shapes` out of the `available` tensors."""
     problems = [f"{name} cannot be made from the folder" for name in shapes if name not in layouts]
     for name, layout in layouts.items():
@@ -37,7 +37,7 @@ def layout_problems(layouts: dict[str, Layout], shapes: Shapes, available: Shape
     return problems
 
 
-def folder_problems(expected: dict[str, Layout], available: Shapes) -> list[str]:
+def folder_problems(expected: dict[str, BlockLayout], available: Shapes) -> list[str]:
     """The folder against the tensors a folder of this model holds (`expected`): missing, wrong
     shape, not read; the first of each kind, with how many more."""
     missing = [f"{name} is missing" for name in expected if name not in available]
@@ -52,7 +52,7 @@ def folder_problems(expected: dict[str, Layout], available: Shapes) -> list[str]
 
 def plan_import(
     folder: Path, adapter: StateDictAdapter, args: Any, shapes: Shapes, available: Shapes, what: str
-) -> dict[str, Layout]:
+) -> dict[str, BlockLayout]:
     """Our tensors' layouts over the folder's tensors; ConfigError naming what does not fit."""
     try:
         plan = adapter.import_layouts(args, shapes, available)

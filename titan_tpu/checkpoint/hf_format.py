@@ -4,7 +4,7 @@ the model family's state-dict adapter. diffusers folders (FLUX.1's `transformer/
 `diffusion_pytorch_model.*` instead: the adapter's `weights_stem` says which (`HFFiles`).
 
 How one of our tensors is made of the folder's tensors, and each folder tensor of ours, is the
-adapter's answer (`StateDictAdapter.import_layouts`, `export_layouts`): a `Layout` of blocks, which
+adapter's answer (`StateDictAdapter.import_layouts`, `export_layouts`): a `BlockLayout` of blocks, which
 both directions read and write the same way whether a tensor is renamed, stacked from one tensor per
 expert (Qwen 3 MoE keeps each layer's experts as one [E, out, in] weight), or converted as
 transformers converts its checkpoints (the hf family).
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from titan_tpu.protocols.state_dict_adapter import StateDictAdapter
-from titan_tpu.protocols.tensor_layout import Layout, assemble
+from titan_tpu.protocols.tensor_layout import BlockLayout, assemble
 
 CONFIG_FILE = "config.json"
 # What a diffusers pipeline's root holds instead of config.json; its models are in subfolders.
@@ -77,7 +77,7 @@ class FolderAssembly:
     folder tensor is handed out once all of ours it is made of have come, and each of ours is
     dropped once no folder tensor still needs it."""
 
-    def __init__(self, layouts: Mapping[str, Layout]) -> None:
+    def __init__(self, layouts: Mapping[str, BlockLayout]) -> None:
         self.layouts = dict(layouts)
         self.order = {name: i for i, name in enumerate(self.layouts)}
         self.waiting = {name: set(layout.sources) for name, layout in self.layouts.items()}

@@ -2,7 +2,7 @@
 
 The checkpoint layer reads and writes folders through it (titan_tpu/checkpoint/hf_import.py,
 hf_export.py); each family provides one (`ModelSpec.state_dict_adapter`). How each of our tensors is
-made of the folder's tensors, and each folder tensor of ours, is a `Layout` (tensor_layout.py): a
+made of the folder's tensors, and each folder tensor of ours, is a `BlockLayout` (tensor_layout.py): a
 renamed tensor, experts stacked, projections concatenated or split.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from titan_tpu.protocols.tensor_layout import Layout
+from titan_tpu.protocols.tensor_layout import BlockLayout
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -22,7 +22,7 @@ class ImportPlan:
     """Our tensors (those the plan could make) as layouts over a folder's tensors, and what was
     applied to make them, for messages ("names mapped one to one", transformers' conversion)."""
 
-    layouts: dict[str, Layout]
+    layouts: dict[str, BlockLayout]
     conversion: str
 
 
@@ -46,7 +46,7 @@ class StateDictAdapter(Protocol):
         shape). A tensor the folder cannot make is left out; the caller names what is missing."""
         ...
 
-    def export_layouts(self, args: Any, shapes: Shapes) -> dict[str, Layout]:
+    def export_layouts(self, args: Any, shapes: Shapes) -> dict[str, BlockLayout]:
         """The tensors a folder of ours holds, in the order written, as layouts over ours."""
         ...
 

@@ -1,12 +1,12 @@
 """Where a tensor's elements come from when it is assembled from other tensors' blocks: one of ours
 from a Hugging Face folder's tensors (a whole tensor under another name, experts stacked, gate and up
 projections concatenated, a fused projection chunked, a transposed weight), or a folder's tensor from
-ours on export. A `Layout` is the target's shape and its `Piece`s; each piece is a box of the target
+ours on export. A `BlockLayout` is the target's shape and its `Piece`s; each piece is a box of the target
 filled by a box of one source, whose axes may be permuted or dropped (a stacked source has no axis
 for the stack). The pieces tile the target.
 
 Both directions read and write blocks through it: a rank fills its shard of one of ours by reading,
-for each piece the shard overlaps, only the overlapping block of that source (`Layout.blocks`), and
+for each piece the shard overlaps, only the overlapping block of that source (`BlockLayout.blocks`), and
 an export fills each folder tensor piece by piece from our gathered tensors (`assemble`). Layouts are
 built by the ops a conversion is made of (`whole`, `stack`, `cat`, `narrow`, `transpose`, `squeeze`,
 `unsqueeze`), as `torch`'s ops of the same names would move the elements.
@@ -74,12 +74,12 @@ def _normalise(dim: int, ndim: int) -> int:
 
 
 @dataclass(frozen=True)
-class Layout:
+class BlockLayout:
     shape: tuple[int, ...]
     pieces: tuple[Piece, ...]
 
     @classmethod
-    def whole(cls, source: str, shape: Sequence[int]) -> Layout:
+    def whole(cls, source: str, shape: Sequence[int]) -> BlockLayout:
         shape = tuple(int(n) for n in shape)
         zeros = (0,) * len(shape)
         return cls(shape, (Piece(source, zeros, tuple(range(len(shape))), zeros, shape),))
@@ -90,7 +90,7 @@ class Layout:
         return list(dict.fromkeys(piece.source for piece in self.pieces))
 
     @staticmethod
-    def stack(layouts: Sequence[Layout], dim: int = 0) -> Layout:
+    def stack(layouts: Sequence[BlockLayout], dim: int = 0) -> BlockLayout:
         shape = layouts[0].shape
         if any(layout.shape != shape for layout in layouts):
             raise ValueError(f"stack of differently shaped tensors: {[list(layout.shape) for layout in layouts]}")
@@ -105,10 +105,10 @@ class Layout:
             for k, layout in enumerate(layouts)
             for piece in layout.pieces
         )
-        return Layout(_insert(shape, dim, len(layouts)), pieces)
+        return BlockLayout(_insert(shape, dim, len(layouts)), pieces)
 
     @staticmethod
-    def cat(layouts: Sequence[Layout], dim: int = 0) -> Layout:
+    def cat(layouts: Sequence[BlockLayout], dim: int = 0) -> BlockLayout:
         dim = _normalise(dim, len(layouts[0].shape))
         pieces: list[Piece] = []
         start = 0
@@ -123,9 +123,9 @@ class Layout:
             start += layout.shape[dim]
         shape = list(layouts[0].shape)
         shape[dim] = start
-        return Layout(tuple(shape), tuple(pieces))
+        return BlockLayout(tuple(shape), tuple(pieces))
 
-    def narrow(self, dim: int, start: int, length: int) -> Layout:
+    def narrow(self, dim: int, start: int, length: int) -> BlockLayout:
         dim = _normalise(dim, len(self.shape))
         offsets = [0] * len(self.shape)
         sizes = list(self.shape)
@@ -139,23 +139,22 @@ class Layout:
             )
             for part in self.blocks(offsets, sizes)
         )
-        return Layout(tuple(sizes), pieces)
+        return BlockLayout(tuple(sizes), pieces)
 
-    def transpose(self, dim0: int, dim1: int) -> Layout:
+    def transpose(self, dim0: int, dim1: int) -> BlockLayout:
         dim0, dim1 = _normalise(dim0, len(self.shape)), _normalise(dim1, len(self.shape))
 
         def swap(values: tuple) -> tuple:
-            values = list(values)
-            values[dim0], values[dim1] = values[dim1], values[dim0]
-            return tuple(values)
+            swapped = list(values)
+            swapped[dim0], swapped[dim1] = values[dim1], values[dim0]
+            return tuple(swapped)
 
         pieces = tuple(
-            dataclasses.replace(p, axes=swap(p.axes), offsets=swap(p.offsets), sizes=swap(p.sizes))
-            for p in self.pieces
+            dataclasses.replace(p, axes=swap(p.axes), offsets=swap(p.offsets), sizes=swap(p.sizes)) for p in self.pieces
         )
-        return Layout(swap(self.shape), pieces)
+        return BlockLayout(swap(self.shape), pieces)
 
-    def squeeze(self, dim: int) -> Layout:
+    def squeeze(self, dim: int) -> BlockLayout:
         dim = _normalise(dim, len(self.shape))
         if self.shape[dim] != 1:
             return self
@@ -164,12 +163,11 @@ class Layout:
             return values[:dim] + values[dim + 1 :]
 
         pieces = tuple(
-            dataclasses.replace(p, axes=drop(p.axes), offsets=drop(p.offsets), sizes=drop(p.sizes))
-            for p in self.pieces
+            dataclasses.replace(p, axes=drop(p.axes), offsets=drop(p.offsets), sizes=drop(p.sizes)) for p in self.pieces
         )
-        return Layout(drop(self.shape), pieces)
+        return BlockLayout(drop(self.shape), pieces)
 
-    def unsqueeze(self, dim: int) -> Layout:
+    def unsqueeze(self, dim: int) -> BlockLayout:
         dim = _normalise(dim, len(self.shape) + 1)
         pieces = tuple(
             dataclasses.replace(
@@ -177,7 +175,7 @@ class Layout:
             )
             for p in self.pieces
         )
-        return Layout(_insert(self.shape, dim, 1), pieces)
+        return BlockLayout(_insert(self.shape, dim, 1), pieces)
 
     def blocks(self, offsets: Sequence[int], sizes: Sequence[int]) -> Iterator[PieceBlock]:
         """The pieces' parts inside the target's box at `offsets` with `sizes` (a rank's shard)."""
@@ -205,12 +203,14 @@ class Layout:
         return {source: tuple(end) for source, end in ends.items()}
 
 
-def assemble(layout: Layout, sources: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+def assemble(
+    layout: BlockLayout, sources: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """The target of `layout` from whole `sources` (a whole tensor under another name is returned
     as it is, cast to `dtype`)."""
     first = sources[layout.pieces[0].source]
     dtype = dtype or first.dtype
-    if len(layout.pieces) == 1 and Layout.whole(layout.pieces[0].source, layout.shape) == layout:
+    if tuple(first.shape) == layout.shape and BlockLayout.whole(layout.pieces[0].source, layout.shape) == layout:
         return first.to(dtype)
     out = torch.empty(layout.shape, dtype=dtype, device=first.device)
     for block in layout.blocks((0,) * len(layout.shape), layout.shape):
@@ -219,22 +219,22 @@ def assemble(layout: Layout, sources: Mapping[str, torch.Tensor], dtype: torch.d
     return out
 
 
-def stacked_layout(names: Sequence[str], dim: int | None, shape: Sequence[int]) -> Layout:
+def stacked_layout(names: Sequence[str], dim: int | None, shape: Sequence[int]) -> BlockLayout:
     """Our tensor of global `shape` as `names[0]` whole (dim None) or `torch.stack(names, dim)`."""
     shape = tuple(int(n) for n in shape)
     if dim is None:
         if len(names) != 1:
             raise ValueError(f"maps whole to {len(names)} tensors, expected 1")
-        return Layout.whole(names[0], shape)
+        return BlockLayout.whole(names[0], shape)
     if not 0 <= dim < len(shape) or len(names) != shape[dim]:
         raise ValueError(f"{list(shape)} is not a stack of {len(names)} along dim {dim}")
     part = shape[:dim] + shape[dim + 1 :]
-    return Layout.stack([Layout.whole(name, part) for name in names], dim)
+    return BlockLayout.stack([BlockLayout.whole(name, part) for name in names], dim)
 
 
-def unstacked_layouts(name: str, names: Sequence[str], dim: int | None, shape: Sequence[int]) -> dict[str, Layout]:
+def unstacked_layouts(name: str, names: Sequence[str], dim: int | None, shape: Sequence[int]) -> dict[str, BlockLayout]:
     """The reverse of `stacked_layout`: each of `names` as a layout over our tensor `name`."""
-    whole = Layout.whole(name, shape)
+    whole = BlockLayout.whole(name, shape)
     if dim is None:
         return {names[0]: whole}
     return {hf_name: whole.narrow(dim, k, 1).squeeze(dim) for k, hf_name in enumerate(names)}

@@ -20,7 +20,7 @@ from titan_tpu.models.llama3.state_dict_adapter import LLAMA3_STATE_DICT_ADAPTER
 from titan_tpu.models.qwen3.args import QWEN3_MOE_FLAVORS
 from titan_tpu.models.qwen3.model import Qwen3MoeModel
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER as ADAPTER
-from titan_tpu.protocols.tensor_layout import Layout, assemble
+from titan_tpu.protocols.tensor_layout import BlockLayout, assemble
 
 ARGS = QWEN3_MOE_FLAVORS["debug_moe"]
 EXPERTS = "layers.1.feed_forward.experts.w2"
@@ -57,9 +57,9 @@ def test_layouts_of_stacked_and_whole_tensors() -> None:
     shapes = {EXPERTS: shape, router: (ARGS.num_experts, ARGS.dim)}
     layouts = ADAPTER.import_layouts(ARGS, shapes, {}).layouts
     assert layouts[EXPERTS].sources == names and layouts[EXPERTS].shape == shape
-    assert layouts[router] == Layout.whole("model.layers.1.mlp.gate.weight", shapes[router])
+    assert layouts[router] == BlockLayout.whole("model.layers.1.mlp.gate.weight", shapes[router])
     llama = LLAMA3_STATE_DICT_ADAPTER.import_layouts(None, {"norm.weight": (256,)}, {}).layouts
-    assert llama["norm.weight"] == Layout.whole("model.norm.weight", (256,))
+    assert llama["norm.weight"] == BlockLayout.whole("model.norm.weight", (256,))
     exported = ADAPTER.export_layouts(ARGS, shapes)
     assert list(exported) == [*names, "model.layers.1.mlp.gate.weight"]
 

@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from titan_tpu.protocols.state_dict_adapter import ImportPlan, Shapes
-from titan_tpu.protocols.tensor_layout import Layout, stacked_layout, unstacked_layouts
+from titan_tpu.protocols.tensor_layout import BlockLayout, stacked_layout, unstacked_layouts
 
 CONVERSION = "names mapped one to one, experts stacked"
 
@@ -34,8 +34,8 @@ class StackedTensors(ABC):
                 raise ValueError(f"adapter: {name} {e}") from None
         return ImportPlan(layouts, CONVERSION)
 
-    def export_layouts(self, args: Any, shapes: Shapes) -> dict[str, Layout]:
-        layouts: dict[str, Layout] = {}
+    def export_layouts(self, args: Any, shapes: Shapes) -> dict[str, BlockLayout]:
+        layouts: dict[str, BlockLayout] = {}
         for name, shape in shapes.items():
             layouts.update(unstacked_layouts(name, *self._parts(name, shape), shape))
         return layouts

@@ -8,7 +8,7 @@ checkpoint's names, which are not always the runtime modules' names: Mixtral's e
 of ops (MergeModulelist, Concatenate, Chunk, Split, Transpose, ...) that call torch's stack, cat,
 chunk, split and transpose.
 
-Here those same converters run on `LayoutTensor`s: meta tensors that carry a `Layout` (which block of
+Here those same converters run on `LayoutTensor`s: meta tensors that carry a `BlockLayout` (which block of
 which source each element comes from) and answer torch's ops by moving layouts, not values. So the
 result is, for every runtime tensor, where its elements lie in the folder, from the headers alone;
 each rank then reads only the blocks its shard holds (titan_tpu/checkpoint/hf_import.py). An op that
@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from titan_tpu.protocols.state_dict_adapter import ImportPlan, Shapes
-from titan_tpu.protocols.tensor_layout import Layout
+from titan_tpu.protocols.tensor_layout import BlockLayout
+
+if TYPE_CHECKING:  # transformers is imported where a model is built
+    from transformers import PreTrainedModel
 
 
 class NoLayout(Exception):
@@ -59,10 +61,10 @@ class LayoutTensor(torch.Tensor):
     """A `meta` tensor of a layout's shape; torch's ops on it return LayoutTensors whose layout
     says where their elements come from."""
 
-    source_layout: Layout
+    source_layout: BlockLayout
 
     @staticmethod
-    def of(layout: Layout) -> LayoutTensor:
+    def of(layout: BlockLayout) -> LayoutTensor:
         tensor = torch.Tensor._make_subclass(LayoutTensor, torch.empty(layout.shape, device="meta"))
         tensor.source_layout = layout
         return tensor
@@ -81,18 +83,18 @@ class LayoutTensor(torch.Tensor):
         raise NoLayout(getattr(func, "__qualname__", repr(func)))
 
 
-def _layouts(tensors: Any) -> list[Layout]:
+def _layouts(tensors: Any) -> list[BlockLayout]:
     if not all(isinstance(t, LayoutTensor) for t in tensors):
         raise NoLayout("an op mixes converted tensors with others")
     return [t.source_layout for t in tensors]
 
 
 def _stack(tensors: Any, *args: Any, **kwargs: Any) -> LayoutTensor:
-    return LayoutTensor.of(Layout.stack(_layouts(tensors), _dim(args, kwargs, 0)))
+    return LayoutTensor.of(BlockLayout.stack(_layouts(tensors), _dim(args, kwargs, 0)))
 
 
 def _cat(tensors: Any, *args: Any, **kwargs: Any) -> LayoutTensor:
-    return LayoutTensor.of(Layout.cat(_layouts(tensors), _dim(args, kwargs, 0)))
+    return LayoutTensor.of(BlockLayout.cat(_layouts(tensors), _dim(args, kwargs, 0)))
 
 
 def _pieces(tensor: LayoutTensor, dim: int, bounds: list[tuple[int, int]]) -> tuple[LayoutTensor, ...]:
@@ -172,9 +174,7 @@ def transformers_conversion() -> Any:
 def describe(mapping: list[Any], model_type: str) -> str:
     """One line for messages: which conversion was applied."""
     loading = transformers_conversion()
-    ops = sorted(
-        {type(op).__name__ for t in mapping if isinstance(t, loading.WeightConverter) for op in t.operations}
-    )
+    ops = sorted({type(op).__name__ for t in mapping if isinstance(t, loading.WeightConverter) for op in t.operations})
     renames = sum(isinstance(t, loading.WeightRenaming) for t in mapping)
     if not ops and not renames:
         return f"none (transformers converts no {model_type} checkpoint names)"
@@ -184,14 +184,14 @@ def describe(mapping: list[Any], model_type: str) -> str:
     return f"transformers' {model_type} checkpoint conversion ({'; '.join(parts)})"
 
 
-def _mapping(model: nn.Module, add_legacy: bool) -> list[Any]:
+def _mapping(model: PreTrainedModel, add_legacy: bool) -> list[Any]:
     from transformers.conversion_mapping import get_model_conversion_mapping
 
     # A fresh list each time: the transforms collect tensors and remember what they matched.
     return list(get_model_conversion_mapping(model, add_legacy=add_legacy))
 
 
-def import_plan(model: nn.Module, available: Shapes, prefix: str = "") -> ImportPlan:
+def import_plan(model: PreTrainedModel, available: Shapes, prefix: str = "") -> ImportPlan:
     """`model`'s runtime tensors (named `prefix` + transformers' name) as layouts over a folder's
     tensors `available`, grouped and converted as transformers' loader does."""
     loading = transformers_conversion()
@@ -213,8 +213,8 @@ def import_plan(model: nn.Module, available: Shapes, prefix: str = "") -> Import
         else:
             transform = groups.setdefault(name, loading.WeightRenaming(key, name))
             pattern = key
-        transform.add_tensor(name, key, pattern, LayoutTensor.of(Layout.whole(key, available[key])))
-    layouts: dict[str, Layout] = {}
+        transform.add_tensor(name, key, pattern, LayoutTensor.of(BlockLayout.whole(key, available[key])))
+    layouts: dict[str, BlockLayout] = {}
     for first, transform in groups.items():
         try:
             converted = transform.convert(first, model=model, config=model.config)
@@ -230,12 +230,14 @@ def import_plan(model: nn.Module, available: Shapes, prefix: str = "") -> Import
     return ImportPlan(layouts, describe(mapping, model.config.model_type))
 
 
-def export_layouts(model: nn.Module, shapes: Mapping[str, tuple[int, ...]], prefix: str = "") -> dict[str, Layout]:
+def export_layouts(
+    model: PreTrainedModel, shapes: Mapping[str, tuple[int, ...]], prefix: str = ""
+) -> dict[str, BlockLayout]:
     """The tensors transformers' save_pretrained writes for `model`, as layouts over its runtime
     tensors `shapes` (named `prefix` + transformers' name), by transformers' own reverse conversion."""
     loading = transformers_conversion()
     state = {
-        name.removeprefix(prefix): LayoutTensor.of(Layout.whole(name, shape))
+        name.removeprefix(prefix): LayoutTensor.of(BlockLayout.whole(name, shape))
         for name, shape in shapes.items()
         if name.startswith(prefix)
     }
@@ -243,7 +245,7 @@ def export_layouts(model: nn.Module, shapes: Mapping[str, tuple[int, ...]], pref
         saved = loading.revert_weight_conversion(model, state)
     except NoLayout as e:
         raise ValueError(f"transformers' reverse conversion uses an op that has no layout here ({e})") from None
-    layouts: dict[str, Layout] = {}
+    layouts: dict[str, BlockLayout] = {}
     for name, value in saved.items():
         if not isinstance(value, LayoutTensor):
             raise ValueError(f"transformers' reverse conversion of {name} gave a {type(value).__name__}, not a layout")

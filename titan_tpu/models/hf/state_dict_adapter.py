@@ -12,7 +12,7 @@ import torch
 from titan_tpu.models.hf import conversion
 from titan_tpu.models.hf.args import HFArgs
 from titan_tpu.protocols.state_dict_adapter import ImportPlan, Shapes
-from titan_tpu.protocols.tensor_layout import Layout
+from titan_tpu.protocols.tensor_layout import BlockLayout
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -50,7 +50,7 @@ class HFFamilyAdapter:
     def import_layouts(self, args: HFArgs, shapes: Shapes, available: Shapes) -> ImportPlan:
         return conversion.import_plan(self.meta_model(args), available, PREFIX)
 
-    def export_layouts(self, args: HFArgs, shapes: Shapes) -> dict[str, Layout]:
+    def export_layouts(self, args: HFArgs, shapes: Shapes) -> dict[str, BlockLayout]:
         return conversion.export_layouts(self.meta_model(args), shapes, PREFIX)
 
     def to_hf_config(self, args: HFArgs) -> dict[str, Any]:
