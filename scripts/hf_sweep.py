@@ -6,15 +6,21 @@ applies to it, and the table in docs/hf_models.md.
 
 Per architecture, on this CPU in float32:
 1. build: its config class at the debug sizes (titan_tpu/models/hf/args.py), built on `meta`;
-2. parity: materialised and initialised as a run does, loss and every gradient on 2 x 24 tokens
+   then transformers' own model of that config is saved by `save_pretrained`, a folder in the
+   checkpoint format the Hub publishes, which the load and export steps start from
+   (scripts/hf_folder_checks.py);
+2. load: our model of the folder's config (`hf.config`, flavor "config") loaded from the folder as a
+   run loads it holds exactly the tensors transformers' `from_pretrained` holds, logits within 1e-5;
+3. parity: materialised and initialised as a run does, loss and every gradient on 2 x 24 tokens
    against transformers' own model with the same weights, both in eval mode so that dropout draws
    nothing (loss 1e-5 relative, each gradient 1e-4 of its largest element);
-3. train: 3 AdamW steps (lr 1e-3) on one batch, the loss falling;
-4. export: our Hugging Face export loaded by the class's `from_pretrained`, logits within 1e-5;
-5. fsdp2: where one process could compare with transformers at all (2. ran), on 2 processes (one
+4. train: 3 AdamW steps (lr 1e-3) on one batch, the loss falling;
+5. export: our export of the loaded model holds the saved folder's tensors under its names, and
+   loads in the class's `from_pretrained` and in our family to the same logits (1e-5);
+6. fsdp2: where one process could compare with transformers at all (3. ran), on 2 processes (one
    torchrun launch per 12 architectures, gloo) the model parallelised by the run's own path (FSDP
-   per decoder layer and the root) gives transformers' loss and gradients (as 2.);
-6. tp2: the same on 2 processes with tensor parallelism 2 by the model's own transformers TP plan
+   per decoder layer and the root) gives transformers' loss and gradients (as 3.);
+7. tp2: the same on 2 processes with tensor parallelism 2 by the model's own transformers TP plan
    (titan_tpu/models/hf/parallelize.py); it applies to the architectures whose plan splits their decoder
    layers ("n/a" otherwise).
 
@@ -52,7 +58,7 @@ skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/dev
 import torch  # noqa: E402
 
 SEQ = 24
-STEPS = ("build", "parity", "train", "export", "fsdp2", "tp2")
+STEPS = ("build", "load", "parity", "train", "export", "fsdp2", "tp2")
 # Model types whose causal-LM class is the decoder of an encoder-decoder model, or an encoder (BERT
 # and its relatives, XLNet's permutation LM) run with a causal mask: not decoder-only transformers.
 ENCODER_FAMILIES = {
@@ -174,12 +180,11 @@ def batch(vocab: int) -> torch.Tensor:
 
 def check_one(architecture: str) -> dict[str, Any]:
     """Steps 1-4 in this process; each value "ok", or why not."""
+    from scripts import hf_folder_checks as folders
     from scripts import hf_parity as parity
-    from titan_tpu.checkpoint.hf_export import export_model_to_hf
     from titan_tpu.models.hf.args import hf_args
     from titan_tpu.models.hf.flops import hf_param_count
     from titan_tpu.models.hf.model import HFCausalLM
-    from titan_tpu.models.registry import get_model_spec
 
     row: dict[str, Any] = {"architecture": architecture}
     row["scope"] = architecture_scope(architecture)
@@ -212,20 +217,24 @@ def check_one(architecture: str) -> dict[str, Any]:
             losses.append(float(loss))
         return "ok" if losses[-1] < losses[0] else f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
 
-    def check_export() -> str:
-        model = parity.built_like_a_run(args, SEQ).eval()
-        with tempfile.TemporaryDirectory() as folder:
-            export_model_to_hf(model, Path(folder) / "hf", get_model_spec("hf").state_dict_adapter, args)
-            # The class's own from_pretrained: AutoModelForCausalLM does not map some text configs
-            # of multimodal families (Emu3TextConfig, MllamaTextConfig) to their causal LM.
-            loaded = type(model.hf).from_pretrained(Path(folder) / "hf", dtype=torch.float32).eval()
-            with torch.no_grad():
-                diff = float((loaded(input_ids=tokens).logits - model(tokens)).abs().max())
-        return "ok" if diff <= 1e-5 else f"logits differ by {diff:.1e}"
+    with tempfile.TemporaryDirectory() as temporary:
+        saved = folders.save_transformers_folder(args, Path(temporary) / "saved")
+        loaded: list[Any] = []
 
-    step("parity", check_parity)
-    step("train", check_training)
-    step("export", check_export)
+        def check_load() -> str:
+            verdict, model = folders.check_load(saved, architecture, tokens, SEQ)
+            loaded.append(model)
+            return verdict
+
+        def check_export() -> str:
+            if not loaded or loaded[0] is None:
+                return "not run: the load failed"
+            return folders.check_export(loaded[0], saved, Path(temporary) / "export", tokens, SEQ)
+
+        step("load", check_load)
+        step("parity", check_parity)
+        step("train", check_training)
+        step("export", check_export)
     return row
 
 
@@ -402,14 +411,14 @@ def render(rows: list[dict[str, Any]], seconds: float) -> str:
         f" ({torch.get_num_threads()} threads), float32, {seconds / 60:.1f} min.",
         f"- Causal-LM classes: {len(rows)}; decoder-only transformers (in scope): {len(in_scope)}; out of scope: "
         f"{len(rows) - len(in_scope)} (reason in the table).",
-        f"- In scope passing every step that applies (build, parity, train, export, fsdp2, and tp2 where "
+        f"- In scope passing every step that applies (build, load, parity, train, export, fsdp2, and tp2 where "
         f"transformers has a TP plan for the layers): **{len(passed)} of {len(in_scope)} "
         f"({100 * len(passed) / max(len(in_scope), 1):.1f}%)**.",
         f"- tp2 applies to {len(with_plan)} of the in-scope architectures and passes for "
         f"{sum(r.get('tp2') == 'ok' for r in with_plan)}.",
         "",
-        "| architecture | scope | params | build | parity | train | export | fsdp2 | tp2 |",
-        "| --- | --- | ---: | --- | --- | --- | --- | --- | --- |",
+        "| architecture | scope | params | build | load | parity | train | export | fsdp2 | tp2 |",
+        "| --- | --- | ---: | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         cells = [r.get(step, "-") for step in STEPS]

@@ -20,6 +20,10 @@ PUBLISHED_MOE = {
     "granitemoe": "GraniteMoeForCausalLM",
 }
 
+# A dense model whose folder fuses what its runtime splits: HRM's `attn.gqkv_proj` is chunked into
+# four projections, `mlp.gate_up_proj` into two (several of our tensors read one folder tensor).
+FUSED_DENSE = {"hrm_text": "HrmTextForCausalLM"}
+
 
 def saved_folder(architecture: str, folder: Path, seed: int = 0) -> Path:
     """`folder` holding a freshly initialised tiny `architecture`, saved by transformers."""

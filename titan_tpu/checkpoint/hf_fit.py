@@ -26,14 +26,19 @@ def _first(what: str, items: list[str]) -> list[str]:
 def layout_problems(layouts: dict[str, BlockLayout], shapes: Shapes, available: Shapes) -> list[str]:
     """What keeps `layouts` from making each of `shapes` out of the `available` tensors."""
     problems = [f"{name} cannot be made from the folder" for name in shapes if name not in layouts]
+    # Several of ours may read one folder tensor (a fused projection chunked): its extent is theirs together.
+    extents: dict[str, tuple[int, ...]] = {}
     for name, layout in layouts.items():
         if name in shapes and layout.shape != tuple(shapes[name]):
             problems.append(f"{name} comes out {list(layout.shape)}, the model has {list(shapes[name])}")
         for source, extent in layout.extents().items():
-            if source not in available:
-                problems.append(f"{source} is missing")
-            elif tuple(available[source]) != extent:
-                problems.append(f"{source} is {list(available[source])} there, {list(extent)} here")
+            seen = extents.get(source, extent)
+            extents[source] = tuple(max(a, b) for a, b in zip(seen, extent))
+    for source, extent in extents.items():
+        if source not in available:
+            problems.append(f"{source} is missing")
+        elif tuple(available[source]) != extent:
+            problems.append(f"{source} is {list(available[source])} there, {list(extent)} here")
     return problems
 
 

@@ -5,7 +5,8 @@ conversion, run on layouts (titan_tpu/models/hf/conversion.py), our model holds 
 transformers' `from_pretrained` holds and computes its logits; our export is the folder
 `save_pretrained` writes, tensor for tensor, and loads back in transformers. Catches a converter
 applied in the wrong order (gate and up swapped), experts stacked out of order (expert 10 before
-2), a misnamed key, and a folder missing one expert, which must be refused naming it."""
+2), a misnamed key, a fused folder tensor checked against one of the projections chunked from it
+(HRM), and a folder missing one expert, which must be refused naming it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.support.hf_saved import PUBLISHED_MOE, saved_folder
+from tests.support.hf_saved import FUSED_DENSE, PUBLISHED_MOE, saved_folder
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import ConfigError, load_config
@@ -45,9 +46,9 @@ def transformers_model(folder: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("model_type", list(PUBLISHED_MOE))
+@pytest.mark.parametrize("model_type", [*PUBLISHED_MOE, *FUSED_DENSE])
 def test_a_saved_folder_loads_as_transformers_loads_it_and_exports_as_it_saves(model_type: str, tmp_path: Path) -> None:
-    folder = saved_folder(PUBLISHED_MOE[model_type], tmp_path / "saved")
+    folder = saved_folder({**PUBLISHED_MOE, **FUSED_DENSE}[model_type], tmp_path / "saved")
     args = folder_args(folder)
     ours = our_model(args)
     load_hf_weights(ours, folder, ADAPTER, args)
