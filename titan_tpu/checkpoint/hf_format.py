@@ -60,15 +60,21 @@ TRANSFORMERS_FILES = HFFiles()
 
 def tied_repeats(model: nn.Module) -> set[str]:
     """Names under which the model lists a parameter a second time (a head tied to its embedding).
-    A folder holds such a tensor once, under its first name, as transformers' save_pretrained
-    writes it; loading that one fills both. (Tied parameters sit outside the wrapped blocks, so
-    these names are the state dict's.)"""
-    seen: set[int] = set()
-    repeats: set[str] = set()
+    A folder holds such a tensor once, as transformers' save_pretrained writes it: under the name
+    the model's `_tied_weights_keys` ties the others to, else under its first name; loading that one
+    fills both. (Tied parameters sit outside the wrapped blocks, so these names are the state dict's.)"""
+    tied_to_another: set[str] = set()
+    for path, module in model.named_modules():
+        declared = getattr(module, "_tied_weights_keys", None)
+        if isinstance(declared, dict):  # transformers 5.x: {tied name: the name it is tied to}
+            tied_to_another.update(f"{path}.{name}" if path else name for name in declared)
+    names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in seen:
-            repeats.add(name)
-        seen.add(id(param))
+        names.setdefault(id(param), []).append(name)
+    repeats: set[str] = set()
+    for group in names.values():
+        kept = next((name for name in group if name not in tied_to_another), group[0])
+        repeats.update(name for name in group if name != kept)
     return repeats
 
 
