@@ -1,12 +1,13 @@
 """Hugging Face folders in: a model's weights (and the checks before them) from a transformers or
 diffusers folder, laid out as `titan_tpu.checkpoint.hf_format` describes.
 
-config.json is checked against the flavor, then the tensor names and shapes are checked against the
-safetensors headers, all before any weight is read. The weights are read by DCP's HuggingFaceStorageReader:
-lazily with `safe_open`, each rank reading only the blocks of the (DTensor) shards it holds. A rank's
-shard of a stacked tensor covers a range of the stack (expert parallelism shards experts along dim 0,
-FSDP may cut that range or another dim further): the rank reads only the HF tensors in that range, and
-of each only the block its shard holds.
+config.json is checked against the flavor, then the adapter's layouts (how each of our tensors is
+made of the folder's) against the safetensors headers (titan_tpu/checkpoint/hf_fit.py), all before any
+weight is read. The weights are read by DCP's HuggingFaceStorageReader: lazily with `safe_open`, each
+rank reading only the blocks of the (DTensor) shards it holds. A rank's shard of a stacked or fused
+tensor covers a box of it (expert parallelism shards experts along dim 0, FSDP may cut that range or
+another dim further): the rank reads only the folder tensors that box overlaps, and of each only the
+overlapping block, straight into a view of its shard.
 
 Out: `titan_tpu.checkpoint.hf_export`.
 """
