@@ -1,6 +1,6 @@
 """scripts/convert_checkpoint.py: HF -> checkpoint step-0 -> HF gives back the same tensors (fp32 and
-bf16, sharded output; Llama 3 and Qwen 3 MoE with its stacked experts), never overwrites, and refuses a
-checkpoint that does not fit the flavor."""
+bf16, sharded output; Llama 3 and Qwen 3 MoE with its stacked experts, and a Mixtral folder transformers
+saved through the hf family), never overwrites, and refuses a checkpoint that does not fit the flavor."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from tests.support.hf_saved import PUBLISHED_MOE, saved_folder
 from tests.support.paths import REPO
 from titan_tpu.checkpoint import layout
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
@@ -102,6 +103,33 @@ def test_moe_experts_stack_into_the_checkpoint_and_back(tmp_path: Path) -> None:
     assert convert.main(["dcp-to-hf", str(out), *flags, "--max-shard-gb", "0.002"]) == 0
     got, want = read_folder(out), read_folder(original)
     assert "model.layers.3.mlp.experts.7.down_proj.weight" in want
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
+
+
+def test_a_published_moe_folder_converts_to_a_checkpoint_and_back_to_its_own_names(tmp_path: Path) -> None:
+    """The hf family: a Mixtral folder as transformers saves it (one tensor per expert under
+    `block_sparse_moe`) becomes transformers' fused runtime tensors in the checkpoint and comes back
+    under the folder's own names, tensor for tensor."""
+    original = saved_folder(PUBLISHED_MOE["mixtral"], tmp_path / "mixtral")
+    flags = [
+        "--config",
+        "llama3_debug",
+        "--model.name=hf",
+        "--model.flavor=config",
+        f"--hf.config={original}",
+        f"--job.dump_folder={tmp_path / 'run'}",
+    ]
+    assert convert.main(["hf-to-dcp", str(original), *flags]) == 0
+    saved = read_metadata_file(tmp_path / "run" / "checkpoint" / "step-0" / ".metadata").state_dict_metadata
+    assert "model.hf.model.layers.0.mlp.experts.gate_up_proj" in saved
+    assert not any("block_sparse_moe" in key for key in saved)
+
+    out = tmp_path / "out"
+    assert convert.main(["dcp-to-hf", str(out), *flags]) == 0
+    got, want = read_folder(out), read_folder(original)
+    assert "model.layers.1.block_sparse_moe.experts.3.w2.weight" in want
     assert got.keys() == want.keys()
     for name, tensor in want.items():
         assert torch.equal(got[name], tensor), name
