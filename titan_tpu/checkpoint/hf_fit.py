@@ -67,7 +67,11 @@ def plan_import(
     if problems:
         # Named from the folder's side where the model can say what its own folder would hold (the
         # conversion's intermediate names mean little to whoever wrote the folder).
-        named = folder_problems(adapter.export_layouts(args, shapes), available) or _first("problems", problems)
+        try:
+            named = folder_problems(adapter.export_layouts(args, shapes), available)
+        except ValueError:  # the model cannot say what its own folder holds: name our side instead
+            named = []
+        named = named or _first("problems", problems)
         raise ConfigError(
             f"Hugging Face folder {folder} does not fit {what}: {'; '.join(named)}; conversion: {plan.conversion}"
         )
@@ -75,6 +79,11 @@ def plan_import(
     unread = [name for name in available if name not in read]
     if unread:
         logger.warning(
-            "Hugging Face folder %s: %d tensors are not read by %s, e.g. %s", folder, len(unread), what, unread[0]
+            "Hugging Face folder %s holds %d tensor%s that %s does not read, e.g. %s",
+            folder,
+            len(unread),
+            "" if len(unread) == 1 else "s",
+            what,
+            unread[0],
         )
     return {name: plan.layouts[name] for name in shapes}

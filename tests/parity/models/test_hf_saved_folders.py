@@ -106,3 +106,21 @@ def test_a_misnamed_tensor_is_named_as_missing_and_as_unread(tmp_path: Path) -> 
         ),
     ):
         load_hf_weights(our_model(args), folder, ADAPTER, args)
+
+
+def test_a_tensor_the_model_does_not_read_is_named_in_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A folder with more than the model (an older checkpoint's rotary table, a draft head) still
+    loads, and says what it left unread."""
+    folder = saved_folder(PUBLISHED_MOE["olmoe"], tmp_path / "saved")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    args = folder_args(folder)
+    with caplog.at_level("WARNING", logger="titan_tpu.checkpoint.hf_fit"):
+        load_hf_weights(our_model(args), folder, ADAPTER, args, what="model hf flavor config")
+    assert (
+        "holds 1 tensor that model hf flavor config does not read, e.g. model.layers.0.self_attn.rotary_emb.inv_freq"
+        in caplog.text
+    )

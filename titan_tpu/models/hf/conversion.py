@@ -48,8 +48,8 @@ def _split_bounds(size: int, split: int | list[int]) -> list[tuple[int, int]]:
     if isinstance(split, int):
         return [(start, min(split, size - start)) for start in range(0, size, split)]
     starts = [sum(split[:i]) for i in range(len(split))]
-    if sum(split) != size:
-        raise NoLayout(f"split sizes {split} do not add up to {size}")
+    if sum(split) != size:  # as torch.split refuses it: the folder's tensor does not fit
+        raise ValueError(f"split sizes {split} do not add up to {size}")
     return list(zip(starts, split))
 
 
