@@ -9,6 +9,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.protocols.state_dict_adapter import Shapes, StateDictAdapter
 from titan_tpu.protocols.tensor_layout import BlockLayout
@@ -77,7 +79,7 @@ def plan_import(
         )
     read = {source for layout in plan.layouts.values() for source in layout.sources}
     unread = [name for name in available if name not in read]
-    if unread:
+    if unread and (not dist.is_initialized() or dist.get_rank() == 0):  # every rank finds the same
         logger.warning(
             "Hugging Face folder %s holds %d tensor%s that %s does not read, e.g. %s",
             folder,
