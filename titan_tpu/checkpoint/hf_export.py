@@ -8,8 +8,8 @@ written one HF tensor per slice, the hf family's as transformers' save_pretraine
 
 From a live model: one tensor at a time is gathered (`full_tensor()` for DTensors, all ranks in the same
 order), the folder tensors it completes are assembled (`hf_format.FolderAssembly`), cast to the export
-dtype and written by rank 0 into shards of bounded size. From a checkpoint folder (offline, one process): about one shard's worth of tensors is
-read at a time. Either way the folder is written under a temporary name and renamed when complete.
+dtype and written by rank 0 into shards of bounded size. From a checkpoint folder (offline, one
+process): about one shard's worth of tensors is read at a time. Either way the folder is written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations

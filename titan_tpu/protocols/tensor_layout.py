@@ -62,6 +62,22 @@ class PieceBlock:
                 view = view.unsqueeze(axis)
         return view
 
+    def source_view(self, source: torch.Tensor) -> torch.Tensor:
+        """The source's box as a view, shaped and ordered as the target block it fills (the reverse
+        of `target_view`)."""
+        box = source[tuple(slice(o, o + n) for o, n in zip(self.source_offsets, self.source_sizes))]
+        axes = self.piece.axes
+        kept = [axis for axis in axes if axis is not None]
+        for source_axis in reversed(range(box.dim())):
+            if source_axis not in kept:
+                box = box.squeeze(source_axis)
+        in_order = sorted(kept)
+        box = box.permute([in_order.index(axis) for axis in kept])
+        for dim, target_axis in enumerate(axes):
+            if target_axis is None:
+                box = box.unsqueeze(dim)
+        return box
+
 
 def _insert(values: tuple, dim: int, value: object) -> tuple:
     return values[:dim] + (value,) + values[dim:]
@@ -210,12 +226,12 @@ def assemble(
     as it is, cast to `dtype`)."""
     first = sources[layout.pieces[0].source]
     dtype = dtype or first.dtype
-    if tuple(first.shape) == layout.shape and BlockLayout.whole(layout.pieces[0].source, layout.shape) == layout:
-        return first.to(dtype)
+    parts = list(layout.blocks((0,) * len(layout.shape), layout.shape))
+    if len(parts) == 1:  # one box of one source (a renamed tensor, one expert of a stack): a view
+        return parts[0].source_view(first).to(dtype)
     out = torch.empty(layout.shape, dtype=dtype, device=first.device)
-    for block in layout.blocks((0,) * len(layout.shape), layout.shape):
-        box = tuple(slice(o, o + s) for o, s in zip(block.source_offsets, block.source_sizes))
-        block.target_view(out).copy_(sources[block.source][box])
+    for part in parts:
+        out[part.slices].copy_(part.source_view(sources[part.source]))
     return out
 
 
