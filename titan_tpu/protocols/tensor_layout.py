@@ -15,7 +15,7 @@ built by the ops a conversion is made of (`whole`, `stack`, `cat`, `narrow`, `tr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -157,6 +157,15 @@ class BlockLayout:
         )
         return BlockLayout(tuple(sizes), pieces)
 
+    def _rearranged(self, arrange: Callable[[tuple], tuple]) -> BlockLayout:
+        """The layout with every per-axis tuple (the shape, each piece's axes, offsets and sizes)
+        passed through `arrange`."""
+        pieces = tuple(
+            dataclasses.replace(p, axes=arrange(p.axes), offsets=arrange(p.offsets), sizes=arrange(p.sizes))
+            for p in self.pieces
+        )
+        return BlockLayout(arrange(self.shape), pieces)
+
     def transpose(self, dim0: int, dim1: int) -> BlockLayout:
         dim0, dim1 = _normalise(dim0, len(self.shape)), _normalise(dim1, len(self.shape))
 
@@ -165,33 +174,16 @@ class BlockLayout:
             swapped[dim0], swapped[dim1] = values[dim1], values[dim0]
             return tuple(swapped)
 
-        pieces = tuple(
-            dataclasses.replace(p, axes=swap(p.axes), offsets=swap(p.offsets), sizes=swap(p.sizes)) for p in self.pieces
-        )
-        return BlockLayout(swap(self.shape), pieces)
+        return self._rearranged(swap)
 
     def squeeze(self, dim: int) -> BlockLayout:
         dim = _normalise(dim, len(self.shape))
         if self.shape[dim] != 1:
             return self
-
-        def drop(values: tuple) -> tuple:
-            return values[:dim] + values[dim + 1 :]
-
-        pieces = tuple(
-            dataclasses.replace(p, axes=drop(p.axes), offsets=drop(p.offsets), sizes=drop(p.sizes)) for p in self.pieces
-        )
-        return BlockLayout(drop(self.shape), pieces)
+        return self._rearranged(lambda values: values[:dim] + values[dim + 1 :])
 
     def unsqueeze(self, dim: int) -> BlockLayout:
-        dim = _normalise(dim, len(self.shape) + 1)
-        pieces = tuple(
-            dataclasses.replace(
-                p, axes=_insert(p.axes, dim, None), offsets=_insert(p.offsets, dim, 0), sizes=_insert(p.sizes, dim, 1)
-            )
-            for p in self.pieces
-        )
-        return BlockLayout(_insert(self.shape, dim, 1), pieces)
+        return BlockLayout.stack([self], dim)  # a stack of one: a size-1 axis no source has
 
     def blocks(self, offsets: Sequence[int], sizes: Sequence[int]) -> Iterator[PieceBlock]:
         """The pieces' parts inside the target's box at `offsets` with `sizes` (a rank's shard)."""
@@ -219,38 +211,14 @@ class BlockLayout:
         return {source: tuple(end) for source, end in ends.items()}
 
 
-def assemble(
-    layout: BlockLayout, sources: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None
-) -> torch.Tensor:
-    """The target of `layout` from whole `sources` (a whole tensor under another name is returned
-    as it is, cast to `dtype`)."""
-    first = sources[layout.pieces[0].source]
-    dtype = dtype or first.dtype
+def assemble(layout: BlockLayout, sources: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The target of `layout` from whole `sources`: a view where it is one box of one source (a
+    renamed tensor, one expert of a stack), else a new tensor in the first source's dtype."""
     parts = list(layout.blocks((0,) * len(layout.shape), layout.shape))
-    if len(parts) == 1:  # one box of one source (a renamed tensor, one expert of a stack): a view
-        return parts[0].source_view(first).to(dtype)
-    out = torch.empty(layout.shape, dtype=dtype, device=first.device)
+    if len(parts) == 1:
+        return parts[0].source_view(sources[parts[0].source])
+    first = sources[parts[0].source]
+    out = torch.empty(layout.shape, dtype=first.dtype, device=first.device)
     for part in parts:
         out[part.slices].copy_(part.source_view(sources[part.source]))
     return out
-
-
-def stacked_layout(names: Sequence[str], dim: int | None, shape: Sequence[int]) -> BlockLayout:
-    """Our tensor of global `shape` as `names[0]` whole (dim None) or `torch.stack(names, dim)`."""
-    shape = tuple(int(n) for n in shape)
-    if dim is None:
-        if len(names) != 1:
-            raise ValueError(f"maps whole to {len(names)} tensors, expected 1")
-        return BlockLayout.whole(names[0], shape)
-    if not 0 <= dim < len(shape) or len(names) != shape[dim]:
-        raise ValueError(f"{list(shape)} is not a stack of {len(names)} along dim {dim}")
-    part = shape[:dim] + shape[dim + 1 :]
-    return BlockLayout.stack([BlockLayout.whole(name, part) for name in names], dim)
-
-
-def unstacked_layouts(name: str, names: Sequence[str], dim: int | None, shape: Sequence[int]) -> dict[str, BlockLayout]:
-    """The reverse of `stacked_layout`: each of `names` as a layout over our tensor `name`."""
-    whole = BlockLayout.whole(name, shape)
-    if dim is None:
-        return {names[0]: whole}
-    return {hf_name: whole.narrow(dim, k, 1).squeeze(dim) for k, hf_name in enumerate(names)}

@@ -102,12 +102,12 @@ def _pieces(tensor: LayoutTensor, dim: int, bounds: list[tuple[int, int]]) -> tu
 
 
 def _chunk(tensor: LayoutTensor, chunks: int, *args: Any, **kwargs: Any) -> tuple[LayoutTensor, ...]:
-    dim = _dim(args, kwargs, 0) % max(tensor.dim(), 1)
+    dim = _dim(args, kwargs, 0)  # negative dims index the shape and narrow as torch's do
     return _pieces(tensor, dim, _chunk_bounds(tensor.source_layout.shape[dim], int(chunks)))
 
 
 def _split(tensor: LayoutTensor, split: Any, *args: Any, **kwargs: Any) -> tuple[LayoutTensor, ...]:
-    dim = _dim(args, kwargs, 0) % max(tensor.dim(), 1)
+    dim = _dim(args, kwargs, 0)
     sizes = split if isinstance(split, int) else [int(n) for n in split]
     return _pieces(tensor, dim, _split_bounds(tensor.source_layout.shape[dim], sizes))
 
