@@ -11,6 +11,7 @@ checkpoint's own names), as a user's downloaded folder would be.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -70,8 +71,16 @@ def safetensors_of(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def check_load(folder: Path, architecture: str, tokens: torch.Tensor, seq_len: int) -> tuple[str, HFCausalLM | None]:
-    """The load step's verdict, and the loaded model for the export step."""
+@dataclass
+class Loaded:
+    """The load step's model, and transformers' logits of the folder on the sweep's tokens."""
+
+    model: HFCausalLM
+    expected: torch.Tensor
+
+
+def check_load(folder: Path, architecture: str, tokens: torch.Tensor, seq_len: int) -> tuple[str, Loaded | None]:
+    """The load step's verdict, and what the export step starts from when it passed."""
     model = from_folder(folder, seq_len)
     theirs = transformers_from(folder, architecture)
     their_state = theirs.state_dict()
@@ -79,12 +88,15 @@ def check_load(folder: Path, architecture: str, tokens: torch.Tensor, seq_len: i
         expected = their_state.get(name.removeprefix("hf."))
         if expected is None or not torch.equal(value, expected):
             return f"{name.removeprefix('hf.')} differs from transformers' load", None
+    ids = tokens[:, :-1]
     with torch.no_grad():
-        gap = logits_gap(model(tokens[:, :-1]), theirs(input_ids=tokens[:, :-1]).logits)
-    return gap or "ok", model if gap is None else None
+        logits = theirs(input_ids=ids).logits
+        gap = logits_gap(model(ids), logits)
+    return (gap, None) if gap is not None else ("ok", Loaded(model, logits))
 
 
-def check_export(model: HFCausalLM, folder: Path, out: Path, tokens: torch.Tensor, seq_len: int) -> str:
+def check_export(loaded: Loaded, folder: Path, out: Path, tokens: torch.Tensor, seq_len: int) -> str:
+    model = loaded.model
     export_model_to_hf(model, out, HF_FAMILY_ADAPTER, model.args)
     saved, exported = safetensors_of(folder), safetensors_of(out)
     if sorted(saved) != sorted(exported):
@@ -95,11 +107,10 @@ def check_export(model: HFCausalLM, folder: Path, out: Path, tokens: torch.Tenso
         return f"{changed[0]} differs from save_pretrained's"
     ids = tokens[:, :-1]
     with torch.no_grad():
-        expected = transformers_from(folder, model.args.architecture)(input_ids=ids).logits
         theirs = transformers_from(out, model.args.architecture)(input_ids=ids).logits
         ours = from_folder(out, seq_len)(ids)
-    gap = logits_gap(theirs, expected)
+    gap = logits_gap(theirs, loaded.expected)
     if gap is not None:
         return f"in transformers: {gap}"
-    gap = logits_gap(ours, expected)
+    gap = logits_gap(ours, loaded.expected)
     return f"in the hf family: {gap}" if gap is not None else "ok"
