@@ -30,6 +30,7 @@ _ENGINE = (
     "titan_tpu.optim",
     "titan_tpu.autotune",
     "titan_tpu.generation",
+    "titan_tpu.environments",
     "titan_tpu.tasks",
     "titan_tpu.training",
 )
@@ -183,6 +184,20 @@ RULES = (
         ("titan_tpu.models", *_engine_except("titan_tpu.device", "titan_tpu.distributed", "titan_tpu.generation")),
         "sampling runs any model through the family's Decoding (titan_tpu.protocols.model_spec) and "
         "serves every task; it knows no family, data, task or trainer",
+    ),
+    Rule(
+        "environments",
+        ("titan_tpu/environments/**/*.py",),
+        (
+            "torch",
+            "numpy",
+            "titan_tpu.config",
+            "titan_tpu.models",
+            *_ENTRY_POINTS,
+            *_engine_except("titan_tpu.environments"),
+        ),
+        "an environment sees messages and records only (titan_tpu/protocols/environment.py): the trainer owns "
+        "tokens, models and ranks, and a user's environment is written the same way",
     ),
     Rule(
         "tasks",
