@@ -7,7 +7,10 @@ with. So the template runs as `transformers`' `apply_chat_template` runs it: the
 (blocks trimmed, `loopcontrols`), the same helpers (`raise_exception`, `strftime_now`, a `tojson`
 that does not escape HTML), the checkpoint's special tokens as variables, and messages whose
 `None` fields are dropped, reasoning given as `thinking` or `reasoning` seen as `reasoning_content`
-too. It runs sandboxed: a template is code from a download.
+too, and the tools offered (`tools`: JSON schemas) passed as given: None when none, an empty list as
+an empty list (templates test `if tools`, so both render as no tools). An assistant's `tool_calls`
+reach the template untouched: their `arguments` may be an object (the template writes it with
+`tojson`) or a JSON string (written as it is). It runs sandboxed: a template is code from a download.
 """
 
 from __future__ import annotations
@@ -93,15 +96,16 @@ def read_tokenizer_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-def _template_from_config(config: Mapping[str, Any], where: Path) -> str | None:
-    """`chat_template` as a string, or the "default" of a list of named templates."""
+def _template_from_config(config: Mapping[str, Any], where: Path) -> tuple[str | None, str | None]:
+    """`chat_template` as a string, or the "default" and "tool_use" templates of a list of named ones."""
     template = config.get("chat_template")
     if template is None or isinstance(template, str):
-        return template
+        return template, None
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
         if isinstance(named.get("default"), str):
-            return named["default"]
+            tool_use = named.get("tool_use")
+            return named["default"], tool_use if isinstance(tool_use, str) else None
         raise ConfigError(f"{where}: chat_template lists {sorted(map(str, named))} but no 'default'")
     raise ConfigError(f"{where}: chat_template must be a string or a list of named templates")
 
@@ -113,17 +117,38 @@ def _with_reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
     return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
-class ChatTemplate:
-    """One checkpoint's template, compiled once; `render` is `apply_chat_template(..., tokenize=False)`."""
+def _tool_schemas(tools: Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, Any]] | None:
+    """`tools` as apply_chat_template hands them to the template: None stays None, a list of schemas
+    is a list. transformers also turns Python functions into schemas; records and environments give
+    schemas, so anything else is refused here rather than rendered as its repr."""
+    if tools is None:
+        return None
+    if isinstance(tools, (str, Mapping)) or not isinstance(tools, Sequence):
+        raise ChatTemplateError(f"tools must be a list of JSON-schema objects, got {type(tools).__name__}")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise ChatTemplateError(f"tools[{i}] must be a JSON-schema object, got {type(tool).__name__}")
+    return list(tools)
 
-    def __init__(self, source: str, tokens: Mapping[str, str], origin: str) -> None:
+
+def _compile(source: str, origin: str) -> jinja2.Template:
+    try:
+        return _environment().from_string(source)
+    except jinja2.exceptions.TemplateSyntaxError as err:
+        raise ConfigError(f"chat template {origin}: line {err.lineno}: {err.message}") from None
+
+
+class ChatTemplate:
+    """One checkpoint's template, compiled once; `render` is `apply_chat_template(..., tokenize=False)`.
+    `tool_use`: the template a list of named templates offers for conversations given tools, which
+    apply_chat_template picks whenever `tools` is not None (Hermes-style checkpoints ship one)."""
+
+    def __init__(self, source: str, tokens: Mapping[str, str], origin: str, tool_use: str | None = None) -> None:
         self.source = source
         self.tokens = dict(tokens)
         self.origin = origin  # where the template came from, for error messages
-        try:
-            self._template = _environment().from_string(source)
-        except jinja2.exceptions.TemplateSyntaxError as err:
-            raise ConfigError(f"chat template {origin}: line {err.lineno}: {err.message}") from None
+        self._template = _compile(source, origin)
+        self._tool_use = None if tool_use is None else _compile(tool_use, f"{origin} (tool_use)")
 
     @classmethod
     def from_folder(cls, folder: str | Path, override: str | Path | None = None) -> ChatTemplate:
@@ -140,24 +165,33 @@ class ChatTemplate:
             return cls(path.read_text(encoding="utf-8"), tokens, str(path))
         if (folder / TEMPLATE_FILE).is_file():
             return cls((folder / TEMPLATE_FILE).read_text(encoding="utf-8"), tokens, str(folder / TEMPLATE_FILE))
-        source = _template_from_config(config, folder / TOKENIZER_CONFIG)
+        source, tool_use = _template_from_config(config, folder / TOKENIZER_CONFIG)
         if source is None:
             raise ConfigError(
                 f"{folder}: no chat template (neither {TEMPLATE_FILE} nor a chat_template in "
                 f"{TOKENIZER_CONFIG}); set data.chat_template = PATH to a Jinja template"
             )
-        return cls(source, tokens, str(folder / TOKENIZER_CONFIG))
+        return cls(source, tokens, str(folder / TOKENIZER_CONFIG), tool_use)
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = False, **switches: Any) -> str:
-        """The conversation as text. `switches` are the template's own variables (Qwen 3's
-        `enable_thinking`, a `date_string`); they override special tokens of the same name."""
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **switches: Any,
+    ) -> str:
+        """The conversation as text, with the `tools` it offers (JSON schemas, as apply_chat_template
+        takes them). `switches` are the template's own variables (Qwen 3's `enable_thinking`, a
+        `date_string`); they override special tokens of the same name."""
         if not messages:
             raise ChatTemplateError("an empty conversation")
         plain = [_with_reasoning_aliases({k: v for k, v in dict(m).items() if v is not None}) for m in messages]
+        schemas = _tool_schemas(tools)
+        template = self._tool_use if schemas is not None and self._tool_use is not None else self._template
         try:
-            return self._template.render(
+            return template.render(
                 messages=plain,
-                tools=None,
+                tools=schemas,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **{**self.tokens, **switches},

@@ -4,10 +4,16 @@ Records hold either a conversation (`messages`: a list of role/content turns) or
 completion (`prompt`/`completion`: two strings, or two lists of turns); the field names are the
 run's (`sft.*_field`). Conversations and lists of turns are rendered with the checkpoint's chat
 template; plain strings are tokenized as they are (bos, prompt, completion, eos), as TRL does.
+
+A conversation may use tools, as TRL's SFT datasets do: a `tools` field (the JSON schemas offered,
+rendered with the conversation as `apply_chat_template(..., tools=...)` renders them), assistant
+turns with `tool_calls` and `tool` turns with their results. Only assistant turns are learned: the
+tools' text, tool results and user turns are context (chat_masks.py).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +34,32 @@ class RecordFields:
     messages: str = "messages"
     prompt: str = "prompt"
     completion: str = "completion"
+    tools: str = "tools"
+
+
+def _with_tools(record: Mapping[str, Any], where: str, field: str, switches: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The template's variables with the record's tools, when it offers some (a missing field or a
+    null, as a parquet column holds for records without tools, offers none). The tools may be a JSON
+    string, as TRL's SFTTrainer reads them: datasets store them so when the schemas of different
+    records do not share one column type."""
+    tools = record.get(field)
+    if tools is None:
+        return switches
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as err:
+            raise ChatTemplateError(f"{where}: '{field}' is a string that is not JSON ({err.msg})") from None
+    if not isinstance(tools, list):
+        raise ChatTemplateError(f"{where}: '{field}' must be a list of JSON-schema objects, got {type(tools).__name__}")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise ChatTemplateError(f"{where}: '{field}'[{i}] must be a JSON-schema object, got {type(tool).__name__}")
+    if "tools" in switches:
+        raise ChatTemplateError(
+            f"{where}: the record offers '{field}' and sft.template_switches sets tools too; keep one of them"
+        )
+    return {**switches, "tools": tools}
 
 
 def record_tokens(
@@ -40,11 +72,17 @@ def record_tokens(
     switches: Mapping[str, Any],
 ) -> MaskedTokens:
     """The record's ids and mask; a record in neither shape is one line naming the fields looked for."""
+    switches = _with_tools(record, where, fields.tools, switches)
     if fields.messages in record:
         return conversation_tokens(template, tokenizer, record[fields.messages], train_on, where, **switches)
     if fields.prompt in record and fields.completion in record:
         prompt, completion = record[fields.prompt], record[fields.completion]
         if isinstance(prompt, str) and isinstance(completion, str):
+            if record.get(fields.tools) is not None:
+                raise ChatTemplateError(
+                    f"{where}: tools are rendered with a conversation; '{fields.prompt}' and '{fields.completion}' "
+                    "are plain strings, which are tokenized without the chat template"
+                )
             eos = template.tokens.get("eos_token")
             if eos is None:
                 raise ChatTemplateError(
