@@ -84,6 +84,27 @@ class RLConfig:
         },
     )
     reference_field: str = opt("answer", "Record field holding the reference answer that exact and math compare with.")
+    env: str = opt(
+        "",
+        "Multi-turn episodes with an environment instead of one completion per prompt: 'calculator' (an "
+        "arithmetic tool), 'python' (runs the model's code in a sandbox) or 'module:Class', your own "
+        "(titan_tpu/protocols/environment.py); it renders each data.path record's first messages and tools, "
+        "answers every model turn and gives the reward. Empty = single-turn.",
+    )
+    env_args: dict[str, Any] = opt_table(
+        "env: keyword arguments the environment is built with, e.g. { answer_field = 'solution', timeout = 2.0 }."
+    )
+    max_turns: int = opt(4, "env: model turns an episode may take; the environment may end it sooner.")
+    max_episode_tokens: int = opt(
+        0,
+        "env: tokens an episode may hold (prompt, model turns, tool results); a turn that could pass it is not "
+        "started. 0 = training.seq_len.",
+    )
+    dump_rollouts: int = opt(
+        4,
+        "env: episodes (messages, tool calls, results, reward) written to <dump_folder>/rollouts/step-N.jsonl "
+        "at every evaluation (metrics.eval_freq) and when <dump_folder>/rollouts/DUMP exists; 0 = none.",
+    )
     max_operand: int = opt(99, "arithmetic: operands are integers in [0, max_operand].")
     held_out_fraction: float = opt(
         0.05, "Share of the problems (arithmetic) or records (data without rl.eval_path) kept out of training."
@@ -182,6 +203,28 @@ class RLConfig:
             self.max_staleness >= 0, "rl.max_staleness", f"must be >= 0 (0 = synchronous), got {self.max_staleness}"
         )
         require(self.is_cap >= 1, "rl.is_cap", f"must be >= 1, got {self.is_cap}")
+        require(self.max_turns >= 1, "rl.max_turns", f"must be >= 1 (one model turn at least), got {self.max_turns}")
+        require(
+            self.max_episode_tokens >= 0,
+            "rl.max_episode_tokens",
+            f"must be >= 0 (0 = training.seq_len), got {self.max_episode_tokens}",
+        )
+        require(self.dump_rollouts >= 0, "rl.dump_rollouts", f"must be >= 0, got {self.dump_rollouts}")
+        if self.env:
+            for key in SINGLE_TURN_ONLY:
+                require(
+                    getattr(self, key) == _default(key),
+                    f"rl.{key}",
+                    f"is read by single-turn GRPO; with rl.env = {self.env!r} the environment renders each record "
+                    "and gives the reward (set what it reads in rl.env_args); remove it",
+                )
+        else:
+            for key in ENV_ONLY:
+                require(
+                    getattr(self, key) == _default(key),
+                    f"rl.{key}",
+                    "applies to multi-turn episodes (rl.env); set rl.env or remove it",
+                )
         for url in self.engine_urls:
             require(
                 url.startswith(("http://", "https://")),
@@ -240,6 +283,18 @@ class RLConfig:
                 "rl.max_operand",
                 "applies to rl.task = 'arithmetic'; remove it or set rl.task = 'arithmetic'",
             )
+        if self.env:
+            require(
+                self.task == "data",
+                "rl.env",
+                "starts each episode from a record of data.path; set rl.task = 'data' and data.path to your records",
+            )
+            require(
+                data.tokenizer != "byte",
+                "data.tokenizer",
+                "rl.env renders episodes with a chat template and its tool calls; use a checkpoint's tokenizer "
+                "folder or 'chatml_bytes'",
+            )
         require(
             not config.validation.enable,
             "validation.enable",
@@ -252,11 +307,15 @@ class RLConfig:
         return any(table.get("fn") in ("exact", "math") for table in self.rewards)
 
 
-# Exact match plus a tenth of the format reward: an optionally signed integer, then the stop text.
-# The keys only the vLLM engine reads: set with the builtin engine, they would do nothing.
 # Keys of rl.task = 'data' (your records) that the arithmetic generator does not read.
 DATA_ONLY = ("prompt_field", "system_prompt", "eval_path", "template_switches")
 
+# Keys of multi-turn episodes, which single-turn GRPO would not read.
+ENV_ONLY = ("env_args", "max_turns", "max_episode_tokens", "dump_rollouts")
+# Keys of single-turn GRPO that an environment replaces: it renders the records and gives the reward.
+SINGLE_TURN_ONLY = ("prompt_field", "system_prompt", "reference_field", "rewards", "stop_text")
+
+# The keys only the vLLM engine reads: set with the builtin engine, they would do nothing.
 VLLM_ONLY = (
     "engine_urls",
     "engine_weights_folder",
@@ -279,6 +338,7 @@ def _default(key: str) -> Any:
     return spec.default_factory() if spec.default is MISSING and spec.default_factory is not MISSING else spec.default
 
 
+# Exact match plus a tenth of the format reward: an optionally signed integer, then the stop text.
 DEFAULT_REWARDS: tuple[dict[str, Any], ...] = (
     {"fn": "exact", "weight": 1.0},
     {"fn": "format", "weight": 0.1, "pattern": "-?\\d+\n"},

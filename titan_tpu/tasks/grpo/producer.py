@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from titan_tpu.generation.episodes import Trajectory
 from titan_tpu.tasks.grpo.prompts import Prompt
 
 
@@ -34,6 +35,7 @@ class Sampled:
     version: int = -1  # optimizer steps behind the weights that sampled it
     seconds: float = 0.0
     failure: str | None = None  # the engine did not answer (the rollout holds no completions then)
+    episodes: dict[int, Trajectory] = field(default_factory=dict)  # row -> its episode (rl.env)
 
 
 class RolloutProducer:

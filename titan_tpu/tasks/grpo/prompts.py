@@ -33,6 +33,9 @@ ARITHMETIC_PREFIX = "\n"
 _SPLIT_SEED = 1234
 
 
+Record = tuple[str, dict[str, Any]]  # where it is (file and line) and its fields
+
+
 @dataclass(frozen=True)
 class Prompt:
     text: str  # what the policy is prompted with, as text (rewards receive it)
@@ -75,6 +78,22 @@ def prompt_set(config: TrainConfig, tokenizer: Any) -> PromptSet:
     template = chat_template_of(config)
     if template is not None and not isinstance(tokenizer, HFTokenizer):
         raise ConfigError("data.tokenizer: a chat template needs its checkpoint's tokenizer (a folder), not 'byte'")
+    train, held_out = split_records(config)
+
+    def render(items: list[Record]) -> list[Prompt]:
+        prompts = []
+        for where, record in items:
+            text = _prompt_text(record, where, template, rl)
+            prompts.append(Prompt(text, tokenizer.encode(text), record, where))
+        return prompts
+
+    return PromptSet(render(train), render(held_out), _stop_text(rl.stop_text, template, **rl.template_switches))
+
+
+def split_records(config: TrainConfig) -> tuple[list[Record], list[Record]]:
+    """data.path's records to train on and the held-out ones: rl.eval_path's records, or else a seeded
+    rl.held_out_fraction of data.path's."""
+    rl = config.section(RLConfig)
     records = _records(config.data.source, config.data.path, config.data.hf_split, "data.path")
     if rl.eval_path:
         train, held_out = records, _records("files", rl.eval_path, "", "rl.eval_path")
@@ -87,15 +106,7 @@ def prompt_set(config: TrainConfig, tokenizer: Any) -> PromptSet:
         held_out = [r for i, r in enumerate(records) if i in held]
     if not train:
         raise ConfigError(f"data.path: {config.data.path!r} leaves no training prompts after the held-out split")
-
-    def render(items: list[tuple[str, dict[str, Any]]]) -> list[Prompt]:
-        prompts = []
-        for where, record in items:
-            text = _prompt_text(record, where, template, rl)
-            prompts.append(Prompt(text, tokenizer.encode(text), record, where))
-        return prompts
-
-    return PromptSet(render(train), render(held_out), _stop_text(rl.stop_text, template, **rl.template_switches))
+    return train, held_out
 
 
 def stop_ids(tokenizer: Any, stop_text: str) -> tuple[int, ...]:
@@ -109,7 +120,7 @@ def _stop_text(setting: str, template: ChatTemplate | None, **switches: Any) -> 
     return end_of_turn(template, **switches) if template is not None else "\n"
 
 
-def _records(source: str, path: str, split: str, key: str) -> list[tuple[str, dict[str, Any]]]:
+def _records(source: str, path: str, split: str, key: str) -> list[Record]:
     if not path:
         raise ConfigError(
             f"{key}: rl.task = 'data' needs the prompt records' path (.jsonl/.parquet files or a dataset)"

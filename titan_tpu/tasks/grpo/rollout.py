@@ -63,17 +63,26 @@ def rank_rows(n_rows: int, global_batch: int, dp_rank: int, dp_world: int) -> li
 
 
 def pack_sequences(
-    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int, device: torch.device
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad_id: int,
+    device: torch.device,
+    trained: Sequence[Sequence[bool]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows prompt + completion, right-padded with `pad_id` (right padding changes nothing before it
-    under a causal mask, so the training forward needs no mask), and the completion mask [b, L-1]."""
+    under a causal mask, so the training forward needs no mask), and the completion mask [b, L-1].
+    `trained` (a multi-turn episode's): per completion token, whether the model sampled it; the others
+    (the environment's messages, the template between turns) stay out of the mask."""
     width = max(len(p) + len(c) for p, c in zip(prompts, completions))
     tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros(len(prompts), width - 1, dtype=torch.float32)
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
         row = list(prompt) + list(completion)
         tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, len(prompt) - 1 : len(row) - 1] = 1.0
+        if trained is None:
+            mask[i, len(prompt) - 1 : len(row) - 1] = 1.0
+        else:
+            mask[i, len(prompt) - 1 : len(row) - 1] = torch.tensor(trained[i], dtype=torch.float32)
     return tokens.to(device), mask.to(device)
 
 
@@ -104,6 +113,7 @@ def build_micro_batches(
     first_on_policy: bool,
     trainer_logps: Callable[[torch.Tensor], torch.Tensor] | None = None,
     is_cap: float | None = None,
+    trained: dict[int, list[bool]] | None = None,
 ) -> list[MicroBatch]:
     """Micro-batches of every mini-batch in `rows` (this rank's rows per mini-batch), with the rollout
     policy's log-probs of each row's completion tokens (`sampled_logps`, as the sampler recorded them)
@@ -113,7 +123,8 @@ def build_micro_batches(
 
     `trainer_logps`: for an engine other than the trainer's modules, the trainer's log-probs of the
     same tokens, recorded beside the engine's; with `is_cap` (the importance-sampling correction) they
-    are the old log-probs and min(exp(trainer - engine), is_cap) weighs each token."""
+    are the old log-probs and min(exp(trainer - engine), is_cap) weighs each token. `trained`: each
+    multi-turn row's mask of model-sampled tokens (`completion_lengths` then counts those only)."""
     batches = []
     for index, mini in enumerate(rows):
         on_policy = first_on_policy and index == 0
@@ -122,7 +133,13 @@ def build_micro_batches(
         mini_batch_tokens = float(completion_lengths[first : first + global_batch].sum())
         for k in range(micro_count):
             chunk = mini[k * micro_batch : (k + 1) * micro_batch]
-            tokens, mask = pack_sequences([prompts[r] for r in chunk], [completions[r] for r in chunk], pad_id, device)
+            tokens, mask = pack_sequences(
+                [prompts[r] for r in chunk],
+                [completions[r] for r in chunk],
+                pad_id,
+                device,
+                None if trained is None else [trained[r] for r in chunk],
+            )
             sampled = place_completion_logps([len(prompts[r]) for r in chunk], [sampled_logps[r] for r in chunk], mask)
             trainer = trainer_logps(tokens).float() * mask if trainer_logps is not None else None
             old: torch.Tensor | None = None if on_policy else sampled

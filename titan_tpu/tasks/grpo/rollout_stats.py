@@ -30,11 +30,13 @@ STAT_KEYS = (
     "engine_tokens",
     "is_truncated",
 )
+# A multi-turn episode's (rl.env), summed over its rollout's rows: `<name>_per_episode` in the record.
+EPISODE_COUNTS = ("turns", "tool_calls", "tool_errors", "timeouts")
 
 
 def fresh_stats(reward_names: list[str]) -> dict[str, float]:
     """Every sum at 0, each reward's own (`reward/NAME`) included."""
-    return dict.fromkeys((*STAT_KEYS, *(f"reward/{name}" for name in reward_names)), 0.0)
+    return dict.fromkeys((*STAT_KEYS, *EPISODE_COUNTS, *(f"reward/{name}" for name in reward_names)), 0.0)
 
 
 def add_engine_mismatch(stats: dict[str, float], batches: list[MicroBatch], is_cap: float) -> None:

@@ -25,6 +25,7 @@ from titan_tpu.protocols.rollout import RolloutEngine, SamplingParams
 from titan_tpu.tasks.base import TaskContext
 from titan_tpu.tasks.grpo.config import RLConfig
 from titan_tpu.tasks.grpo.engines import rollout_engines
+from titan_tpu.tasks.grpo.multi_turn import EpisodeSource
 from titan_tpu.tasks.grpo.producer import RolloutProducer, Sampled
 from titan_tpu.tasks.grpo.prompts import PromptStream
 from titan_tpu.tasks.grpo.rollout import rank_rows
@@ -40,8 +41,10 @@ class RolloutSource:
         stream: PromptStream,
         steps_per_rollout: int,
         rows: int,
+        episodes: EpisodeSource | None = None,
     ) -> None:
         self.ctx, self.rl, self.stream = ctx, rl, stream
+        self.episodes = episodes  # multi-turn (rl.env): each row an episode, else one completion
         self.steps_per_rollout = steps_per_rollout
         self.rows = rows
         self.rank_rows: list[list[int]] = []  # this rank's rows of each mini-batch (set up with the engines)
@@ -121,16 +124,20 @@ class RolloutSource:
         seeds = [hash((seed, index, r)) % (2**63) for r in rows]
         sampled = Sampled(index=index, prompts=prompts, version=self.pushed_version)
         assert self.rollout_engine is not None
+        generate = self.rollout_engine.generate if collective else self._vllm().request
         try:
-            if collective:
-                out = self.rollout_engine.generate(asked, params, seeds)
+            if self.episodes is not None:
+                episodes = self.episodes.sample(generate, prompts, rows, index, params, collective)
+                sampled.episodes = episodes
+                sampled.completions = {r: e.tokens for r, e in episodes.items()}
+                sampled.logps = {r: e.logp_tensor() for r, e in episodes.items()}
             else:
-                out = self._vllm().request(asked, params, seeds)
+                out = generate(asked, params, seeds)
+                sampled.completions = dict(zip(rows, out.tokens))
+                sampled.logps = dict(zip(rows, out.logps))
         except (ServerUnavailable, ServerRefused) as error:
             sampled.failure = failure_of(error)
             return sampled
-        sampled.completions = dict(zip(rows, out.tokens))
-        sampled.logps = dict(zip(rows, out.logps))
         sampled.seconds = time.perf_counter() - start
         return sampled
 

@@ -25,7 +25,6 @@ from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.distributed.fsdp import reshard_all
 from titan_tpu.distributed.grad_utils import sum_over
 from titan_tpu.distributed.parallelize import parallelize_model, reshard_setting
-from titan_tpu.generation.answers import greedy_answer_score
 from titan_tpu.generation.logprobs import logps_of, token_logps
 from titan_tpu.metrics.console import ConsoleView
 from titan_tpu.protocols.model_spec import ModelSpec
@@ -36,18 +35,19 @@ from titan_tpu.tasks.decoder import decoder_args, decoder_workload, require_deco
 from titan_tpu.tasks.grpo.config import RLConfig
 from titan_tpu.tasks.grpo.engines import check_vllm_engine
 from titan_tpu.tasks.grpo.length_runs import logps_in_runs
+from titan_tpu.tasks.grpo.multi_turn import EpisodeSource, episode_columns
 from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
 from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set, stop_ids
-from titan_tpu.tasks.grpo.rewards import Completions, build_rewards, score, weighted_total
+from titan_tpu.tasks.grpo.rewards import build_rewards
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches
+from titan_tpu.tasks.grpo.rollout_dump import EpisodeDumps
 from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
-from titan_tpu.tasks.grpo.rollout_stats import add_engine_mismatch, engine_metrics, fresh_stats
+from titan_tpu.tasks.grpo.rollout_stats import EPISODE_COUNTS, add_engine_mismatch, engine_metrics, fresh_stats
 from titan_tpu.tasks.grpo.sampling import RolloutSource
+from titan_tpu.tasks.grpo.single_turn import CompletionScores
 from titan_tpu.tasks.grpo.step_lines import (
-    RolloutSample,
     console_view,
     describe_prompts,
-    log_sample,
     mini_batch_ties,
     tied_groups,
 )
@@ -72,9 +72,16 @@ class GRPOTask(TrainingTask):
                 "and parallelism.loss_parallel = false"
             )
         self.tokenizer = build_tokenizer(config.data.tokenizer)
-        self.prompts = prompt_set(config, self.tokenizer)
+        # Multi-turn (rl.env): each row an episode, its reward the environment's.
+        self.episodes = EpisodeSource(config, self.tokenizer) if self.rl.env else None
+        self.prompts = self.episodes.prompt_set(config) if self.episodes else prompt_set(config, self.tokenizer)
         stop_text = self.prompts.stop_text
-        self.rewards = build_rewards(self.rl.rewards, self.rl.reference_field, stop_text, search_folders(config))
+        self.rewards = (
+            []
+            if self.episodes
+            else build_rewards(self.rl.rewards, self.rl.reference_field, stop_text, search_folders(config))
+        )
+        self.single = CompletionScores(self.rewards, self.tokenizer, self.rl.reference_field)
         stops = stop_ids(self.tokenizer, stop_text)
         self.params = SamplingParams(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_p, stops)
         self.greedy = dataclasses.replace(self.params, temperature=0.0)
@@ -97,13 +104,13 @@ class GRPOTask(TrainingTask):
         self.stream = PromptStream(self.prompts.train, seed=config.training.seed)
         self.queue: deque[MicroBatch] = deque()
         self.reference: nn.Module | None = None
-        self.source = RolloutSource(ctx, self.rl, self.stream, self.steps_per_rollout, self.rows)
+        self.source = RolloutSource(ctx, self.rl, self.stream, self.steps_per_rollout, self.rows, self.episodes)
+        self.dumps = EpisodeDumps(ctx.dump_folder, self.rl.dump_rollouts, self.rl.group_size) if self.episodes else None
         # Set by the first loss of a mixture of experts, which adds its routers' aux loss and logs it.
         self._is_moe = False
         self.args: Any = None
         self._last_exit: float | None = None
         self._step_ties = (0, 0)  # of the mini-batch the last step trained on
-        self._sample: RolloutSample | None = None  # shown at the next evaluation
         self._reset_stats()
 
     # ------------------------------------------------------------------------------ set-up
@@ -116,6 +123,8 @@ class GRPOTask(TrainingTask):
             raise ConfigError(
                 f"training.seq_len {config.training.seq_len} is below the longest prompt + rl.max_new_tokens = {needed}"
             )
+        if self.episodes is not None:
+            self.episodes.check_budget(needed, config.training.seq_len)
         self.args = decoder_args(self.ctx, self.tokenizer, args)
         if self.rl.engine == "vllm":
             check_vllm_engine(self.ctx, self.rl, self.args)
@@ -204,23 +213,17 @@ class GRPOTask(TrainingTask):
         prompts = {r: taken[r // rl.group_size].ids for r in mine}
         completions, sampled_logps = sampled.completions, sampled.logps
         # Rewards, each reward's part and lengths of this rank's rows, summed with the other ranks'.
-        scored = self._completions([taken[r // rl.group_size] for r in mine], [completions[r] for r in mine])
-        parts = score(self.rewards, scored)
-        table = torch.zeros(2 + len(self.rewards), self.rows, dtype=torch.float64)
-        rows_mine = torch.tensor(mine, dtype=torch.long)
-        table[0, rows_mine] = torch.tensor(weighted_total(self.rewards, parts, len(mine)), dtype=torch.float64)
-        table[1, rows_mine] = torch.tensor([float(len(completions[r])) for r in mine], dtype=torch.float64)
-        for k, reward in enumerate(self.rewards):
-            table[2 + k, rows_mine] = torch.tensor(parts[reward.name], dtype=torch.float64)
-        table = self._global(table)
-        rewards, lengths = table[0], table[1]
+        if sampled.episodes:
+            columns = episode_columns([sampled.episodes[r] for r in mine])
+        else:
+            asked = [taken[r // rl.group_size] for r in mine]
+            columns = self.single.columns(asked, [completions[r] for r in mine], keep_sample=ctx.is_writer)
+        table = self._global_rows(columns, mine)
+        rewards, lengths = table["reward"], table["length"]
         advantages = group_advantages(rewards, rl.group_size, rl.scale_rewards, rl.advantage_eps).float()
         tied = tied_groups(rewards, rl.group_size)
-        if mine and ctx.is_writer:
-            answer = taken[mine[0] // rl.group_size].record.get(rl.reference_field)
-            self._sample = RolloutSample(
-                scored.prompts[0], scored.texts[0], float(rewards[mine[0]]), None if answer is None else str(answer)
-            )
+        if self.dumps is not None and ctx.is_writer:
+            self.dumps.after_rollout(index * self.steps_per_rollout, taken, sampled.episodes)
 
         reference = self.reference
         # From an engine other than the trainer's own modules, the trainer scores the same tokens:
@@ -242,6 +245,7 @@ class GRPOTask(TrainingTask):
             first_on_policy=rl.updates_per_rollout == 1,
             trainer_logps=(lambda tokens: token_logps(model, tokens)) if engine_apart else None,
             is_cap=rl.is_cap if engine_apart and rl.is_correction else None,
+            trained={r: e.trained for r, e in sampled.episodes.items()} if sampled.episodes else None,
         )
         if engine_apart:
             reshard_all(model)
@@ -258,8 +262,9 @@ class GRPOTask(TrainingTask):
         stats["reward_sum"] += float(rewards.sum())
         stats["reward_std_sum"] += float(rewards.view(-1, rl.group_size).std(dim=1).mean())
         stats["tied_groups"] += float(tied.sum())
-        for k, reward in enumerate(self.rewards):
-            stats[f"reward/{reward.name}"] += float(table[2 + k].sum())
+        for name, column in table.items():
+            if name in stats:  # each reward's part, and an episode's turns, tool calls, errors and timeouts
+                stats[name] += float(column.sum())
         stats["length_sum"] += float(lengths.sum())
         stats["rollout_time"] += rollout_time
         stats["rollout_wait"] += waited
@@ -270,12 +275,23 @@ class GRPOTask(TrainingTask):
         # Every rank's rows (prompts are the same everywhere, lengths were summed above): the work of
         # the whole job, which step_metrics shares out per process as the trainer's TFLOP/s are.
         cost = ForwardCost.of_family(ctx.spec.flops_per_token, self.args)
+        # Every token after the prompt goes through the sampler (an episode's environment tokens too).
+        after_prompt = table["tokens"]
         groups = [
-            (len(prompt.ids), [int(n) for n in lengths[k * rl.group_size : (k + 1) * rl.group_size]])
+            (len(prompt.ids), [int(n) for n in after_prompt[k * rl.group_size : (k + 1) * rl.group_size]])
             for k, prompt in enumerate(taken)
         ]
         scoring = int(reference is not None) + int(engine_apart)
         stats["rollout_flops"] += rollout_flops(cost, groups, scoring_passes=scoring)
+
+    def _global_rows(self, columns: dict[str, list[float]], mine: list[int]) -> dict[str, torch.Tensor]:
+        """Each column of this rank's rows placed at their rows of the rollout and summed with the other
+        ranks': every row's value, on every rank."""
+        table = torch.zeros(len(columns), self.rows, dtype=torch.float64)
+        rows = torch.tensor(mine, dtype=torch.long)
+        for k, values in enumerate(columns.values()):
+            table[k, rows] = torch.tensor(values, dtype=torch.float64)
+        return dict(zip(columns, self._global(table)))
 
     # ------------------------------------------------------------------------------ loss
 
@@ -354,6 +370,8 @@ class GRPOTask(TrainingTask):
                 rollout_tflops=s["rollout_flops"] / self.ctx.parallel.dims.world_size / s["rollout_time"] / 1e12,
             )
             metrics.update({f"reward/{r.name}": s[f"reward/{r.name}"] / rows for r in self.rewards})
+            if self.episodes is not None:
+                metrics.update({f"{name}_per_episode": s[name] / rows for name in EPISODE_COUNTS})
             metrics.update(engine_metrics(s, self.rl, self.source))
         self._reset_stats()
         return metrics
@@ -364,31 +382,25 @@ class GRPOTask(TrainingTask):
     def console_view(self, loss: float, extras: Mapping[str, float]) -> ConsoleView:
         return console_view(loss, self.rl.beta, self._step_ties)
 
-    def _completions(self, prompts: list[Prompt], ids: list[list[int]]) -> Completions:
-        return Completions(
-            prompts=[p.text for p in prompts],
-            texts=[self.tokenizer.decode(i) for i in ids],
-            records=[p.record for p in prompts],
-            places=[p.place for p in prompts],
-        )
-
     @torch.no_grad()
     def evaluate(self, model: nn.Module, step: int) -> dict[str, float]:
         """Held-out accuracy: the first reward's mean on greedy answers (rl.eval_prompts problems, split
-        over ranks)."""
+        over ranks); with rl.env, the environment's mean reward on greedy episodes."""
         held_out = self.prompts.held_out[: self.rl.eval_prompts or None]
-        first = self.rewards[0]
-
-        def first_reward(indices: list[int], answers: list[list[int]]) -> float:
-            completions = self._completions([held_out[i] for i in indices], answers)
-            return sum(score([first], completions)[first.name])
-
+        if self.episodes is not None:
+            if self.dumps is not None and self.ctx.is_writer:
+                self.dumps.write(step)
+            ctx = self.ctx
+            mine = held_out[ctx.dp_rank :: ctx.dp_world]
+            episodes = self.episodes.greedy(self.source.evaluation(model, step).generate, mine, self.greedy)
+            total = torch.tensor([[sum(e.reward for e in episodes), float(len(mine))]], dtype=torch.float64)
+            reward_sum, count = self._global(total)[0].tolist()
+            return {"heldout_accuracy": reward_sum / count if count else float("nan")}
         ctx = self.ctx
-        correct, count = greedy_answer_score(
+        correct, count = self.single.held_out_accuracy(
             self.source.evaluation(model, step),
-            [p.ids for p in held_out],
+            held_out,
             self.greedy,
-            first_reward,
             ctx.dp_rank,
             ctx.dp_world,
             self.dp_mesh,
@@ -396,8 +408,8 @@ class GRPOTask(TrainingTask):
             # Every rank calls the vLLM engine (its recovery is collective) or decodes in lockstep.
             in_lockstep=self._lockstep() is not None or self.source.is_vllm,
         )
-        if ctx.is_writer and self._sample is not None:
-            log_sample(step, self._sample)
+        if ctx.is_writer:
+            self.single.log_sample(step)
         return {"heldout_accuracy": correct / count if count else float("nan")}
 
     def close(self) -> None:
