@@ -40,7 +40,7 @@ class QuestionEnvironment(ToolEnvironment):
         if self.system_prompt:
             if messages[0]["role"] == "system":
                 raise RecordError(
-                    f"the record's {self.prompt_field!r} starts with a system message and env_args.system_prompt "
+                    f"the record's {self.prompt_field!r} starts with a system message and rl.env_args.system_prompt "
                     "is set too: keep one of them"
                 )
             messages.insert(0, {"role": "system", "content": self.system_prompt})
@@ -65,7 +65,7 @@ class QuestionEnvironment(ToolEnvironment):
         ):
             return [{"role": m["role"], "content": m["content"]} for m in prompt]
         raise RecordError(
-            f"the record's {self.prompt_field!r} (the question: env_args.prompt_field) must be a non-empty string "
+            f"the record's {self.prompt_field!r} (the question: rl.env_args.prompt_field) must be a non-empty string "
             f"or a list of {{'role', 'content'}} messages; found {_found(record, self.prompt_field)}"
         )
 
@@ -76,7 +76,7 @@ class QuestionEnvironment(ToolEnvironment):
         if isinstance(value, str) and value.strip():
             return value
         raise RecordError(
-            f"the record's {self.answer_field!r} (the reference answer: env_args.answer_field) must be a non-empty "
+            f"the record's {self.answer_field!r} (the reference answer: rl.env_args.answer_field) must be a non-empty "
             f"string or a number; found {_found(record, self.answer_field)}"
         )
 
