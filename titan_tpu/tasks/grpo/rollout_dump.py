@@ -67,7 +67,10 @@ def log_episode(step: int, path: Path, row: int, episode: Trajectory) -> None:
     for message in episode.messages:
         if message.get("role") == "system":
             continue
-        calls = [json.dumps(call.get("function", call), ensure_ascii=False) for call in message.get("tool_calls", [])]
+        calls = [
+            f"{call['function']['name']}({json.dumps(call['function']['arguments'], ensure_ascii=False)})"
+            for call in message.get("tool_calls", [])
+        ]
         text = " ".join([str(message.get("content", "")), *calls]).strip()
         fields.append((str(message.get("role")), text, "start"))
     for line in sample_lines(title, fields):
