@@ -390,12 +390,11 @@ class GRPOTask(TrainingTask):
         if self.episodes is not None:
             if self.dumps is not None and self.ctx.is_writer:
                 self.dumps.write(step)
-            ctx = self.ctx
-            mine = held_out[ctx.dp_rank :: ctx.dp_world]
-            episodes = self.episodes.greedy(self.source.evaluation(model, step).generate, mine, self.greedy)
-            total = torch.tensor([[sum(e.reward for e in episodes), float(len(mine))]], dtype=torch.float64)
-            reward_sum, count = self._global(total)[0].tolist()
-            return {"heldout_accuracy": reward_sum / count if count else float("nan")}
+            engine = self.source.evaluation(model, step)
+            mine = held_out[self.ctx.dp_rank :: self.ctx.dp_world]
+            rewards = [e.reward for e in self.episodes.greedy(engine.generate, mine, self.greedy)]
+            reward_sum, count = self._global(torch.tensor([[sum(rewards), float(len(mine))]], dtype=torch.float64))[0]
+            return {"heldout_accuracy": float(reward_sum / count) if count else float("nan")}
         ctx = self.ctx
         correct, count = self.single.held_out_accuracy(
             self.source.evaluation(model, step),
