@@ -38,6 +38,7 @@ EXPECTED_PARAMS: dict[str, str] = {
     "qwen3_moe_debug.toml": "7350784",  # own flavor
     "qwen3_moe_30b_a3b.toml": "30.5B",
     "qwen3_moe_235b_a22b.toml": "235B",
+    "grpo_calculator_debug.toml": "3410432",  # own flavor
     "grpo_qwen3_debug.toml": "3410432",  # own flavor
     "sft_qwen3_debug.toml": "3410432",  # own flavor
     "sft_qwen3_8b.toml": "8.2B",
