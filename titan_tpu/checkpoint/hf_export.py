@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -131,6 +131,28 @@ def _export_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return dtype_from_name(dtype, "checkpoint.export_dtype")
 
 
+# Parameter names of a low-rank adapter beside the weight it adapts (titan_tpu/models/common/lora.py).
+LORA_FACTORS = ("lora_A", "lora_B")
+
+
+def is_lora_factor(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in LORA_FACTORS
+
+
+def exportable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict (DTensors where sharded) without the names a tied tensor repeats under."""
+    repeats = tied_repeats(model)
+    # A model's state dict holds tensors only; torch's type also covers optimizer states.
+    model_state = cast(dict[str, torch.Tensor], get_model_state_dict(model))
+    return {name: value for name, value in model_state.items() if name not in repeats}
+
+
+def gathered(value: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a collective for a DTensor, so every rank calls it for the same tensors in
+    the same order."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
 def export_model_to_hf(
     model: nn.Module,
     out: str | Path,
@@ -142,17 +164,40 @@ def export_model_to_hf(
 ) -> Path | None:
     """Export a live (possibly sharded) model; every rank calls it, rank 0 writes. Returns the folder
     on rank 0, None elsewhere. `extra_files` (the tokenizer's, `chat_tokenizer.tokenizer_export_files`)
-    are copied in beside the weights."""
+    are copied in beside the weights. A model with LoRA adapters is refused: its base weights alone
+    are not the trained model, and a Hugging Face folder has no place for the factors."""
+    state_dict = exportable_state(model)
+    factors = [name for name in state_dict if is_lora_factor(name)]
+    if factors:
+        raise ConfigError(
+            f"export: the model has LoRA adapters ({factors[0]}, ...); write it merged "
+            "(titan_tpu.lora.merge.export_merged_to_hf) or its adapters as a PEFT folder "
+            "(titan_tpu.lora.peft_export.export_peft_adapter)"
+        )
+    shapes = {name: tuple(value.shape) for name, value in state_dict.items()}
+    tensors = ((name, gathered(value)) for name, value in state_dict.items())
+    return export_tensors_to_hf(tensors, shapes, out, adapter, args, dtype, max_shard_bytes, extra_files)
+
+
+def export_tensors_to_hf(
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    shapes: Mapping[str, tuple[int, ...]],
+    out: str | Path,
+    adapter: StateDictAdapter,
+    args: Any,
+    dtype: str | torch.dtype = "float32",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    extra_files: Mapping[str, Path] | None = None,
+) -> Path | None:
+    """Our whole tensors (`shapes`, in the order `tensors` yields them) as a Hugging Face folder.
+    Every rank calls it and iterates `tensors`, which may gather (`gathered`); rank 0 writes. Returns
+    the folder on rank 0, None elsewhere."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):  # checked on every rank, so none is left in a collective
         raise ConfigError(f"export: {out} exists and is not empty; it is never overwritten")
     distributed = dist.is_available() and dist.is_initialized()
     writes = not distributed or dist.get_rank() == 0
-    repeats = tied_repeats(model)
-    # A model's state dict holds tensors only; torch's type also covers optimizer states.
-    model_state = cast(dict[str, torch.Tensor], get_model_state_dict(model))
-    state_dict = {name: value for name, value in model_state.items() if name not in repeats}
-    layouts = adapter.export_layouts(args, {name: tuple(value.shape) for name, value in state_dict.items()})
+    layouts = adapter.export_layouts(args, shapes)
     plan = [(hf_name, layout.shape) for hf_name, layout in layouts.items()]
     assembly = FolderAssembly(layouts)
     writer = None
@@ -161,8 +206,7 @@ def export_model_to_hf(
         writer = HFFolderWriter(
             out, plan, _export_dtype(dtype), config, max_shard_bytes, HFFiles.of(adapter), extra_files
         )
-    for name, value in state_dict.items():
-        full = value.full_tensor() if isinstance(value, DTensor) else value
+    for name, full in tensors:
         if writer is not None:
             for hf_name, tensor in assembly.add(name, full):
                 writer.add(hf_name, tensor)
