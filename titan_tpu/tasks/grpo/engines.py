@@ -13,7 +13,6 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.config import ConfigError
 from titan_tpu.device import dtype_name
 from titan_tpu.generation.builtin import BuiltinEngine
@@ -23,6 +22,7 @@ from titan_tpu.generation.vllm.environment import engine_python
 from titan_tpu.generation.vllm.errors import EngineError
 from titan_tpu.generation.vllm.served_model import served_model_check
 from titan_tpu.generation.vllm.server import ManagedServer, ServerSettings
+from titan_tpu.lora.merge import export_merged_to_hf
 from titan_tpu.protocols.rollout import RolloutEngine, SamplingParams
 from titan_tpu.protocols.state_dict_adapter import StateDictAdapter
 from titan_tpu.tasks.base import TaskContext
@@ -109,7 +109,7 @@ def vllm_engine(ctx: TaskContext, rl: RLConfig, args: Any) -> VllmEngine:
     engine = VllmEngine(
         urls=rl.engine_urls,
         managed=managed,
-        export=lambda model, folder: _export(model, folder, adapter, args, dtype_name(ctx.compute_dtype)),
+        export=lambda model, folder: export_for_engine(model, folder, adapter, args, dtype_name(ctx.compute_dtype)),
         weights_folder=weights_folder_for(ctx.dump_folder, rl.engine_weights_folder),
         request_timeout=rl.engine_request_timeout,
         restarts=rl.engine_restarts,
@@ -152,5 +152,9 @@ def _accepts_token(token: int) -> Callable[[ServedModel], bool]:
     return probe
 
 
-def _export(model: nn.Module, folder: Path, adapter: StateDictAdapter, args: Any, dtype: str) -> None:
-    export_model_to_hf(model, folder, adapter, args, dtype=dtype)
+def export_for_engine(model: nn.Module, folder: Path, adapter: StateDictAdapter, args: Any, dtype: str) -> None:
+    """The weights a push hands the servers: the model as a Hugging Face folder, a LoRA run's adapters
+    merged into its base. vLLM could also take the adapters alone (its LoRA requests), but the merged
+    folder keeps one path for every run: the server started from the base folder reloads weights in
+    place as after a full fine-tuning step, and needs no LoRA settings of its own."""
+    export_merged_to_hf(model, folder, adapter, args, dtype=dtype)
