@@ -30,6 +30,7 @@ from titan_tpu.config.sections import (
     DataConfig,
     DeviceConfig,
     JobConfig,
+    LoRAConfig,
     LRSchedulerConfig,
     MetricsConfig,
     ModelConfig,
@@ -91,6 +92,7 @@ class TrainConfig:
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     profiling: ProfilingConfig = dataclasses.field(default_factory=ProfilingConfig)
     validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
+    lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
     owned: dict[str, Any] = dataclasses.field(default_factory=_owned_sections)
 
     def __post_init__(self) -> None:
@@ -122,6 +124,19 @@ class TrainConfig:
             section.validate()
         check_context_parallel(self)
         check_pipeline_parallel(self)
+        if self.lora.enable and self.checkpoint.create_seed_checkpoint:
+            raise ConfigError(
+                "checkpoint.create_seed_checkpoint: a LoRA run saves only its adapters, which start alike on "
+                "every layout (B = 0, A drawn the same whatever the sharding), and its base comes from "
+                "checkpoint.initial_load_path; there is nothing to seed, set it false"
+            )
+        if self.lora.enable and self.parallelism.pp > 1:
+            # Not built: the stages would carry the adapters, but the schedules' split input and weight
+            # backward (zero bubble) has not been run with frozen weights.
+            raise ConfigError(
+                f"lora.enable: LoRA is not supported with parallelism.pp = {self.parallelism.pp} yet; "
+                "set parallelism.pp = 1"
+            )
         if self.profiling.enable and self.profiling.start_step > self.training.steps:
             raise ConfigError(
                 f"profiling.start_step: {self.profiling.start_step} is after the run's last step "

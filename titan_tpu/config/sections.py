@@ -8,7 +8,7 @@ mesh is built.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from titan_tpu.config.errors import ConfigError
@@ -433,3 +433,54 @@ class ValidationConfig:
         if self.enable and self.source != "generated":
             require(bool(self.path), "validation.path", f"is required when validation.source = '{self.source}'")
         require(self.batches >= 1, "validation.batches", f"must be >= 1, got {self.batches}")
+
+
+# The value of lora.target_modules that stands for every linear of the repeated blocks.
+ALL_LINEAR = "all-linear"
+
+
+@dataclass
+class LoRAConfig:
+    enable: bool = opt(
+        False,
+        "Train low-rank adapters (LoRA) on a frozen model instead of all its weights: the base is not trained, "
+        "saved or given optimizer state (docs/lora.md).",
+    )
+    rank: int = opt(16, "With enable: the adapters' rank r (A is [r, in], B is [out, r]).")
+    alpha: float = opt(32.0, "With enable: the adapters' output is scaled by alpha / rank.")
+    dropout: float = opt(0.0, "With enable: dropout on the adapters' input while training, in [0, 1).")
+    target_modules: list[str] = field(
+        default_factory=lambda: [ALL_LINEAR],
+        metadata={
+            "doc": "With enable: the nn.Linear modules adapted. 'all-linear' = every one inside the repeated "
+            "blocks but a mixture-of-experts router (not the head); else patterns matched against a module's "
+            "qualified name, fnmatch-style, each also as '*.' + pattern (PEFT's suffix rule): 'wq', '*.wq', "
+            "'layers.0.*'.",
+        },
+    )
+
+    def validate(self) -> None:
+        if not self.enable:
+            for key in ("rank", "alpha", "dropout", "target_modules"):
+                require(
+                    getattr(self, key) == _default_of(LoRAConfig, key),
+                    f"lora.{key}",
+                    "applies when lora.enable = true; set lora.enable = true or remove it",
+                )
+            return
+        require(self.rank >= 1, "lora.rank", f"must be >= 1, got {self.rank}")
+        require(self.alpha > 0, "lora.alpha", f"must be > 0, got {self.alpha}")
+        require(0 <= self.dropout < 1, "lora.dropout", f"must be in [0, 1), got {self.dropout}")
+        targets = self.target_modules
+        require(bool(targets), "lora.target_modules", f"must name at least one module, e.g. ['{ALL_LINEAR}']")
+        require(
+            ALL_LINEAR not in targets or len(targets) == 1,
+            "lora.target_modules",
+            f"'{ALL_LINEAR}' already names every linear of the blocks; give it alone or list patterns instead",
+        )
+        require(all(targets), "lora.target_modules", "an empty pattern matches nothing; remove it")
+
+
+def _default_of(section: type, key: str) -> Any:
+    spec = next(f for f in fields(section) if f.name == key)
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
