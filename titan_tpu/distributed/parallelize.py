@@ -1,7 +1,7 @@
 """The one fixed order in which a model built on `meta` is parallelised and materialised:
 
-    TP/SP (the model's own plan) -> activation checkpointing -> torch.compile -> activation offload
-    -> FSDP
+    TP/SP (the model's own plan, then LoRA factors placed like the weights they adapt)
+    -> activation checkpointing -> torch.compile -> activation offload -> FSDP
     -> to_empty(device) -> init_weights() under sharding-invariant random init
 
 so no rank ever holds the whole model, and the weights are the same whatever the layout.
@@ -25,6 +25,7 @@ from titan_tpu.distributed.compile import apply_compile, resolve_backend
 from titan_tpu.distributed.fsdp import FSDPPolicy, apply_fsdp
 from titan_tpu.distributed.parallel_dims import ParallelContext
 from titan_tpu.distributed.sharded_init import init_weights
+from titan_tpu.lora.placement import place_factors
 
 # Attributes under which model families keep their repeated blocks (ModuleDict or ModuleList).
 BLOCK_CONTAINERS = ("layers", "double_blocks", "single_blocks", "blocks")
@@ -86,6 +87,9 @@ def parallelize_model(
                 f"model '{config.model.name}' has no tensor/expert-parallel plan; set parallelism.tp = 1 "
                 "and parallelism.ep = 1"
             )
+        # A LoRA run's adapters (titan_tpu/lora/apply.py, swapped in on meta before this): torch's
+        # styles shard them like weights, or not at all; placed now to follow their weights.
+        place_factors(model)
     containers = block_containers(model)
     apply_activation_checkpointing(containers, config.activation_checkpoint)
     if config.compile.enable:

@@ -11,6 +11,8 @@ many draws that parameter had before, row index). A rank generates only the rows
 times at most the tp degree, never the whole model. Deterministic element-wise init (ones_, fill,
 arithmetic) runs on the shards as usual. One process, FSDP, HSDP and TP therefore start from
 bit-identical weights, on any device type (the draws are on the CPU, then copied to the shard).
+A LoRA run's adapters (titan_tpu/lora/placement.py `reset_adapters`) are drawn the same way, after the
+model's own init: lora_A Kaiming-uniform by its name, lora_B zero.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from titan_tpu.lora.placement import reset_adapters
 
 # Wrappers that insert a path component without changing what a parameter is.
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
@@ -54,6 +58,8 @@ def init_weights(model: nn.Module, seed: int, buffer_device: torch.device) -> No
             names.setdefault(id(tensor), canonical_name(name))
         with ShardingInvariantInit(names, seed):
             model.init_weights(buffer_device=buffer_device)  # type: ignore[operator]  # every family's model has it
+            # LoRA's factors (a family's init knows nothing of them), drawn like every weight.
+            reset_adapters(model)
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ _ENGINE = (
     "titan_tpu.environments",
     "titan_tpu.tasks",
     "titan_tpu.training",
+    "titan_tpu.lora",
 )
 _ENTRY_POINTS = ("titan_tpu.plan", "titan_tpu.launch", "titan_tpu.doctor")
 
@@ -126,7 +127,28 @@ RULES = (
         "distributed",
         ("titan_tpu/distributed/**/*.py",),
         ("titan_tpu.models", *_engine_except("titan_tpu.device", "titan_tpu.distributed")),
-        "meshes, FSDP, TP, EP work on any nn.Module handed in; they know no model, data or loop",
+        "meshes, FSDP, TP, EP work on any nn.Module handed in; they know no model, data or loop; a LoRA "
+        "adapter's factors are placed and drawn by titan_tpu/lora/placement.py, which knows only the layer",
+        allowed=("titan_tpu.lora.placement",),
+    ),
+    Rule(
+        "lora",
+        ("titan_tpu/lora/**/*.py",),
+        (
+            "titan_tpu.models",
+            *_engine_except("titan_tpu.device", "titan_tpu.distributed", "titan_tpu.checkpoint", "titan_tpu.lora"),
+        ),
+        "LoRA on the engine's side swaps, places and exports the adapter layer (titan_tpu.models.common.lora) "
+        "on any model handed in; it knows no family, task, data or loop",
+        allowed=("titan_tpu.models.common.lora",),
+    ),
+    Rule(
+        "lora placement",
+        ("titan_tpu/lora/placement.py",),
+        ("titan_tpu.models", *_ENGINE),
+        "the distributed layer calls it while it parallelises and initialises a model: it may know the "
+        "adapter layer and nothing of the engine",
+        allowed=("titan_tpu.models.common.lora",),
     ),
     Rule(
         "data",

@@ -9,8 +9,9 @@ one straight function over them: the same arithmetic as the modules', in fewer, 
 for bit eager; compiled, fp32 attention sums in another order: `decode_attention`, to about 1e-6).
 
 It serves what it can prove it computes like the modules: a `DecoderLM` whose blocks are the
-shared `TransformerBlock` (its `Attention`, a dense `FeedForward`, `RMSNorm`s), every weight a plain
-tensor (one process, or FSDP's gathered parameters during a rollout); with every block compiled
+shared `TransformerBlock` (its `Attention`, a dense `FeedForward`, `RMSNorm`s, projections that are
+plain nn.Linear, so no LoRA adapter), every weight a plain tensor (one process, or FSDP's gathered
+parameters during a rollout); with every block compiled
 whole (`compile.enable`), the step is compiled in one graph as they are. Anything else
 (tensor-parallel DTensors, wrapped or partly compiled blocks, mixtures of experts, pipeline stages)
 gets None and decodes through the modules.
@@ -206,6 +207,9 @@ def _fused_block(name: str, layer: nn.Module) -> _Block | None:
         return None
     if type(layer.attention_norm) is not RMSNorm or type(layer.ffn_norm) is not RMSNorm:
         return None
+    projections = (attention.wq, attention.wk, attention.wv, attention.wo, ffn.w1, ffn.w2, ffn.w3)
+    if any(type(linear) is not nn.Linear for linear in projections):
+        return None  # a LoRA adapter's output is more than its weight's: decoded through the modules
     qk_norm = None
     if (attention.q_norm is None) != (attention.k_norm is None):
         return None

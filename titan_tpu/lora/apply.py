@@ -1,0 +1,54 @@
+"""LoRA on a model built on `meta`, before it is parallelised: every linear `lora.target_modules` names
+becomes a `LoRALinear` holding the same weight and bias, and every parameter but the adapters' is
+frozen. Done first, so the tensor-parallel plan, activation checkpointing, compile and FSDP see the
+adapted layers as the nn.Linear they are; the factors are then placed on the mesh (placement.py) and
+initialised with the rest (titan_tpu/distributed/sharded_init.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from torch import nn
+
+from titan_tpu.config.sections import LoRAConfig
+from titan_tpu.lora.targets import select_targets
+from titan_tpu.models.common.lora import LoRALinear, lora_layers
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    """Elements of a model's parameters, each tensor once: all of them, and those trained."""
+
+    total: int
+    trainable: int
+
+    @property
+    def trainable_percent(self) -> float:
+        return 100.0 * self.trainable / self.total if self.total else 0.0
+
+
+def parameter_counts(model: nn.Module) -> ParameterCounts:
+    """Counted on the whole model (before a layout shards it): `numel` of a DTensor is its full size."""
+    params = list(model.parameters())
+    return ParameterCounts(sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad))
+
+
+def apply_lora(model: nn.Module, cfg: LoRAConfig, containers: Iterable[nn.Module], what: str) -> list[str]:
+    """Swap the targeted linears of `model` (whose repeated blocks are `containers`) for LoRALinear and
+    freeze everything else; returns the adapted modules' qualified names. `what` names the model in
+    messages."""
+    targets = select_targets(model, containers, cfg.target_modules, what)
+    model.requires_grad_(False)
+    for name in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        linear = getattr(parent, child)
+        setattr(parent, child, LoRALinear.wrapping(linear, rank=cfg.rank, alpha=cfg.alpha, dropout=cfg.dropout))
+    return targets
+
+
+def adapter_parameter_names(model: nn.Module) -> list[str]:
+    """The adapters' parameter names, as the model names them (`layers.0.attention.wq.lora_A`): the keys
+    a LoRA checkpoint's model entry holds."""
+    return [f"{name}.{factor}" for name, _ in lora_layers(model) for factor in ("lora_A", "lora_B")]
