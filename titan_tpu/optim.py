@@ -13,13 +13,18 @@ Python numbers that change every step (not yet measured on a chip).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from titan_tpu.config.sections import LRSchedulerConfig, OptimizerConfig
+
+ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, each the parameter's shape and dtype
+STEP_COUNT_BYTES = 4  # AdamW's step count: one float32 tensor per parameter
 
 _KERNELS: dict[str, dict[str, bool]] = {
     "auto": {},
@@ -53,6 +58,13 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
     ]
     device_type = next((param.device.type for param in decay + no_decay), "cpu")
     return torch.optim.AdamW(groups, **adamw_options(cfg, device_type))
+
+
+def adamw_state_bytes(params: Sequence[torch.Tensor]) -> int:
+    """Bytes AdamW's state takes on this process for `params` once it has stepped: two moments of each
+    parameter's local elements (a DTensor's shard) in its dtype, and a float32 step count per tensor."""
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+    return sum(ADAM_MOMENTS * t.numel() * t.element_size() + STEP_COUNT_BYTES for t in local)
 
 
 def lr_multiplier(step: int, total_steps: int, cfg: LRSchedulerConfig) -> float:

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
@@ -199,9 +199,12 @@ def load_hf_weights(
     what: str = "the model",
     process_group: dist.ProcessGroup | None = None,
     progress: StartProgress | None = None,
+    frozen_only: bool = False,
 ) -> None:
     """Set `model`'s weights (plain or DTensor-sharded) from a Hugging Face folder; `progress`, when
-    given, hears of each file this process reads."""
+    given, hears of each file this process reads. `frozen_only`: only the frozen parameters (and
+    buffers) come from the folder, the trained ones are left as they are (a LoRA run's base is the
+    folder's, its adapters are not in it)."""
     folder = Path(folder)
     if adapter is None:
         raise ConfigError(f"{what} has no Hugging Face adapter; checkpoint.initial_load_path cannot be used")
@@ -211,8 +214,10 @@ def load_hf_weights(
     state_dict = get_model_state_dict(model)
     # The same dict as tensors: a model's state dict holds tensors only; torch's type also covers optimizer states.
     tensors = cast(dict[str, torch.Tensor], state_dict)
-    repeats = tied_repeats(model)
-    shapes = {name: tuple(value.shape) for name, value in tensors.items() if name not in repeats}
+    not_read = tied_repeats(model)
+    if frozen_only:
+        not_read |= set(get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True)))
+    shapes = {name: tuple(value.shape) for name, value in tensors.items() if name not in not_read}
     available = {name: shape for name, (_, shape) in hf_tensor_index(folder, HFFiles.of(adapter)).items()}
     layouts = plan_import(folder, adapter, args, shapes, available, what)
     # Each rank asks for the blocks of the folder's tensors its shards hold, into views of those

@@ -12,6 +12,7 @@ import concurrent.futures
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,10 @@ class CheckpointManager:
         device_type: str = "cpu",
         pipeline_stages: bool = False,
         run_settings: dict[str, Any] | None = None,
+        trainable_only: bool = False,
     ) -> None:
         """`pipeline_stages`: `model` holds this rank's pipeline stages only (parallelism.pp > 1).
+        `trainable_only`: the model's frozen parameters are neither saved nor loaded (`ModelState`).
         `run_settings`: the run's values a restart may change (titan_tpu/training/resume_settings.py),
         recorded in each manifest; `resumed_settings` is the loaded checkpoint's (None before a load,
         or for a checkpoint that recorded none)."""
@@ -83,6 +86,7 @@ class CheckpointManager:
         self.dataloader = dataloader
         self.device_type = device_type
         self.pipeline_stages = pipeline_stages
+        self.trainable_only = trainable_only
         self.train_state = TrainState()
         self.run_settings = run_settings
         self.resumed_settings: dict[str, Any] | None = None
@@ -147,8 +151,11 @@ class CheckpointManager:
 
     # -- what is saved --------------------------------------------------------------------------
 
+    def _model_state(self) -> ModelState:
+        return ModelState(self.model, trainable_only=self.trainable_only)
+
     def _stateful(self, model_only: bool) -> dict[str, Any]:
-        states: dict[str, Any] = {"model": ModelState(self.model)}
+        states: dict[str, Any] = {"model": self._model_state()}
         if model_only:
             return states
         if self.optimizer is not None:
@@ -282,11 +289,13 @@ class CheckpointManager:
 
     # -- load -----------------------------------------------------------------------------------
 
-    def load(self) -> int | None:
+    def load(self, check_settings: Callable[[Path, dict[str, Any] | None], None] | None = None) -> int | None:
         """Load the checkpoint chosen by checkpoint.load_step (-1: the newest complete one).
 
         Returns its step, or None when there is nothing to load (or checkpointing is off). A model-only
         checkpoint (seed, converted weights) sets the weights and leaves everything else as built.
+        `check_settings(folder, its run settings)` may refuse the chosen checkpoint (ConfigError) before
+        anything of it is read.
         """
         if not self.cfg.enable:
             return None
@@ -312,6 +321,8 @@ class CheckpointManager:
                 self._say(logging.INFO, "checkpoint: nothing to resume in %s; starting fresh", self.root)
             return None
         folder = layout.step_dir(self.root, step)
+        if check_settings is not None:
+            check_settings(folder, layout.read_manifest(folder).get("run_settings"))
         metadata = read_metadata_file(folder / ".metadata")
         states = self._states_to_load(folder, metadata)
         state_dict = {name: state.state_dict() for name, state in states.items()}
@@ -409,9 +420,9 @@ class CheckpointManager:
     def _states_to_load(self, folder: Path, metadata: Metadata) -> dict[str, Any]:
         keys = metadata.state_dict_metadata
         # The union over ranks: with pipeline parallelism each rank holds only its stages' tensors.
-        shapes = {k: tuple(v.shape) for k, v in ModelState(self.model).state_dict().items()}
+        shapes = {k: tuple(v.shape) for k, v in self._model_state().state_dict().items()}
         check_model_fits(folder, {k: s for rank in self._gather(shapes) for k, s in rank.items()}, keys)
-        states: dict[str, Any] = {"model": ModelState(self.model)}
+        states: dict[str, Any] = {"model": self._model_state()}
 
         def has(prefix: str) -> bool:
             return any(k.startswith(prefix + ".") for k in keys)

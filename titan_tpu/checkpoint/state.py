@@ -30,14 +30,22 @@ from titan_tpu.config.errors import ConfigError
 
 
 class ModelState(Stateful):
-    def __init__(self, model: nn.Module) -> None:
+    """The model's tensors by name. `trainable_only`: the frozen parameters are left out, saved and
+    loaded (a LoRA run's base, which is rebuilt from the initial weights, never changes): what the
+    checkpoint holds is then the adapters, under the model's own names (`layers.0.attention.wq.lora_A`)."""
+
+    def __init__(self, model: nn.Module, trainable_only: bool = False) -> None:
         self.model = model
+        self.trainable_only = trainable_only
 
     def state_dict(self) -> dict[str, Any]:
-        return get_model_state_dict(self.model)
+        return get_model_state_dict(self.model, options=StateDictOptions(ignore_frozen_params=self.trainable_only))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_model_state_dict(self.model, state_dict, options=StateDictOptions(strict=True))
+        # Without the frozen parameters the dict is partial by design; `check_model_fits` has compared
+        # its names and shapes with the checkpoint's before anything was read.
+        options = StateDictOptions(strict=not self.trainable_only, ignore_frozen_params=self.trainable_only)
+        set_model_state_dict(self.model, state_dict, options=options)
 
 
 def check_model_fits(folder: Any, model_shapes: dict[str, tuple[int, ...]], saved_keys: dict[str, Any]) -> None:

@@ -18,7 +18,13 @@ from titan_tpu.config import TrainConfig
 from titan_tpu.metrics.progress import Progress
 from titan_tpu.optim import apply_config_on_resume
 from titan_tpu.protocols.model_spec import ModelSpec
-from titan_tpu.training.resume_settings import changed_settings, check_steps_left, resume_line, run_settings
+from titan_tpu.training.resume_settings import (
+    changed_settings,
+    check_lora_base,
+    check_steps_left,
+    resume_line,
+    run_settings,
+)
 
 logger = logging.getLogger("titan_tpu")
 
@@ -33,21 +39,23 @@ def load_initial_state(
     model_args: Any,
     is_writer: bool,
 ) -> int:
-    """The step the run starts after (0 when it starts afresh)."""
-    step = checkpointer.load()
+    """The step the run starts after (0 when it starts afresh). A LoRA run's checkpoints hold its
+    adapters only: its frozen base comes from initial_load_path (or the model's own init) on a resume
+    too, and a checkpoint of adapters trained on another base is refused before it is read."""
+    lora = config.lora.enable
+    step = checkpointer.load(check_settings=lambda folder, saved: check_lora_base(str(folder), saved, config))
     path = config.checkpoint.initial_load_path
     if step is not None:
         continue_from_checkpoint(config, step, checkpointer, optimizer, lr_scheduler, is_writer)
-        if path and is_writer:
+        if path and is_writer and not lora:
             logger.info("checkpoint: resumed at step %d, so initial_load_path is not used", step)
-        return step
-    if path:
+    if path and (step is None or lora):
         reading = Progress.starter("loading Hugging Face weights", "files") if is_writer else None
         what = model_name(config)
-        load_hf_weights(model, path, spec.state_dict_adapter, model_args, what=what, progress=reading)
+        load_hf_weights(model, path, spec.state_dict_adapter, model_args, what=what, progress=reading, frozen_only=lora)
         if is_writer:
-            logger.info("checkpoint: initial weights from %s", path)
-    return 0
+            logger.info("checkpoint: %s from %s", "the frozen base's weights" if lora else "initial weights", path)
+    return step or 0
 
 
 def continue_from_checkpoint(

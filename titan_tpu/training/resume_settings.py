@@ -8,7 +8,8 @@ from the config and only its position is restored. The data itself cannot change
 refuses another source, sequence length or tokenizer (its fingerprint).
 
 Each checkpoint records the values below as its run had them (its manifest's `run_settings`), so the
-restart can say which of them it changes.
+restart can say which of them it changes. A LoRA checkpoint holds the adapters only: it records the base
+they were trained on too, and a restart on another base is refused (`check_lora_base`).
 """
 
 from __future__ import annotations
@@ -34,13 +35,59 @@ TRACKED = (
 
 
 def run_settings(config: TrainConfig) -> dict[str, Any]:
-    """The tracked values of this run, JSON-ready."""
+    """The tracked values of this run and, for LoRA, what its adapters were trained on (`lora_base`),
+    JSON-ready."""
     sections = config.sections()
-    settings = {}
+    settings: dict[str, Any] = {}
     for name in TRACKED:
         section, key = name.split(".")
         settings[name] = getattr(sections[section], key)
-    return settings
+    return {**settings, **lora_base(config)}
+
+
+def lora_base(config: TrainConfig) -> dict[str, Any]:
+    """What a LoRA checkpoint's adapters only make sense on, which a resume may not change: the frozen
+    base (the Hugging Face folder of checkpoint.initial_load_path, or, without one, the seed of the
+    model's own init) and the adapters' shape and scaling. Recorded by every run, LoRA or not."""
+    lora = config.lora
+    if not lora.enable:
+        return {"lora.enable": False}
+    path = config.checkpoint.initial_load_path
+    return {
+        "lora.enable": True,
+        "checkpoint.initial_load_path": path,
+        # The seed makes the base only when no folder does.
+        "training.seed": None if path else config.training.seed,
+        "lora.rank": lora.rank,
+        "lora.alpha": lora.alpha,
+        "lora.target_modules": list(lora.target_modules),
+    }
+
+
+def check_lora_base(folder: str, saved: dict[str, Any] | None, config: TrainConfig) -> None:
+    """ConfigError (one line) when the checkpoint in `folder`, whose run recorded `saved`, holds
+    adapters of another base than this run's, or this run and that one disagree on LoRA itself."""
+    now, saved = lora_base(config), saved or {}
+    # A checkpoint of a run before LoRA existed recorded no lora.enable: a whole model's.
+    was_lora = bool(saved.get("lora.enable", False))
+    if was_lora != now["lora.enable"]:
+        if was_lora:
+            raise ConfigError(
+                f"lora.enable: checkpoint {folder} holds a LoRA run's adapters only, not a whole model; set "
+                "lora.enable = true (with its base) to resume it, or another job.dump_folder to start afresh"
+            )
+        raise ConfigError(
+            f"lora.enable: checkpoint {folder} holds a whole model, not LoRA adapters; set lora.enable = false to "
+            "resume it, or another job.dump_folder to start a LoRA run (checkpoint.initial_load_path names its base)"
+        )
+    if not was_lora:
+        return
+    for key, value in now.items():
+        if saved.get(key) != value:
+            raise ConfigError(
+                f"{key}: checkpoint {folder} holds LoRA adapters trained with {key} = {saved.get(key)!r}, this "
+                f"run has {value!r}; set it back to resume them, or another job.dump_folder to start afresh"
+            )
 
 
 def changed_settings(saved: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
@@ -48,7 +95,11 @@ def changed_settings(saved: dict[str, Any] | None, now: dict[str, Any]) -> list[
     (nothing for a checkpoint that recorded none)."""
     if not saved:
         return []
-    return [f"{key} {saved[key]} -> {value}" for key, value in now.items() if key in saved and saved[key] != value]
+    return [
+        f"{key} {saved[key]} -> {value}"
+        for key, value in now.items()
+        if key in TRACKED and key in saved and saved[key] != value
+    ]
 
 
 def check_steps_left(config: TrainConfig, step: int, folder: str) -> None:

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from titan_tpu.metrics.console import count
 from titan_tpu.metrics.run_summary import RunReport, RunStart
+from titan_tpu.optim import adamw_state_bytes
 
 if TYPE_CHECKING:
     from titan_tpu.training.trainer import Trainer
@@ -40,4 +42,21 @@ def start_report(trainer: Trainer) -> RunReport:
     )
     if trainer.is_writer:
         logger.info(start.line())
+        if config.lora.enable:
+            logger.info(lora_line(trainer))
     return RunReport(start)
+
+
+def lora_line(trainer: Trainer) -> str:
+    """What a LoRA run trains: its adapters' parameters against the whole model's, where they sit, and
+    the optimizer state they cost this process (the frozen base has none)."""
+    lora = trainer.config.lora
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    trainable = sum(p.numel() for p in trained)  # a DTensor's numel is the whole tensor's
+    total = trainer.parameter_count + trainable  # counted before the adapters went in
+    kinds = ", ".join(dict.fromkeys(name.rpartition(".")[2] for name in trainer.lora_targets))
+    return (
+        f"lora: {count(trainable)} of {count(total)} parameters trained ({100 * trainable / total:.3g}%): rank "
+        f"{lora.rank}, alpha {lora.alpha:g} on {len(trainer.lora_targets)} linears ({kinds}); the rest frozen; "
+        f"AdamW state {adamw_state_bytes(trained) / 2**20:.3g} MiB on this process"
+    )

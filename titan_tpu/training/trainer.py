@@ -34,9 +34,10 @@ from titan_tpu.distributed import process_group
 from titan_tpu.distributed.comm_timeouts import CommTimeouts
 from titan_tpu.distributed.grad_utils import clip_grad_norm_
 from titan_tpu.distributed.parallel_dims import ParallelContext, ParallelDims
-from titan_tpu.distributed.parallelize import parallelize_model
+from titan_tpu.distributed.parallelize import block_containers, parallelize_model
 from titan_tpu.distributed.pipeline import PipelineRunner, build_pipeline
 from titan_tpu.distributed.topology import build_rank_layout
+from titan_tpu.lora.apply import apply_lora
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 from titan_tpu.metrics.mfu import mfu_percent, task_flops_per_sec, with_task_mfu
 from titan_tpu.metrics.plot import write_run_loss_chart
@@ -170,6 +171,10 @@ class Trainer:
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
         self.parameter_count = count_parameters(model)  # of the whole model, before a layout splits it
+        # LoRA's adapters go in on meta, before the plan, AC, compile and FSDP see the linears.
+        self.lora_targets: list[str] = []
+        if config.lora.enable:
+            self.lora_targets = apply_lora(model, config.lora, block_containers(model), model_name(config))
         self.pipeline: PipelineRunner | None = None
         self.model: nn.Module
         if self.parallel.dims.pp_enabled:
@@ -224,6 +229,7 @@ class Trainer:
             device_type=self.device.type,
             pipeline_stages=self.pipeline is not None,
             run_settings=run_settings(config),
+            trainable_only=config.lora.enable,  # a LoRA run saves its adapters; the base is rebuilt
         )
         self.comm.govern_group(self.checkpointer.process_group)
         if not config.checkpoint.create_seed_checkpoint:
@@ -254,7 +260,8 @@ class Trainer:
         device tensor)."""
         # With pp > 1 each rank holds its stages' gradients; the norm is taken over every stage's.
         pp_mesh = self.parallel.pp_mesh if self.parallel.dims.pp_enabled else None
-        grad_norm = clip_grad_norm_(self.model.parameters(), self.config.training.max_norm, pp_mesh=pp_mesh)
+        trained = [param for param in self.model.parameters() if param.requires_grad]  # LoRA: the adapters
+        grad_norm = clip_grad_norm_(trained, self.config.training.max_norm, pp_mesh=pp_mesh)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
