@@ -217,7 +217,9 @@ def export_tensors_to_hf(
     return result
 
 
-def _checkpoint_model_tensors(step_folder: Path) -> dict[str, TensorStorageMetadata]:
+def checkpoint_model_tensors(step_folder: Path) -> dict[str, TensorStorageMetadata]:
+    """The model's tensors a complete step folder holds (its files checked against the manifest), by
+    our names."""
     manifest = layout.read_manifest(step_folder)
     problem = check_files(step_folder, manifest["files"], sorted(manifest["files"]))
     if problem is not None:
@@ -228,6 +230,10 @@ def _checkpoint_model_tensors(step_folder: Path) -> dict[str, TensorStorageMetad
         for key, md in metadata.state_dict_metadata.items()
         if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
     }
+
+
+def _nbytes(md: TensorStorageMetadata) -> int:
+    return int(torch.Size(md.size).numel()) * torch.empty((), dtype=md.properties.dtype).element_size()
 
 
 def _read_in_groups(
@@ -245,8 +251,7 @@ def _read_in_groups(
             yield n, state.pop(f"model.{n}")
 
     for name in names:
-        md = tensors[name]
-        nbytes = int(torch.Size(md.size).numel()) * torch.empty((), dtype=md.properties.dtype).element_size()
+        nbytes = _nbytes(tensors[name])
         if group and size + nbytes > group_bytes:
             yield from flush()
             group, size = [], 0
@@ -254,6 +259,15 @@ def _read_in_groups(
         size += nbytes
     if group:
         yield from flush()
+
+
+def read_checkpoint_model_tensors(
+    step_folder: Path, tensors: dict[str, TensorStorageMetadata]
+) -> dict[str, torch.Tensor]:
+    """The step folder's model tensors `tensors` names (some of `checkpoint_model_tensors`' answer),
+    whole, in one read: for a few small ones (a LoRA run's adapters)."""
+    names = list(tensors)
+    return dict(_read_in_groups(step_folder, tensors, names, group_bytes=sum(map(_nbytes, tensors.values()))))
 
 
 def export_checkpoint_to_hf(
@@ -273,7 +287,7 @@ def export_checkpoint_to_hf(
     step_folder = Path(step_folder)
     if not layout.is_complete(step_folder):
         raise ConfigError(f"export: {step_folder} is not a complete checkpoint step folder")
-    tensors = _checkpoint_model_tensors(step_folder)
+    tensors = checkpoint_model_tensors(step_folder)
     problems = [f"missing {n}" for n in expected_shapes if n not in tensors]
     problems += [
         f"{n} is {list(tensors[n].size)}, the flavor has {list(shape)}"

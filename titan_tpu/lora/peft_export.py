@@ -138,16 +138,17 @@ def module_slices(
 
 
 def target_modules(adapted: Iterable[str], modules: Iterable[str]) -> list[str]:
-    """PEFT's target_modules naming exactly `adapted`: a module's last name where every module of the
-    folder that ends so is adapted (PEFT matches a plain name as a suffix), else the full names."""
-    adapted = list(dict.fromkeys(adapted))
-    by_last: dict[str, set[str]] = {}
+    """PEFT's target_modules naming exactly `adapted`, in the folder's order (`modules`): a module's
+    last name where every module of the folder that ends so is adapted (PEFT matches a plain name as a
+    suffix), else the full names."""
+    chosen = set(adapted)
+    by_last: dict[str, list[str]] = {}
     for module in modules:
-        by_last.setdefault(module.rpartition(".")[2], set()).add(module)
+        by_last.setdefault(module.rpartition(".")[2], []).append(module)
     targets: list[str] = []
-    for last in dict.fromkeys(module.rpartition(".")[2] for module in adapted):
-        chosen = {module for module in adapted if module.rpartition(".")[2] == last}
-        targets += [last] if by_last.get(last, set()) <= chosen else sorted(chosen)
+    for last, named in by_last.items():
+        picked = [module for module in named if module in chosen]
+        targets += [last] if picked == named else picked
     return targets
 
 
