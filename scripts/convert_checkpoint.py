@@ -10,6 +10,12 @@
     python scripts/convert_checkpoint.py dcp-to-hf HF_OUT --config llama3_8b [--step N] [--dtype bfloat16]
     python scripts/convert_checkpoint.py dcp-to-hf HF_OUT --checkpoint DIR --model llama3 --flavor 8B
 
+    # A LoRA run's checkpoint (its adapters only): as a PEFT folder, which
+    # peft.PeftModel.from_pretrained(base_model, PEFT_OUT) loads onto the base; or, with dcp-to-hf,
+    # merged into the base of checkpoint.initial_load_path as a plain Hugging Face folder.
+    python scripts/convert_checkpoint.py dcp-to-peft PEFT_OUT --config NAME [--step N] [--dtype bfloat16]
+    python scripts/convert_checkpoint.py dcp-to-hf HF_OUT --config NAME [--step N]
+
 Every model with a Hugging Face adapter converts the same way (--model llama3, qwen3, qwen3_moe,
 flux); Qwen 3 MoE's per-expert HF tensors (`mlp.experts.K.*_proj.weight`) become one stacked tensor per
 projection in the checkpoint and are split again on the way out. FLUX.1 reads a diffusers transformer
@@ -25,6 +31,11 @@ dcp-to-hf also copies the tokenizer (data.tokenizer's folder: tokenizer.json, to
 generation_config.json, ...; data.chat_template as chat_template.jinja), so a fine-tuned folder loads
 in transformers with its chat template and chats.
 hf-to-dcp holds the whole model in float32 host memory; dcp-to-hf reads about one output shard at a time.
+
+LoRA conversions need the run's --config: its [lora] section and checkpoint.initial_load_path, checked
+against what the checkpoint recorded as a resume checks them. The merged dcp-to-hf holds the whole
+base in float32 host memory, as hf-to-dcp does; a run without initial_load_path trained on the model's
+seeded random init, which no folder holds, so it has no merged export (dcp-to-peft writes its adapters).
 """
 
 from __future__ import annotations
@@ -44,17 +55,28 @@ from titan_tpu.device.tpu_runtime import skip_tpu_backend_without_chips  # noqa:
 skip_tpu_backend_without_chips()  # before anything imports torch (titan_tpu/device/tpu_runtime.py)
 
 import torch  # noqa: E402
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata  # noqa: E402
 
 from titan_tpu.checkpoint import CheckpointManager, layout  # noqa: E402
-from titan_tpu.checkpoint.hf_export import export_checkpoint_to_hf  # noqa: E402
+from titan_tpu.checkpoint.hf_export import (  # noqa: E402
+    checkpoint_model_tensors,
+    export_checkpoint_to_hf,
+    export_model_to_hf,
+    is_lora_factor,
+    read_checkpoint_model_tensors,
+)
+from titan_tpu.checkpoint.hf_format import tied_repeats  # noqa: E402
 from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights  # noqa: E402
 from titan_tpu.config import ConfigError, load_config  # noqa: E402
 from titan_tpu.config.sections import CheckpointConfig  # noqa: E402
 from titan_tpu.data.chat_tokenizer import tokenizer_export_files  # noqa: E402
 from titan_tpu.device.dtype import DTYPES  # noqa: E402
+from titan_tpu.lora.merge import merge_factors  # noqa: E402
+from titan_tpu.lora.peft_export import Factors, LoRASettings, refuse_non_empty, write_peft_folder  # noqa: E402
 from titan_tpu.metrics.progress import Progress  # noqa: E402
 from titan_tpu.models.registry import get_model_spec  # noqa: E402
 from titan_tpu.training.registered_names import check_registered_names  # noqa: E402
+from titan_tpu.training.resume_settings import check_lora_base  # noqa: E402
 
 
 def _spec_and_args(model: str, flavor: str, config: Any | None):  # type: ignore[no-untyped-def]
@@ -93,6 +115,18 @@ def hf_to_dcp(hf_folder: Path, checkpoint_folder: Path, model: str, flavor: str,
     return layout.step_dir(checkpoint_folder, 0)
 
 
+def _step_folder(checkpoint_folder: Path, step: int | None) -> Path:
+    """The newest complete step folder, or step `step`'s."""
+    steps = layout.complete_steps(checkpoint_folder)
+    if not steps:
+        raise ConfigError(f"{checkpoint_folder}: no complete checkpoint (step-N folder with a manifest)")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise ConfigError(f"--step {step}: not complete in {checkpoint_folder}; complete steps: {steps}")
+    return layout.step_dir(checkpoint_folder, step)
+
+
 def dcp_to_hf(
     checkpoint_folder: Path,
     out: Path,
@@ -105,17 +139,13 @@ def dcp_to_hf(
     config: Any | None,
 ) -> Path:
     spec, args = _spec_and_args(model, flavor, config)
-    steps = layout.complete_steps(checkpoint_folder)
-    if not steps:
-        raise ConfigError(f"{checkpoint_folder}: no complete checkpoint (step-N folder with a manifest)")
-    if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise ConfigError(f"--step {step}: not complete in {checkpoint_folder}; complete steps: {steps}")
+    step_folder = _step_folder(checkpoint_folder, step)
+    if any(is_lora_factor(name) for name in checkpoint_model_tensors(step_folder)):
+        return _merged_lora_to_hf(step_folder, out, spec, args, dtype, max_shard_bytes, tokenizer_files, config)
     with torch.device("meta"):
         shapes = {name: tuple(p.shape) for name, p in spec.model_cls(args).state_dict().items()}
     return export_checkpoint_to_hf(
-        layout.step_dir(checkpoint_folder, step),
+        step_folder,
         out,
         spec.state_dict_adapter,
         args,
@@ -125,6 +155,110 @@ def dcp_to_hf(
         progress=Progress.starter(f"writing Hugging Face folder {out}", "tensors"),
         extra_files=tokenizer_files,
     )
+
+
+def _lora_settings(step_folder: Path, config: Any | None, direction: str) -> LoRASettings:
+    """The adapters' rank, alpha and dropout from the run's config, checked against the checkpoint's
+    record as a resume checks them (the same lora settings and base)."""
+    if config is None:
+        raise ConfigError(
+            f"{direction}: {step_folder} holds LoRA adapters; give the run's --config NAME (its [lora] section and base)"
+        )
+    check_lora_base(str(step_folder), layout.read_manifest(step_folder).get("run_settings"), config)
+    return LoRASettings(config.lora.rank, config.lora.alpha, config.lora.dropout)
+
+
+def _base_shapes(spec: Any, args: Any) -> dict[str, tuple[int, ...]]:
+    """The flavor's tensors, as the live export hands them to the adapter (a tied head once)."""
+    with torch.device("meta"):
+        module = spec.model_cls(args)
+    repeats = tied_repeats(module)
+    return {name: tuple(p.shape) for name, p in module.state_dict().items() if name not in repeats}
+
+
+def _adapter_tensors(step_folder: Path, direction: str) -> dict[str, TensorStorageMetadata]:
+    """The checkpoint's LoRA factors (`<layer>.lora_A`, `.lora_B`) by name; refused when there are none."""
+    tensors = {name: md for name, md in checkpoint_model_tensors(step_folder).items() if is_lora_factor(name)}
+    if not tensors:
+        raise ConfigError(
+            f"{direction}: {step_folder} holds no LoRA adapters (no lora_A / lora_B tensors); dcp-to-hf converts it"
+        )
+    return tensors
+
+
+def _read_factors(
+    step_folder: Path,
+    tensors: dict[str, TensorStorageMetadata],
+    base_shapes: dict[str, tuple[int, ...]],
+    rank: int,
+    direction: str,
+) -> Factors:
+    """The adapters by layer path, (A [rank, in], B [out, rank]) of a weight of the flavor each."""
+    paths = sorted({name.rsplit(".", 1)[0] for name in tensors})
+    for path in paths:
+        weight = base_shapes.get(f"{path}.weight")
+        a, b = tensors.get(f"{path}.lora_A"), tensors.get(f"{path}.lora_B")
+        if weight is None or a is None or b is None or len(weight) != 2:
+            raise ConfigError(
+                f"{direction}: {step_folder}'s adapter {path} does not fit the flavor (no such linear, or A or B missing)"
+            )
+        want_a, want_b = (rank, weight[1]), (weight[0], rank)
+        if (tuple(a.size), tuple(b.size)) != (want_a, want_b):
+            raise ConfigError(
+                f"{direction}: {path}'s adapter is A {list(a.size)}, B {list(b.size)}; lora.rank and the flavor "
+                f"give A {list(want_a)}, B {list(want_b)}"
+            )
+    read = read_checkpoint_model_tensors(step_folder, tensors)
+    return {path: (read[f"{path}.lora_A"], read[f"{path}.lora_B"]) for path in paths}
+
+
+def dcp_to_peft(
+    checkpoint_folder: Path, out: Path, model: str, flavor: str, step: int | None, dtype: str, config: Any | None
+) -> Path:
+    spec, args = _spec_and_args(model, flavor, config)
+    refuse_non_empty(out)
+    step_folder = _step_folder(checkpoint_folder, step)
+    tensors = _adapter_tensors(step_folder, "dcp-to-peft")
+    settings = _lora_settings(step_folder, config, "dcp-to-peft")
+    shapes = _base_shapes(spec, args)
+    factors = _read_factors(step_folder, tensors, shapes, settings.rank, "dcp-to-peft")
+    base = config.checkpoint.initial_load_path or None  # _lora_settings refused a missing config
+    return write_peft_folder(out, spec.state_dict_adapter, args, shapes, factors, settings, base, dtype)
+
+
+def _merged_lora_to_hf(
+    step_folder: Path,
+    out: Path,
+    spec: Any,
+    args: Any,
+    dtype: str,
+    max_shard_bytes: int,
+    tokenizer_files: dict[str, Path],
+    config: Any | None,
+) -> Path:
+    """The adapters of `step_folder` merged into the run's base folder, written as a Hugging Face folder."""
+    settings = _lora_settings(step_folder, config, "dcp-to-hf")
+    base = config.checkpoint.initial_load_path
+    if not base:
+        raise ConfigError(
+            f"dcp-to-hf: {step_folder} holds a LoRA run's adapters only and the run had no "
+            "checkpoint.initial_load_path: its base was the model's seeded random init, which no folder holds; "
+            "write the adapters with dcp-to-peft"
+        )
+    refuse_non_empty(out)
+    what = f"model {config.model.name} flavor {config.model.flavor}"
+    check_hf_config(Path(base), spec.state_dict_adapter, args, what)  # before allocating anything
+    tensors = _adapter_tensors(step_folder, "dcp-to-hf")
+    factors = _read_factors(step_folder, tensors, _base_shapes(spec, args), settings.rank, "dcp-to-hf")
+    with torch.device("meta"):
+        module = spec.model_cls(args)
+    module.to_empty(device="cpu")  # every weight is overwritten by the load; no init needed
+    reading = Progress.starter("loading the base's Hugging Face weights", "files")
+    load_hf_weights(module, Path(base), spec.state_dict_adapter, args, what=what, progress=reading)
+    merge_factors(module, factors, settings.scaling)
+    folder = export_model_to_hf(module, out, spec.state_dict_adapter, args, dtype, max_shard_bytes, tokenizer_files)
+    assert folder is not None  # one process: it writes
+    return folder
 
 
 def _resolve(opts: argparse.Namespace) -> tuple[Path, str, str, str, dict[str, Path], Any | None]:
@@ -160,7 +294,11 @@ def main(argv: list[str]) -> int:
     to_hf.add_argument("--step", type=int, default=None, help="default: the newest complete step")
     to_hf.add_argument("--dtype", choices=list(DTYPES), default=None)
     to_hf.add_argument("--max-shard-gb", type=float, default=5.0)
-    for p in (to_dcp, to_hf):
+    to_peft = sub.add_parser("dcp-to-peft", help="a LoRA run's checkpoint step -> PEFT adapter folder")
+    to_peft.add_argument("out", type=Path)
+    to_peft.add_argument("--step", type=int, default=None, help="default: the newest complete step")
+    to_peft.add_argument("--dtype", choices=list(DTYPES), default=None)
+    for p in (to_dcp, to_hf, to_peft):
         p.add_argument("--config", default=None, help="train config to take the defaults from")
         p.add_argument("--checkpoint", type=Path, default=None, help="the checkpoint folder (holds step-N/)")
         p.add_argument("--model", default=None, help="model family (registry name); default llama3")
@@ -173,6 +311,8 @@ def main(argv: list[str]) -> int:
         folder, model, flavor, dtype, tokenizer, config = _resolve(opts)
         if opts.direction == "hf-to-dcp":
             result = hf_to_dcp(opts.hf_folder, folder, model, flavor, config)
+        elif opts.direction == "dcp-to-peft":
+            result = dcp_to_peft(folder, opts.out, model, flavor, opts.step, dtype, config)
         else:
             max_shard = int(opts.max_shard_gb * 2**30)
             result = dcp_to_hf(folder, opts.out, model, flavor, opts.step, dtype, max_shard, tokenizer, config)
