@@ -1,6 +1,6 @@
 """Small adapted models for the LoRA export tests: the linears of a model's blocks swapped for
-LoRALinear (everything else frozen), then a few optimizer steps on the adapters, so that B is far
-from its zero start and every mapping mistake shows in the logits."""
+LoRALinear as a LoRA run swaps them (everything else frozen), then a few optimizer steps on the
+adapters, so that B is far from its zero start and every mapping mistake shows in the logits."""
 
 from __future__ import annotations
 
@@ -8,20 +8,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_tpu.models.common.lora import LoRALinear, lora_layers
+from titan_tpu.config.sections import LoRAConfig
+from titan_tpu.distributed.parallelize import block_containers
+from titan_tpu.lora.apply import apply_lora
+from titan_tpu.lora.placement import reset_adapters
+from titan_tpu.models.common.lora import lora_layers
 
 RANK, ALPHA = 4, 8.0  # scaling 2: an export that leaves the scaling out is off by the whole update
 
 
-def adapt_block_linears(model: nn.Module, blocks: str, rank: int = RANK, alpha: float = ALPHA) -> list[str]:
-    """Every nn.Linear under the module path `blocks` (e.g. "layers") becomes a LoRALinear with PEFT's
-    start (A random, B = 0); the rest of the model is frozen. Returns the adapted names."""
-    model.requires_grad_(False)
-    names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name.startswith(blocks + ".")]
-    for name in names:
-        layer = LoRALinear.wrapping(model.get_submodule(name), rank=rank, alpha=alpha, dropout=0.0)
-        layer.reset_adapter()
-        model.set_submodule(name, layer)
+def adapt_block_linears(model: nn.Module, rank: int = RANK, alpha: float = ALPHA) -> list[str]:
+    """The run's LoRA step on a built model (every linear of its repeated blocks but a router, the rest
+    frozen; `titan_tpu.lora.apply`), with PEFT's start (A random, B = 0). Returns the adapted names."""
+    config = LoRAConfig(enable=True, rank=rank, alpha=alpha)
+    names = apply_lora(model, config, block_containers(model), "the test model")
+    reset_adapters(model)
     return names
 
 

@@ -94,7 +94,7 @@ def _qwen3_from(folder: Path) -> Qwen3Model:
 def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Case:
     base = _random_qwen3_folder(tmp_path_factory.mktemp("qwen3") / "base")
     model = _qwen3_from(base)
-    adapt_block_linears(model, "layers")
+    adapt_block_linears(model)
     train_adapters(model, QWEN3.vocab_size)
     return Case(base, model, QWEN3_STATE_DICT_ADAPTER, QWEN3)
 
@@ -108,7 +108,7 @@ def qwen2_hf_family(tmp_path_factory: pytest.TempPathFactory) -> Case:
     model.to_empty(device="cpu")
     model.init_weights()
     load_hf_weights(model, base, HF_FAMILY_ADAPTER, args)
-    adapted = adapt_block_linears(model, "hf.model.layers")
+    adapted = adapt_block_linears(model)
     assert any(model.get_submodule(name).bias is not None for name in adapted)  # the biases stay the base's
     train_adapters(model.eval(), args.config.vocab_size)
     return Case(base, model, HF_FAMILY_ADAPTER, args)

@@ -32,7 +32,7 @@ def _model(adapted: bool = True) -> Qwen3Model:
     model = Qwen3Model(ARGS)
     model.init_weights()
     if adapted:
-        adapt_block_linears(model, "layers")
+        adapt_block_linears(model)
     return model
 
 

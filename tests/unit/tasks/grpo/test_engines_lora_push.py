@@ -30,7 +30,7 @@ def test_a_lora_model_is_pushed_merged(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = Qwen3Model(ARGS)
     model.init_weights()
-    adapt_block_linears(model, "layers")
+    adapt_block_linears(model)
     train_adapters(model, ARGS.vocab_size)
     export_for_engine(model, tmp_path / "push", ADAPTER, ARGS, "float32")
 
