@@ -14,6 +14,11 @@ Pairs compared (TRL loss_type / scale_rewards -> ours):
   generation batch) / processes x accumulation steps / steps per generation; with one process, one
   micro-batch and one step per generation that is this batch's token count, our default normaliser.
 
+Variants, with the same tensors: TRL's importance_sampling_level = "sequence" (GSPO) -> ours, with each
+aggregation above; TRL's loss_type = "cispo" (its epsilon_high the cap on the ratio's weight, its
+aggregation dapo's) -> rl.objective = "cispo" with token_mean, at both importance levels. The advantage
+estimators, reward scalings and the overlong punishment: test_grpo_advantages_trl.py.
+
 TRL computes advantages inside its rollout method (`_generate_and_score_completions`, which needs a
 model, tokenizer and reward functions), so the reference advantages below are its formula written out
 with TRL's own `nanstd` helper: (r - group mean) / (group nanstd + 1e-4), or r - group mean.
@@ -232,3 +237,115 @@ def test_importance_sampling_correction_equals_trls(loss_type: str, scale: bool,
     assert torch.allclose(ours_logps.grad, theirs_logps.grad, rtol=1e-6, atol=1e-12)  # type: ignore[arg-type]
     # Negative control: without the weights the loss is another number.
     assert ours_loss(None).item() != pytest.approx(theirs.item(), rel=1e-6)
+
+
+# GSPO and CISPO (rl.importance_sampling_level, rl.objective) against TRL's `importance_sampling_level` and
+# `loss_type="cispo"`. CISPO's cap is TRL's epsilon_high; 1.2 here (ScaleRL uses 5) so that some tokens of
+# make_batch's ratios pass it and the cap is compared too.
+CISPO_CAP = 1.2
+# TRL loss_type, TRL importance_sampling_level, our aggregation, our objective
+VARIANTS = [
+    ("grpo", "sequence", "seq_mean_token_mean", "clipped"),  # GSPO as its paper averages
+    ("dapo", "sequence", "token_mean", "clipped"),
+    ("dr_grpo", "sequence", "seq_mean_token_sum_norm", "clipped"),
+    ("cispo", "token", "token_mean", "cispo"),  # CISPO as MiniMax-M1 and TRL
+    ("cispo", "sequence", "token_mean", "cispo"),
+]
+
+
+def _inputs(batch: dict[str, torch.Tensor], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+    n = len(advantages)
+    return {
+        "prompt_ids": torch.zeros(n, 2, dtype=torch.int64),
+        "prompt_mask": torch.ones(n, 2, dtype=torch.int64),
+        "completion_ids": torch.zeros(n, T, dtype=torch.int64),
+        "completion_mask": batch["mask"],
+        "advantages": advantages,
+        "old_per_token_logps": batch["old"],
+        "ref_per_token_logps": batch["ref"],
+        "num_items_in_batch": batch["mask"].sum().to(torch.float64),
+    }
+
+
+def _ours(
+    batch: dict[str, torch.Tensor],
+    logps: torch.Tensor,
+    advantages: torch.Tensor,
+    aggregation: str,
+    objective: str,
+    level: str,
+    beta: float,
+    cap: float = CISPO_CAP,
+) -> torch.Tensor:
+    return grpo_loss(
+        logps,
+        batch["old"],
+        advantages,
+        batch["mask"],
+        eps_low=EPS_LOW,
+        eps_high=EPS_HIGH,
+        aggregation=aggregation,  # type: ignore[arg-type]
+        max_completion_tokens=T,
+        beta=beta,
+        ref_logps=batch["ref"],
+        objective=objective,  # type: ignore[arg-type]
+        cispo_cap=cap,
+        importance_level=level,  # type: ignore[arg-type]
+    ).loss
+
+
+def _trl_variant(
+    loss_type: str, level: str, beta: float, batch: dict[str, torch.Tensor], logps: torch.Tensor, adv: torch.Tensor
+) -> torch.Tensor:
+    epsilon_high = CISPO_CAP if loss_type == "cispo" else EPS_HIGH
+    return trl_loss(
+        loss_type, beta, _inputs(batch, adv), logps, importance_sampling_level=level, epsilon_high=epsilon_high
+    )
+
+
+@pytest.mark.parametrize("loss_type,level,aggregation,objective", VARIANTS)
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_gspo_and_cispo_equal_trl(loss_type: str, level: str, aggregation: str, objective: str, beta: float) -> None:
+    batch = make_batch(seed=20 + len(loss_type) + int(beta * 100))
+    adv = trl_advantages(batch["rewards"], scale=True)
+    mask = batch["mask"].to(torch.float64)
+    log_ratio = batch["logps"] - batch["old"]
+    # The comparison must reach the clip: some ratios past it (the sequence's mean ratio for GSPO).
+    if level == "sequence":
+        ratio = torch.exp((log_ratio * mask).sum(1) / mask.sum(1))
+    else:
+        ratio = torch.exp(log_ratio)[mask > 0]
+    assert (ratio > (CISPO_CAP if objective == "cispo" else 1 + EPS_HIGH)).any()
+    theirs_logps = batch["logps"].clone().requires_grad_(True)
+    theirs = _trl_variant(loss_type, level, beta, batch, theirs_logps, adv)
+    ours_logps = batch["logps"].clone().requires_grad_(True)
+    ours = _ours(batch, ours_logps, adv, aggregation, objective, level, beta)
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6, abs=1e-12)
+    theirs.backward()
+    ours.backward()
+    assert torch.allclose(ours_logps.grad, theirs_logps.grad, rtol=1e-6, atol=1e-12)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("loss_type,level,aggregation,objective", VARIANTS)
+def test_a_variant_left_out_misses_trl(loss_type: str, level: str, aggregation: str, objective: str) -> None:
+    """Negative controls: the other importance level, the other objective, and CISPO without its cap
+    each give another loss or gradient on the same batch, so the comparison above tells them apart."""
+    batch = make_batch(seed=31)
+    adv = trl_advantages(batch["rewards"], scale=True)
+    theirs_logps = batch["logps"].clone().requires_grad_(True)
+    theirs = _trl_variant(loss_type, level, 0.0, batch, theirs_logps, adv)
+    theirs.backward()
+    other_level = "token" if level == "sequence" else "sequence"
+    other_objective = "clipped" if objective == "cispo" else "cispo"
+    wrong = [(other_level, objective, CISPO_CAP), (level, other_objective, CISPO_CAP)]
+    if objective == "cispo":
+        wrong.append((level, objective, float("inf")))
+    for wrong_level, wrong_objective, cap in wrong:
+        ours_logps = batch["logps"].clone().requires_grad_(True)
+        ours = _ours(batch, ours_logps, adv, aggregation, wrong_objective, wrong_level, 0.0, cap)
+        ours.backward()
+        assert ours.item() != pytest.approx(theirs.item(), rel=1e-6) or not torch.allclose(
+            ours_logps.grad,  # type: ignore[arg-type]
+            theirs_logps.grad,  # type: ignore[arg-type]
+            rtol=1e-6,
+        ), (wrong_level, wrong_objective, cap)

@@ -1,6 +1,7 @@
-"""The GRPO objective on per-token log-probabilities: group-normalised advantages, the clipped
-importance ratio against the rollout policy, the k3 KL estimate against a frozen reference, and the
-three ways of aggregating per-token losses into one number.
+"""The GRPO objective on per-token log-probabilities: group-normalised advantages, the importance
+ratio against the rollout policy (per token, or per sequence as GSPO), the clipped surrogate or
+CISPO's clipped-weight objective, the k3 KL estimate against a frozen reference, and the three ways
+of aggregating per-token losses into one number.
 
 Shapes: B completions of up to T tokens; `mask` [B, T] is 1 on completion tokens that count (the stop
 token included, padding excluded). Everything is element-wise, so the same code runs in float32 on the
@@ -21,6 +22,12 @@ import torch
 #   completion), then mean over completions (Dr. GRPO); no length bias from the normaliser.
 LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 LOSS_AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+# clipped: PPO's clipped surrogate (GRPO, DAPO, GSPO). cispo: the ratio's weight is clipped and detached,
+#   and multiplies A x log p (MiniMax-M1), so a token past the clip still has a gradient.
+Objective = Literal["clipped", "cispo"]
+# token: a ratio per token. sequence: GSPO's exp(mean over the completion's tokens of logp - old logp),
+#   the same for every token of the completion.
+ImportanceLevel = Literal["token", "sequence"]
 
 
 def group_advantages(
@@ -59,7 +66,7 @@ class GRPOLossTerms:
 
     loss: torch.Tensor
     kl: torch.Tensor  # mean k3 KL over completion tokens (0 when beta = 0)
-    clip_fraction: torch.Tensor  # share of completion tokens whose clipped term was the active one
+    clip_fraction: torch.Tensor  # share of completion tokens whose clip was active (cispo: weight capped)
     tokens: torch.Tensor  # completion tokens counted
 
 
@@ -77,13 +84,19 @@ def grpo_loss(
     ref_logps: torch.Tensor | None = None,
     token_normaliser: float | torch.Tensor | None = None,
     token_weights: torch.Tensor | None = None,
+    objective: Objective = "clipped",
+    cispo_cap: float = 5.0,
+    importance_level: ImportanceLevel = "token",
 ) -> GRPOLossTerms:
-    """Clipped surrogate loss of one micro-batch.
+    """Policy-gradient loss of one micro-batch.
 
     logps: [B, T] log-probabilities of the sampled tokens under the policy being trained (with grad);
     old_logps: the same under the policy that sampled them (detached); advantages: [B], one per
     completion. The per-token loss is -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
-    + beta * k3_kl, aggregated by `aggregation`.
+    + beta * k3_kl, aggregated by `aggregation`. With `objective = "cispo"` it is
+    -sg(min(ratio, cispo_cap)) * A * logps instead (TRL's loss_type "cispo": its epsilon_high is the
+    cap). `importance_level = "sequence"`: the ratio of every token of a completion is GSPO's
+    exp(mean over its masked tokens of logps - old_logps), as TRL's importance_sampling_level forms it.
 
     `token_normaliser` (token_mean only): the divisor standing for "all completion tokens of the
     mini-batch", i.e. its token count / (micro-batches x data-parallel ranks). The trainer averages the
@@ -98,9 +111,21 @@ def grpo_loss(
         raise ValueError(f"aggregation must be one of {', '.join(LOSS_AGGREGATIONS)}, got {aggregation!r}")
     mask = mask.to(logps.dtype)
     advantages = advantages.to(logps.dtype).unsqueeze(1)
-    ratio = torch.exp(logps - old_logps)
-    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
-    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    log_ratio = logps - old_logps
+    if importance_level == "sequence":
+        # [B, 1], broadcast over the tokens; positions outside the mask (prompt, padding) carry no ratio.
+        log_ratio = (log_ratio * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+    elif importance_level != "token":
+        raise ValueError(f"importance_level must be 'token' or 'sequence', got {importance_level!r}")
+    ratio = torch.exp(log_ratio)
+    if objective == "cispo":
+        weight = torch.clamp(ratio, max=cispo_cap).detach()
+        per_token = -weight * advantages * logps
+    elif objective == "clipped":
+        clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+        per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    else:
+        raise ValueError(f"objective must be 'clipped' or 'cispo', got {objective!r}")
     if token_weights is not None:
         per_token = per_token * token_weights.to(per_token.dtype)
     kl = torch.zeros_like(per_token)
@@ -120,7 +145,10 @@ def grpo_loss(
         loss = ((per_token * mask).sum(dim=1) / max_completion_tokens).mean()
 
     with torch.no_grad():
-        is_clipped = ((ratio < 1 - eps_low) & (advantages < 0)) | ((ratio > 1 + eps_high) & (advantages > 0))
+        if objective == "cispo":
+            is_clipped = (ratio > cispo_cap).expand_as(mask)  # the weight was capped, whatever the sign of A
+        else:
+            is_clipped = ((ratio < 1 - eps_low) & (advantages < 0)) | ((ratio > 1 + eps_high) & (advantages > 0))
         count = tokens.clamp(min=1.0)
         clip_fraction = (is_clipped.to(mask.dtype) * mask).sum() / count
         kl_mean = (kl.detach() * mask).sum() / count
