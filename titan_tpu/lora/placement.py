@@ -1,8 +1,9 @@
 """The adapters' factors on the tensor-parallel mesh, placed to match the projection they wrap.
 
 torch's styles do not know LoRA: ColwiseParallel shards every parameter of an nn.Linear on dim 0, which
-splits lora_A [r, in] by rank (wrong), and RowwiseParallel shards only weight and bias, leaving the
-factors plain tensors that cannot meet a DTensor input. After the family's plan has run, each factor
+splits lora_A [r, in] by rank, and RowwiseParallel shards only weight and bias and replicates the rest,
+so lora_A does not follow its input's split. DTensor would still compute the right values, by
+redistributing inside every adapted layer on every step. After the family's plan has run, each factor
 is placed from its weight's placement on the tp mesh:
 
     weight Shard(0) (column-wise, y split by output)  ->  lora_A Replicate, lora_B Shard(0)

@@ -44,7 +44,9 @@ class LoRALinear(nn.Linear):
         self.rank = rank
         self.alpha = alpha
         self.scaling = alpha / rank
-        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        # A probability, not a child module: torch's row-wise style shards the weight of every module
+        # inside the linear it is given, and a dropout module has none.
+        self.dropout = dropout
         self.lora_A = nn.Parameter(torch.empty(rank, in_features, device=device, dtype=dtype))
         self.lora_B = nn.Parameter(torch.empty(out_features, rank, device=device, dtype=dtype))
         self.adapter_enabled = True
@@ -70,6 +72,13 @@ class LoRALinear(nn.Linear):
         adapted.train(linear.training)
         return adapted
 
+    @property
+    def lora_dropout(self) -> nn.Dropout:
+        """PEFT's name for the adapters' input dropout: a module of `dropout`'s probability, in this
+        layer's training mode (made on access, never a child of the layer)."""
+        module = nn.Dropout(self.dropout)
+        return module.train(self.training)
+
     @torch.no_grad()
     def reset_adapter(self) -> None:
         """PEFT's default initialisation: A as nn.Linear's own (Kaiming uniform, a = sqrt(5)), B = 0."""
@@ -80,7 +89,9 @@ class LoRALinear(nn.Linear):
         out = F.linear(x, self.weight, self.bias)
         if not self.adapter_enabled:
             return out
-        low_rank = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)
+        if self.dropout > 0:
+            x = F.dropout(x, self.dropout, self.training)
+        low_rank = F.linear(F.linear(x, self.lora_A), self.lora_B)
         return out + low_rank * self.scaling
 
     @torch.no_grad()

@@ -346,12 +346,8 @@ def apply_hf_tp(model: HFCausalLM, tp_mesh: DeviceMesh, loss_parallel: bool) -> 
     for path, style in module_styles(model, expanded, loss_parallel).items():
         parallelize_module(hf.get_submodule(path), tp_mesh, style)
     for module in hf.modules():
-        own = list(module.parameters(recurse=False))
-        plain = [p for p in own if not isinstance(p, DTensor)]
-        # A module the plan split keeps its other parameters as they are: a LoRA adapter's factors
-        # beside a row-split weight, which the run places after the plan (titan_tpu/lora/placement.py).
-        sharded = any(isinstance(p, DTensor) and not all(pl.is_replicate() for pl in p.placements) for p in own)
-        if plain and not sharded:
+        own = [p for p in module.parameters(recurse=False) if not isinstance(p, DTensor)]
+        if own:
             parallelize_module(module, tp_mesh, LocalReplicate())
     if model.args.tie_embeddings:
         # Each style made its own parameter; the tied head is the embedding's one tensor again.
