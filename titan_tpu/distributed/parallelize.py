@@ -80,6 +80,7 @@ def parallelize_model(
     fsdp = FSDPPolicy.from_config(config.parallelism, compute_dtype, device.type, sharded=dims.fsdp_enabled)
     ctx = dataclasses.replace(ctx, fsdp=fsdp)
     if dims.is_distributed:
+        trained = {name: param.requires_grad for name, param in model.named_parameters()}
         if parallelize_fn is not None:
             model = parallelize_fn(model, ctx) or model
         elif dims.tp_enabled or dims.ep_enabled:
@@ -87,8 +88,12 @@ def parallelize_model(
                 f"model '{config.model.name}' has no tensor/expert-parallel plan; set parallelism.tp = 1 "
                 "and parallelism.ep = 1"
             )
+        # Some of torch's styles (SequenceParallel) re-wrap parameters as trainable: a frozen base (LoRA)
+        # stays frozen.
+        for name, param in model.named_parameters():
+            param.requires_grad_(trained.get(name, param.requires_grad))
         # A LoRA run's adapters (titan_tpu/lora/apply.py, swapped in on meta before this): torch's
-        # styles shard them like weights, or not at all; placed now to follow their weights.
+        # styles shard them like weights, or replicate them; placed now to follow their weights.
         place_factors(model)
     containers = block_containers(model)
     apply_activation_checkpointing(containers, config.activation_checkpoint)
