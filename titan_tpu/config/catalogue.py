@@ -45,6 +45,7 @@ TASKS: dict[str, Entry] = {
     ),
     "grpo": Entry("titan_tpu.tasks.grpo.task:GRPOTask", {"rl": "titan_tpu.tasks.grpo.config:RLConfig"}),
     "sft": Entry("titan_tpu.tasks.sft.task:SftTask", {"sft": "titan_tpu.tasks.sft.config:SftConfig"}),
+    "dpo": Entry("titan_tpu.tasks.dpo.task:DpoTask", {"dpo": "titan_tpu.tasks.dpo.config:DpoConfig"}),
 }
 
 

@@ -160,7 +160,7 @@ def test_bad_values_name_key_and_allowed_values(args: list[str], expected: str) 
         (
             ["--training.task=languag_model"],
             "training.task: unknown task 'languag_model'; did you mean "
-            "'language_model'? valid: auto, grpo, language_model, rectified_flow",
+            "'language_model'? valid: auto, dpo, grpo, language_model, rectified_flow",
         ),
         # Model overrides, checked against the flavor's dataclass.
         (
