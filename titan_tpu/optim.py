@@ -47,17 +47,26 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
     """AdamW over the model's trainable parameters, which are already on their device."""
     # Norm gains (1-D) are not decayed: pulling them toward zero only fights the normalisation.
     # Embeddings are matrices and decay like every other weight, as in Llama and TorchTitan.
+    # A LoRA run trains only the adapters' factors, all matrices, decayed as PEFT and TRL decay them.
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
+            (decay if decays(param) else no_decay).append(param)
+    # An empty group is left out (a LoRA run has no undecayed parameter): the flattened optimizer
+    # state of a checkpoint names each group by its first parameter.
     groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": params, "weight_decay": weight_decay}
+        for params, weight_decay in ((decay, cfg.weight_decay), (no_decay, 0.0))
+        if params
     ]
     device_type = next((param.device.type for param in decay + no_decay), "cpu")
     return torch.optim.AdamW(groups, **adamw_options(cfg, device_type))
+
+
+def decays(param: torch.Tensor) -> bool:
+    """Whether weight decay applies to `param`: matrices (and larger) do, norm gains and biases not."""
+    return param.ndim >= 2
 
 
 def adamw_state_bytes(params: Sequence[torch.Tensor]) -> int:
@@ -98,11 +107,11 @@ def apply_config_on_resume(
     with them from the resumed step on (the moments, the step and the schedule's position stay the
     checkpoint's). Loading restores the saving run's values into the param groups and the schedule's
     base lr; left there, a changed `optimizer.lr` would be accepted and never used."""
-    for index, group in enumerate(optimizer.param_groups):
+    for group in optimizer.param_groups:
         group["betas"] = (cfg.beta1, cfg.beta2)
         group["eps"] = cfg.eps
-        # build_optimizer's order: the decayed matrices first, then the undecayed norms and biases.
-        group["weight_decay"] = cfg.weight_decay if index == 0 else 0.0
+        # build_optimizer's groups: the decayed matrices, the undecayed norms and biases.
+        group["weight_decay"] = cfg.weight_decay if decays(group["params"][0]) else 0.0
         group["initial_lr"] = cfg.lr
     scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]
     # The lr of the next step, as the schedule sets it after `last_epoch` steps (its lambda is built

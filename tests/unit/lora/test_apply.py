@@ -75,7 +75,7 @@ def test_only_the_adapters_are_trained(one_thread: None, tokens: torch.Tensor) -
     trained = {name for name, p in model.named_parameters() if p.requires_grad}
     assert trained == set(adapter_parameter_names(model))
     optimizer = build_optimizer(model, OptimizerConfig(lr=1e-2))
-    assert [len(group["params"]) for group in optimizer.param_groups] == [len(trained), 0]
+    assert [len(group["params"]) for group in optimizer.param_groups] == [len(trained)]  # no empty group
     for _ in range(2):  # the second step moves A too (its gradient is zero while B is)
         model(tokens).float().logsumexp(-1).mean().backward()
         for name, param in model.named_parameters():
