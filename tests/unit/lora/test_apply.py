@@ -91,3 +91,13 @@ def test_only_the_adapters_are_trained(one_thread: None, tokens: torch.Tensor) -
     assert counts.total == counts.trainable + sum(p.numel() for p in build(None).parameters())
     # Two moments of every trained element (float32) and a step count per tensor.
     assert adamw_state_bytes([p for p in model.parameters() if p.requires_grad]) == 8 * counts.trainable + 4 * 28
+
+
+def test_rollouts_of_an_adapted_model_decode_through_its_modules(one_thread: None) -> None:
+    """The builtin sampler's fused step snapshots the projections' weights and would sample from the
+    base, adapters left out: it must decline an adapted model (its modules then decode). Negative
+    control: the plain model gets the fused step."""
+    from titan_tpu.models.common.decode_step import FusedDecoder
+
+    assert FusedDecoder.of(build(None)) is not None
+    assert FusedDecoder.of(build(LORA)) is None

@@ -179,3 +179,21 @@ def test_a_resume_on_another_base_or_without_lora_is_refused(
         ConfigError, match=r"^lora.alpha: checkpoint .* trained with lora.alpha = 8.0, this run has 16.0"
     ):
         trainer(dump, base, 6, "--lora.alpha=16")
+
+
+def test_the_seed_is_the_base_only_without_a_folder() -> None:
+    from titan_tpu.training.resume_settings import check_lora_base, run_settings
+
+    def config(*more: str) -> Any:
+        return load_config("qwen3_debug", ["--lora.enable=true", *more])
+
+    seeded = run_settings(config())
+    check_lora_base("step-2", seeded, config())
+    with pytest.raises(ConfigError, match=r"^training.seed: checkpoint step-2 holds LoRA adapters trained with "):
+        check_lora_base("step-2", seeded, config("--training.seed=1"))
+    on_folder = run_settings(config("--checkpoint.initial_load_path=/base"))
+    check_lora_base("step-2", on_folder, config("--checkpoint.initial_load_path=/base", "--training.seed=1"))
+    # A checkpoint that recorded no lora.enable (saved before LoRA) holds a whole model.
+    check_lora_base("step-2", {"optimizer.lr": 1e-3}, load_config("qwen3_debug", []))
+    with pytest.raises(ConfigError, match=r"^lora.enable: checkpoint step-2 holds a whole model, not LoRA adapters"):
+        check_lora_base("step-2", {"optimizer.lr": 1e-3}, config())
