@@ -44,6 +44,7 @@ EXPECTED_PARAMS: dict[str, str] = {
     "sft_qwen3_8b.toml": "8.2B",
     "sft_llama3_8b.toml": "8.03B",
     "grpo_qwen3_8b.toml": "8.2B",
+    "grpo_qwen3_8b_dapo.toml": "8.2B",
     "grpo_qwen3_moe_30b_a3b.toml": "30.5B",
     "flux_debug.toml": "1796748",  # own flavor
     "flux_schnell.toml": "12B",  # Black Forest Labs: "12 billion parameter rectified flow transformer"

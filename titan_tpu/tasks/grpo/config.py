@@ -1,5 +1,7 @@
-"""GRPO's `[rl]` section: prompts, group size, the clipped objective, sampling and the rewards.
-Imports nothing but the configuration, so the loader reads it before torch loads."""
+"""GRPO's `[rl]` section: prompts, group size, the objective and its variants (GSPO, CISPO, the
+advantage estimators, dynamic sampling, the overlong punishment), sampling and the rewards. Imports
+nothing but the configuration, so the loader reads it before torch loads; that keeps its checks in
+this one module too (tests/unit/repository/test_layering.py)."""
 
 from __future__ import annotations
 
@@ -40,8 +42,30 @@ class RLConfig:
         "completions are split into mini-batches of training.global_batch_size, one optimizer step each.",
     )
     updates_per_rollout: int = opt(1, "Passes over each rollout batch (PPO epochs); > 1 reuses the samples.")
-    eps_low: float = opt(0.2, "Clip the importance ratio from below at 1 - eps_low.")
-    eps_high: float = opt(0.2, "Clip the importance ratio from above at 1 + eps_high (DAPO uses 0.28).")
+    eps_low: float = opt(
+        0.2, "clipped: the importance ratio is clipped from below at 1 - eps_low (TRL's epsilon, PPO's eps)."
+    )
+    eps_high: float = opt(
+        0.2,
+        "clipped: the importance ratio is clipped from above at 1 + eps_high; above rl.eps_low it is DAPO's "
+        "clip-higher (DAPO: eps_low 0.2, eps_high 0.28; TRL's epsilon_high).",
+    )
+    objective: Literal["clipped", "cispo"] = opt(
+        "clipped",
+        "clipped: PPO's clipped surrogate -min(r A, clip(r) A) (GRPO, DAPO, GSPO); cispo: -sg(min(r, "
+        "rl.cispo_cap)) A log p, the ratio's weight clipped instead of the update (MiniMax-M1; TRL's loss_type "
+        "'cispo' is cispo with token_mean).",
+    )
+    cispo_cap: float = opt(
+        5.0,
+        "cispo: the importance ratio's weight is capped at this (the ε_max of ScaleRL, which uses 5; TRL's epsilon_high).",
+    )
+    importance_sampling_level: Literal["token", "sequence"] = opt(
+        "token",
+        "token: one importance ratio per token; sequence: every token of a completion gets exp(mean over its "
+        "tokens of logp - old logp) (GSPO, TRL's importance_sampling_level; GSPO averages per sequence: "
+        "seq_mean_token_mean).",
+    )
     beta: float = opt(
         0.0, "Weight of the k3 KL penalty against the frozen initial policy; 0 builds no reference model."
     )
@@ -51,10 +75,39 @@ class RLConfig:
         "completion, then over completions (GRPO paper); seq_mean_token_sum_norm: token sums / "
         "max_new_tokens, then over completions (Dr. GRPO).",
     )
-    scale_rewards: bool = opt(
-        True, "Divide group-centred rewards by the group's std (GRPO); false keeps them centred only (Dr. GRPO)."
+    advantage_estimator: Literal["grpo", "rloo", "reinforce_pp"] = opt(
+        "grpo",
+        "grpo: reward - its group's mean (scaled by rl.scale_rewards); rloo: reward - the mean of the other "
+        "completions of its group (TRL's RLOOTrainer); reinforce_pp: rewards whitened over the rollout's "
+        "tokens, no group baseline (verl's reinforce_plus_plus).",
     )
-    advantage_eps: float = opt(1e-4, "Added to the group std before dividing by it.")
+    scale_rewards: Literal["auto", "group", "batch", "none", True, False] = opt(
+        "auto",
+        "Divide the advantages by: group = the group's reward std (GRPO), batch = the rollout's std, none = "
+        "nothing (Dr. GRPO); true/false = group/none (TRL's values); auto = group for grpo, none for rloo "
+        "(TRL's RLOO; batch = its normalize_advantages), reinforce_pp whitens by itself.",
+    )
+    advantage_eps: float = opt(1e-4, "Added to the std before dividing by it (rl.scale_rewards group or batch).")
+    dynamic_sampling: bool = opt(
+        False,
+        "Drop each group whose rewards are all equal (no learning signal) and draw rl.prompts_per_step more "
+        "prompts until the rollout batch is full of groups that differ (DAPO; the rest of the last draw is "
+        "dropped); the record's prompts_drawn counts what it took.",
+    )
+    max_draws: int = opt(
+        10,
+        "dynamic_sampling: draws of rl.prompts_per_step prompts one rollout batch may take; a batch still "
+        "short after them stops the run with one line (verl's max_num_gen_batches).",
+    )
+    overlong_buffer: int = opt(
+        0,
+        "Soft overlong punishment (DAPO): a completion longer than rl.max_new_tokens - overlong_buffer tokens "
+        "loses rl.overlong_penalty x (its excess / overlong_buffer) of reward (TRL's "
+        "get_soft_overlong_punishment's soft_punish_cache; verl's overlong_buffer.len); 0 = off.",
+    )
+    overlong_penalty: float = opt(
+        1.0, "overlong_buffer: the reward a completion of rl.max_new_tokens tokens loses (verl's penalty_factor)."
+    )
     temperature: float = opt(1.0, "Sampling temperature of the rollouts (0 = greedy).")
     top_p: float = opt(1.0, "Nucleus sampling: keep the likeliest tokens whose mass reaches top_p.")
     max_new_tokens: int = opt(8, "Longest completion, in tokens; a completion also ends at the stop text.")
@@ -77,7 +130,7 @@ class RLConfig:
                 "The reward is the weighted sum of these, each a table { fn, weight = 1.0 }: fn = 'exact' (the "
                 "answer before the stop text equals the reference), 'math' (the same value by math-verify: "
                 "'#### 42', \\boxed{}, fractions, LaTeX), 'format' (with pattern = a regular expression the "
-                "whole completion must match) or 'module:function', your own: called once per rollout batch "
+                "whole completion must match) or 'module:function', your own: called once per draw of prompts "
                 "with (prompts, completions, records), it returns one float per completion. The first is the "
                 "held-out accuracy's."
             )
@@ -180,6 +233,7 @@ class RLConfig:
         )
         require(self.beta >= 0, "rl.beta", f"must be >= 0, got {self.beta}")
         require(self.advantage_eps > 0, "rl.advantage_eps", f"must be > 0, got {self.advantage_eps}")
+        _check_variants(self)
         require(self.temperature >= 0, "rl.temperature", f"must be >= 0, got {self.temperature}")
         require(0 < self.top_p <= 1, "rl.top_p", f"must be in (0, 1], got {self.top_p}")
         require(self.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
@@ -241,6 +295,16 @@ class RLConfig:
                 )
         for index, table in enumerate(self.rewards):
             _check_reward_table(table, f"rl.rewards[{index}]")
+
+    @property
+    def reward_scaling(self) -> Literal["group", "batch", "none"]:
+        """What rl.scale_rewards divides the advantages by, its booleans and auto spelled out."""
+        value = self.scale_rewards
+        if value == "auto":
+            return "group" if self.advantage_estimator == "grpo" else "none"
+        if value is True or value == "group":
+            return "group"
+        return "none" if value is False or value == "none" else "batch"
 
     def check_with(self, config: TrainConfig) -> None:
         """The [data] and [validation] values GRPO reads, against rl.task: records the arithmetic
@@ -313,7 +377,15 @@ DATA_ONLY = ("prompt_field", "system_prompt", "eval_path", "template_switches")
 # Keys of multi-turn episodes, which single-turn GRPO would not read.
 ENV_ONLY = ("env_args", "max_turns", "max_episode_tokens", "dump_rollouts")
 # Keys of single-turn GRPO that an environment replaces: it renders the records and gives the reward.
-SINGLE_TURN_ONLY = ("prompt_field", "system_prompt", "reference_field", "rewards", "stop_text")
+SINGLE_TURN_ONLY = (
+    "prompt_field",
+    "system_prompt",
+    "reference_field",
+    "rewards",
+    "stop_text",
+    "overlong_buffer",  # a completion's length against rl.max_new_tokens; an episode has turns and a budget
+    "overlong_penalty",
+)
 
 # The keys only the vLLM engine reads: set with the builtin engine, they would do nothing.
 VLLM_ONLY = (
@@ -369,3 +441,84 @@ def _check_reward_table(table: dict[str, Any], where: str) -> None:
             raise ConfigError(f"{where}.pattern: not a regular expression: {err}") from None
     else:
         require(pattern is None, f"{where}.pattern", f"applies to fn = 'format' only, not {fn!r}")
+
+
+def _unset(rl: RLConfig, key: str) -> bool:
+    """Whether rl.<key> has its default: a variant that does not read it leaves it so."""
+    return getattr(rl, key) == _default(key)
+
+
+def _check_variants(rl: RLConfig) -> None:
+    """The variants' keys (objective, importance level, advantages, dynamic sampling, overlong): each in
+    range, and none set that the chosen variant would not read."""
+    _check_objective(rl)
+    _check_advantages(rl)
+    require(rl.max_draws >= 1, "rl.max_draws", f"must be >= 1, got {rl.max_draws}")
+    require(
+        rl.dynamic_sampling or _unset(rl, "max_draws"),
+        "rl.max_draws",
+        "bounds rl.dynamic_sampling's draws; set rl.dynamic_sampling = true or remove it",
+    )
+    require(
+        0 <= rl.overlong_buffer <= rl.max_new_tokens,
+        "rl.overlong_buffer",
+        f"must be in [0, rl.max_new_tokens = {rl.max_new_tokens}] tokens (0 = off), got {rl.overlong_buffer}",
+    )
+    require(
+        math.isfinite(rl.overlong_penalty) and rl.overlong_penalty > 0,
+        "rl.overlong_penalty",
+        f"must be a number > 0, got {rl.overlong_penalty}",
+    )
+    require(
+        rl.overlong_buffer > 0 or _unset(rl, "overlong_penalty"),
+        "rl.overlong_penalty",
+        "is the soft overlong punishment's size; set rl.overlong_buffer (tokens) to turn it on, or remove it",
+    )
+
+
+def _check_objective(rl: RLConfig) -> None:
+    if rl.objective == "cispo":
+        require(
+            rl.cispo_cap >= 1,
+            "rl.cispo_cap",
+            f"must be >= 1 (a cap below 1 shrinks the weight of on-policy tokens too), got {rl.cispo_cap}",
+        )
+        for key in ("eps_low", "eps_high"):
+            require(
+                _unset(rl, key),
+                f"rl.{key}",
+                "clips the clipped objective's ratio; rl.objective = 'cispo' caps the ratio's weight at "
+                f"rl.cispo_cap instead; remove it (or set its default, {_default(key)})",
+            )
+    else:
+        require(
+            _unset(rl, "cispo_cap"),
+            "rl.cispo_cap",
+            "applies to rl.objective = 'cispo'; the clipped objective clips at rl.eps_low and rl.eps_high",
+        )
+
+
+def _check_advantages(rl: RLConfig) -> None:
+    estimator, scaling = rl.advantage_estimator, rl.scale_rewards
+    spelled = str(scaling).lower() if isinstance(scaling, bool) else repr(scaling)  # as TOML writes it
+    if estimator == "rloo":
+        require(
+            scaling in ("auto", "none", "batch", False),
+            "rl.scale_rewards",
+            f"{spelled} divides by the group's std, which RLOO does not (TRL's RLOOTrainer); set 'none' or "
+            "'batch' (its normalize_advantages)",
+        )
+    if estimator == "reinforce_pp":
+        require(
+            scaling == "auto",
+            "rl.scale_rewards",
+            "rl.advantage_estimator = 'reinforce_pp' whitens the rewards over the rollout's tokens itself "
+            "(verl); remove it",
+        )
+    if rl.reward_scaling == "none" or estimator == "reinforce_pp":
+        require(
+            _unset(rl, "advantage_eps"),
+            "rl.advantage_eps",
+            "is added to the std that advantages are divided by, and here they are not (rl.scale_rewards, "
+            "rl.advantage_estimator); remove it",
+        )

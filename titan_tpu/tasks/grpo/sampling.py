@@ -1,12 +1,17 @@
 """Where GRPO's rollouts come from: the engine (rl.engine), the weights it samples from, and with
 rl.max_staleness > 0 the thread that samples ahead of training.
 
-Weight versions count optimizer steps. Before rollout r the trainer has taken r x steps_per_rollout
-steps; the engine gets those weights when at least rl.sync_every steps passed since its last push
-(the builtin engine samples from the trainer's modules themselves, so it always has them). Synchronous
-(max_staleness 0): rollout r is sampled after the push, from those weights. Asynchronous: after the
-push the sampling thread may go up to rollout r + max_staleness, so rollout r was sampled from the
-weights of rollout r - max_staleness or later.
+What is sampled is a draw: rl.prompts_per_step prompts x rl.group_size completions, numbered by its
+place in the prompt stream. A rollout batch is one draw, or several with rl.dynamic_sampling
+(draws.py); either way draws are sampled in order.
+
+Weight versions count optimizer steps. Before a rollout batch the trainer has taken (batches so far) x
+steps_per_rollout steps; the engine gets those weights when at least rl.sync_every steps passed since
+its last push (the builtin engine samples from the trainer's modules themselves, so it always has
+them). Synchronous (max_staleness 0): draw d is sampled after the push, from those weights.
+Asynchronous: after the push the sampling thread may go up to draw d + max_staleness; since every
+rollout batch takes at least one draw, a draw is trained at most max_staleness rollout batches after
+the weights that sampled it.
 """
 
 from __future__ import annotations
@@ -39,13 +44,11 @@ class RolloutSource:
         ctx: TaskContext,
         rl: RLConfig,
         stream: PromptStream,
-        steps_per_rollout: int,
         rows: int,
         episodes: EpisodeSource | None = None,
     ) -> None:
         self.ctx, self.rl, self.stream = ctx, rl, stream
         self.episodes = episodes  # multi-turn (rl.env): each row an episode, else one completion
-        self.steps_per_rollout = steps_per_rollout
         self.rows = rows
         self.rank_rows: list[list[int]] = []  # this rank's rows of each mini-batch (set up with the engines)
         self.mine: list[int] = []
@@ -77,10 +80,10 @@ class RolloutSource:
 
     # ------------------------------------------------------------------------------ rollouts
 
-    def rollout(self, model: nn.Module, index: int, params: SamplingParams) -> tuple[Sampled, float]:
-        """Rollout `index` of this rank's rows, and the seconds the trainer waited for it beyond
-        sampling it itself (asynchronous only; 0 when synchronous)."""
-        version = index * self.steps_per_rollout
+    def rollout(self, model: nn.Module, index: int, version: int, params: SamplingParams) -> tuple[Sampled, float]:
+        """Draw `index` of this rank's rows for training at weights `version` (optimizer steps taken),
+        and the seconds the trainer waited for it beyond sampling it itself (asynchronous only; 0 when
+        synchronous)."""
         if self.rl.max_staleness == 0:
             self._push(model, version)
             return self._sample(index, params, collective=True), 0.0
@@ -88,7 +91,7 @@ class RolloutSource:
             if index > 0 and self.ctx.is_writer:
                 # What a stopped run had sampled ahead was never trained on and is not in its checkpoint.
                 logger.info(
-                    f"rollouts: resuming at rollout {index} (step {version}); the rollouts sampled ahead of "
+                    f"rollouts: resuming at draw {index} (step {version}); the draws sampled ahead of "
                     f"training before the stop (up to {self.rl.max_staleness}) are sampled again"
                 )
             self.producer = RolloutProducer(lambda i: self._sample(i, params, collective=False), first=index)
@@ -113,7 +116,7 @@ class RolloutSource:
         self.pushed_version = version
 
     def _sample(self, index: int, params: SamplingParams, collective: bool) -> Sampled:
-        """This rank's completions of rollout `index`. `collective`: through `generate`, which recovers
+        """This rank's completions of draw `index`. `collective`: through `generate`, which recovers
         from an engine failure with the other ranks; else through the vLLM engine's `request`, whose
         failure is handed back in the result (the sampling thread does no collective)."""
         start = time.perf_counter()

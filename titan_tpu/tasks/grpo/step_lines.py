@@ -67,10 +67,12 @@ def describe_prompts(config: TrainConfig, prompts: PromptSet, steps_per_rollout:
     used = rollouts * rl.prompts_per_step
     passes = used / len(prompts.train)
     share = f"{passes:.2f} passes" if passes >= 1 else f"{100 * passes:.2g}% of them"
+    # Dynamic sampling draws more prompts for each group it drops, up to rl.max_draws times as many.
+    at_least = "at least " if rl.dynamic_sampling else ""
     return (
         f"{source}: {len(prompts.train):,} to train on, {len(prompts.held_out):,} held out; {rl.prompts_per_step} "
         f"prompts x {rl.group_size} completions a rollout, {steps_per_rollout} steps each; {steps} steps = "
-        f"{rollouts} rollouts, {used:,} prompts ({share})"
+        f"{rollouts} rollouts, {at_least}{used:,} prompts ({at_least}{share})"
     )
 
 

@@ -3,7 +3,8 @@ by sampling from the policy it is training.
 
 Each rollout batch (rl.prompts_per_step prompts x rl.group_size completions) serves
 rl.updates_per_rollout x (rows / training.global_batch_size) optimizer steps; `next_batch` makes a new
-one when the previous is used up. The prompt stream's position is the task's checkpointed data state;
+one when the previous is used up, from one draw of prompts or several (rl.dynamic_sampling, draws.py).
+The prompt stream's position and the count of rollout batches are the task's checkpointed data state;
 a checkpoint therefore has to fall between rollout batches (checked at start-up).
 """
 
@@ -32,17 +33,27 @@ from titan_tpu.protocols.planning import Workload
 from titan_tpu.protocols.rollout import SamplingParams
 from titan_tpu.tasks.base import TaskContext, TaskLoss, TrainingTask
 from titan_tpu.tasks.decoder import decoder_args, decoder_workload, require_decoding
+from titan_tpu.tasks.grpo.advantages import rollout_advantages
 from titan_tpu.tasks.grpo.config import RLConfig
+from titan_tpu.tasks.grpo.draws import RolloutDrawer, RolloutPosition
 from titan_tpu.tasks.grpo.engines import check_vllm_engine
 from titan_tpu.tasks.grpo.length_runs import logps_in_runs
 from titan_tpu.tasks.grpo.multi_turn import EpisodeSource, episode_columns
-from titan_tpu.tasks.grpo.objective import group_advantages, grpo_loss
-from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream, prompt_set, stop_ids
+from titan_tpu.tasks.grpo.objective import grpo_loss
+from titan_tpu.tasks.grpo.overlong import overlong_penalties
+from titan_tpu.tasks.grpo.producer import Sampled
+from titan_tpu.tasks.grpo.prompts import PromptStream, prompt_set, stop_ids
 from titan_tpu.tasks.grpo.rewards import build_rewards
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches
 from titan_tpu.tasks.grpo.rollout_dump import EpisodeDumps
-from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
-from titan_tpu.tasks.grpo.rollout_stats import EPISODE_COUNTS, add_engine_mismatch, engine_metrics, fresh_stats
+from titan_tpu.tasks.grpo.rollout_flops import ForwardCost
+from titan_tpu.tasks.grpo.rollout_stats import (
+    add_engine_mismatch,
+    add_rollout,
+    engine_metrics,
+    fresh_stats,
+    rollout_metrics,
+)
 from titan_tpu.tasks.grpo.sampling import RolloutSource
 from titan_tpu.tasks.grpo.single_turn import CompletionScores
 from titan_tpu.tasks.grpo.step_lines import (
@@ -101,10 +112,15 @@ class GRPOTask(TrainingTask):
                 "steps each rollout batch serves, so a checkpoint never splits one"
             )
         self.dp_mesh = ctx.parallel.dp_reduce_mesh
-        self.stream = PromptStream(self.prompts.train, seed=config.training.seed)
+        stream = PromptStream(self.prompts.train, seed=config.training.seed)
+        self.position = RolloutPosition(stream, self.rl.prompts_per_step)
         self.queue: deque[MicroBatch] = deque()
         self.reference: nn.Module | None = None
-        self.source = RolloutSource(ctx, self.rl, self.stream, self.steps_per_rollout, self.rows, self.episodes)
+        self.source = RolloutSource(ctx, self.rl, stream, self.rows, self.episodes)
+        dp_group = self.dp_mesh.get_group() if self.dp_mesh is not None else None
+        self.drawer = RolloutDrawer(self.rl, self.source, self.position, self._score, self._global, dp_group)
+        # The rewards the record reports one by one: rl.rewards' and the overlong punishment.
+        self.reward_parts = [r.name for r in self.rewards] + (["overlong"] if self.rl.overlong_buffer else [])
         self.dumps = EpisodeDumps(ctx.dump_folder, self.rl.dump_rollouts, self.rl.group_size) if self.episodes else None
         # Set by the first loss of a mixture of experts, which adds its routers' aux loss and logs it.
         self._is_moe = False
@@ -157,8 +173,8 @@ class GRPOTask(TrainingTask):
             )
         self.reference = reference.requires_grad_(False)
 
-    def data_state(self) -> PromptStream:
-        return self.stream
+    def data_state(self) -> RolloutPosition:
+        return self.position
 
     def flops_per_item(self) -> float:
         # Training FLOPs per trained token; the rollout's forward work is reported as its own rate
@@ -200,30 +216,34 @@ class GRPOTask(TrainingTask):
         self._last_exit = time.perf_counter()
         return batch
 
+    def _score(self, sampled: Sampled) -> dict[str, list[float]]:
+        """Rewards, each reward's part and lengths of this rank's rows of a draw."""
+        rl, mine = self.rl, self.source.mine
+        if sampled.episodes:
+            return episode_columns([sampled.episodes[r] for r in mine])
+        asked = [sampled.prompts[r // rl.group_size] for r in mine]
+        columns = self.single.columns(asked, [sampled.completions[r] for r in mine], keep_sample=self.ctx.is_writer)
+        if rl.overlong_buffer:
+            penalties = overlong_penalties(
+                columns["length"], rl.max_new_tokens, rl.overlong_buffer, rl.overlong_penalty
+            )
+            columns["reward"] = [reward + penalty for reward, penalty in zip(columns["reward"], penalties)]
+            columns["reward/overlong"] = penalties
+        return columns
+
     @torch.no_grad()
     def _rollout(self, model: nn.Module) -> None:
         start = time.perf_counter()
         ctx, rl = self.ctx, self.rl
-        index = self.stream.position // rl.prompts_per_step
-        sampled, waited = self.source.rollout(model, index, self.params)
-        taken: list[Prompt] = self.stream.take(rl.prompts_per_step)
-        if [p.ids for p in taken] != [p.ids for p in sampled.prompts]:
-            raise RuntimeError(f"GRPO: rollout {index} was sampled for other prompts than training takes")
+        version = self.position.rollouts * self.steps_per_rollout
+        rollout = self.drawer.next_batch(model, version, self.params)
         mine = self.source.mine
-        prompts = {r: taken[r // rl.group_size].ids for r in mine}
-        completions, sampled_logps = sampled.completions, sampled.logps
-        # Rewards, each reward's part and lengths of this rank's rows, summed with the other ranks'.
-        if sampled.episodes:
-            columns = episode_columns([sampled.episodes[r] for r in mine])
-        else:
-            asked = [taken[r // rl.group_size] for r in mine]
-            columns = self.single.columns(asked, [completions[r] for r in mine], keep_sample=ctx.is_writer)
-        table = self._global_rows(columns, mine)
-        rewards, lengths = table["reward"], table["length"]
-        advantages = group_advantages(rewards, rl.group_size, rl.scale_rewards, rl.advantage_eps).float()
-        tied = tied_groups(rewards, rl.group_size)
+        rewards, lengths = rollout.table["reward"], rollout.table["length"]
+        advantages = rollout_advantages(
+            rewards, lengths, rl.group_size, rl.advantage_estimator, rl.reward_scaling, rl.advantage_eps
+        ).float()
         if self.dumps is not None and ctx.is_writer:
-            self.dumps.after_rollout(index * self.steps_per_rollout, taken, sampled.episodes)
+            self.dumps.after_rollout(version, rollout.prompts, rollout.episodes)
 
         reference = self.reference
         # From an engine other than the trainer's own modules, the trainer scores the same tokens:
@@ -231,8 +251,8 @@ class GRPOTask(TrainingTask):
         engine_apart = self.source.is_vllm
         batches = build_micro_batches(
             self.source.rank_rows,
-            prompts,
-            completions,
+            {r: rollout.prompts[r // rl.group_size].ids for r in mine},
+            rollout.completions,
             advantages,
             lengths,
             ctx.config.training.global_batch_size,
@@ -240,15 +260,16 @@ class GRPOTask(TrainingTask):
             ctx.dp_world,
             self.pad_id,
             ctx.device,
-            sampled_logps,
+            rollout.logps,
             (lambda tokens: token_logps(reference, tokens)) if reference is not None else None,
             first_on_policy=rl.updates_per_rollout == 1,
             trainer_logps=(lambda tokens: token_logps(model, tokens)) if engine_apart else None,
             is_cap=rl.is_cap if engine_apart and rl.is_correction else None,
-            trained={r: e.trained for r, e in sampled.episodes.items()} if sampled.episodes else None,
+            trained={r: e.trained for r, e in rollout.episodes.items()} if rollout.episodes else None,
         )
         if engine_apart:
             reshard_all(model)
+        tied = tied_groups(rewards, rl.group_size)
         ties = mini_batch_ties(tied, self.rows, ctx.config.training.global_batch_size, rl.group_size)
         for k, batch in enumerate(batches):
             batch.groups_tied = ties[k * len(ties) // len(batches)]
@@ -256,42 +277,12 @@ class GRPOTask(TrainingTask):
             self.queue.extend(batches)
         # The rollout's time is all of it that is not the policy update: sampling (or waiting for it),
         # rewards, and the log-probabilities scored on the micro-batches.
-        rollout_time = time.perf_counter() - start
-        stats = self._stats
-        stats["rollouts"] += 1
-        stats["reward_sum"] += float(rewards.sum())
-        stats["reward_std_sum"] += float(rewards.view(-1, rl.group_size).std(dim=1).mean())
-        stats["tied_groups"] += float(tied.sum())
-        for name, column in table.items():
-            if name in stats:  # each reward's part, and an episode's turns, tool calls, errors and timeouts
-                stats[name] += float(column.sum())
-        stats["length_sum"] += float(lengths.sum())
-        stats["rollout_time"] += rollout_time
-        stats["rollout_wait"] += waited
-        stats["sample_time"] += sampled.seconds
-        stats["staleness_sum"] += index * self.steps_per_rollout - sampled.version
-        if engine_apart:
-            add_engine_mismatch(stats, batches, rl.is_cap)
-        # Every rank's rows (prompts are the same everywhere, lengths were summed above): the work of
-        # the whole job, which step_metrics shares out per process as the trainer's TFLOP/s are.
+        self._stats["rollout_time"] += time.perf_counter() - start
         cost = ForwardCost.of_family(ctx.spec.flops_per_token, self.args)
-        # Every token after the prompt goes through the sampler (an episode's environment tokens too).
-        after_prompt = table["tokens"]
-        groups = [
-            (len(prompt.ids), [int(n) for n in after_prompt[k * rl.group_size : (k + 1) * rl.group_size]])
-            for k, prompt in enumerate(taken)
-        ]
         scoring = int(reference is not None) + int(engine_apart)
-        stats["rollout_flops"] += rollout_flops(cost, groups, scoring_passes=scoring)
-
-    def _global_rows(self, columns: dict[str, list[float]], mine: list[int]) -> dict[str, torch.Tensor]:
-        """Each column of this rank's rows placed at their rows of the rollout and summed with the other
-        ranks': every row's value, on every rank."""
-        table = torch.zeros(len(columns), self.rows, dtype=torch.float64)
-        rows = torch.tensor(mine, dtype=torch.long)
-        for k, values in enumerate(columns.values()):
-            table[k, rows] = torch.tensor(values, dtype=torch.float64)
-        return dict(zip(columns, self._global(table)))
+        add_rollout(self._stats, rollout, rl.group_size, version, cost, scoring)
+        if engine_apart:
+            add_engine_mismatch(self._stats, batches, rl.is_cap)
 
     # ------------------------------------------------------------------------------ loss
 
@@ -319,6 +310,9 @@ class GRPOTask(TrainingTask):
             ref_logps=batch.ref_logps,
             token_normaliser=batch.token_normaliser,
             token_weights=batch.is_weights,
+            objective=rl.objective,
+            cispo_cap=rl.cispo_cap,
+            importance_level=rl.importance_sampling_level,
         )
         loss, aux_loss = terms.loss, torch.zeros((), device=terms.loss.device)
         if output is not None and not isinstance(output, torch.Tensor):
@@ -335,7 +329,7 @@ class GRPOTask(TrainingTask):
     # ------------------------------------------------------------------------------ metrics
 
     def _reset_stats(self) -> None:
-        self._stats = fresh_stats([r.name for r in self.rewards])
+        self._stats = fresh_stats(self.reward_parts)
         # k3 KL, clip fraction and (MoE) router aux loss of each micro-batch
         self._loss_sums = torch.zeros(3, device=self.ctx.device)
 
@@ -357,21 +351,8 @@ class GRPOTask(TrainingTask):
         if train_time > 0:
             metrics["train_tokens_per_sec"] = train_tokens / (train_time / self.ctx.dp_world)
         if s["rollouts"] > 0:
-            rows = s["rollouts"] * self.rows
-            metrics.update(
-                reward_mean=s["reward_sum"] / rows,
-                reward_std=s["reward_std_sum"] / s["rollouts"],
-                # Share of groups whose rewards were all equal: no learning signal from them (TRL's
-                # frac_reward_zero_std).
-                tied_groups=s["tied_groups"] / (s["rollouts"] * self.rl.prompts_per_step),
-                completion_length=s["length_sum"] / rows,
-                rollout_tokens_per_sec=s["length_sum"] / s["rollout_time"],
-                # Per process, like the record's tflops; the trainer adds rollout_mfu beside it.
-                rollout_tflops=s["rollout_flops"] / self.ctx.parallel.dims.world_size / s["rollout_time"] / 1e12,
-            )
-            metrics.update({f"reward/{r.name}": s[f"reward/{r.name}"] / rows for r in self.rewards})
-            if self.episodes is not None:
-                metrics.update({f"{name}_per_episode": s[name] / rows for name in EPISODE_COUNTS})
+            world = self.ctx.parallel.dims.world_size
+            metrics.update(rollout_metrics(s, self.reward_parts, self.episodes is not None, world, self.rl))
             metrics.update(engine_metrics(s, self.rl, self.source))
         self._reset_stats()
         return metrics
