@@ -16,6 +16,10 @@ touched), and each parameter is classified by where it sits in the module tree:
 
 The FSDP units are the blocks the trainer shards one by one (`titan_tpu.distributed.parallelize.blocks`)
 and the root, which holds the rest (embeddings, final norm, head).
+
+With `lora.enable` the model is built with its adapters swapped in as the trainer swaps them
+(titan_tpu/lora/apply.py): the base's parameters are frozen (`ParamShare.trainable`), and each factor
+is split over tp by the rule that places it (titan_tpu/lora/placement.py `factor_split_dim`).
 """
 
 from __future__ import annotations
@@ -33,9 +37,13 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from titan_tpu.config import ConfigError, TrainConfig
+from titan_tpu.config.sections import LoRAConfig
 from titan_tpu.distributed.expert_parallel import moe_experts, moe_layers, num_experts, validate_expert_parallel
 from titan_tpu.distributed.parallel_dims import ParallelDims
-from titan_tpu.distributed.parallelize import blocks
+from titan_tpu.distributed.parallelize import block_containers, blocks
+from titan_tpu.lora.apply import apply_lora
+from titan_tpu.lora.placement import FACTORS, factor_split_dim
+from titan_tpu.models.common.lora import lora_layers
 from titan_tpu.models.registry import get_model_spec
 
 ROOT = "root"
@@ -49,6 +57,7 @@ class ParamShare:
     tp_numel: int  # after tensor/expert parallelism, before FSDP: what an FSDP all-gather rebuilds
     unit: str  # FSDP unit: a block's name, the block's experts ("<block>.experts") or "root"
     fsdp_degree: int  # devices the FSDP unit is sharded over
+    trainable: bool = True  # False: frozen (a LoRA run's base), no gradient and no optimizer state
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,11 @@ class Census:
     @property
     def local(self) -> int:
         return sum(p.local_numel for p in self.params)
+
+    @property
+    def trained(self) -> tuple[ParamShare, ...]:
+        """The parameters that get gradients and optimizer state (all but a LoRA run's frozen base)."""
+        return tuple(p for p in self.params if p.trainable)
 
     def units(self) -> dict[str, list[ParamShare]]:
         grouped: dict[str, list[ParamShare]] = {}
@@ -82,17 +96,40 @@ def run_model_args(config: TrainConfig) -> Any:
     return args
 
 
+# A LoRA run's adapters as a hashable key: (rank, alpha, target_modules).
+AdapterKey = tuple[int, float, tuple[str, ...]]
+
+
 @functools.lru_cache(maxsize=4)
-def meta_model(name: str, args: Any) -> nn.Module:
-    """Built once per shape: a plan only reads the module tree (tables of plans rebuild the same
-    405B model many times otherwise)."""
+def meta_model(name: str, args: Any, adapters: AdapterKey | None = None) -> nn.Module:
+    """Built once per shape (and LoRA adapters, swapped in as the trainer swaps them): a plan only reads
+    the module tree (tables of plans rebuild the same 405B model many times otherwise)."""
     with torch.device("meta"):
-        return get_model_spec(name).model_cls(args)
+        model = get_model_spec(name).model_cls(args)
+    if adapters is not None:
+        rank, alpha, targets = adapters
+        lora = LoRAConfig(enable=True, rank=rank, alpha=alpha, target_modules=list(targets))
+        apply_lora(model, lora, block_containers(model), f"model {name}")
+    return model
 
 
 def build_on_meta(config: TrainConfig) -> tuple[nn.Module, Any]:
     args = run_model_args(config)
-    return meta_model(config.model.name, args), args
+    lora = config.lora
+    adapters = (lora.rank, lora.alpha, tuple(lora.target_modules)) if lora.enable else None
+    return meta_model(config.model.name, args, adapters), args
+
+
+def adapter_split_dims(model: nn.Module, weight_split: Mapping[str, int]) -> dict[str, int]:
+    """Parameter name -> the dimension tensor parallelism splits it along, for every LoRA factor whose
+    weight `weight_split` splits (the trainer's placement rule, titan_tpu/lora/placement.py)."""
+    split: dict[str, int] = {}
+    for path, _ in lora_layers(model):
+        for factor in FACTORS:
+            dim = factor_split_dim(factor, weight_split.get(f"{path}.weight"))
+            if dim is not None:
+                split[f"{path}.{factor}"] = dim
+    return split
 
 
 def tp_split_dims(model: nn.Module, styles: Mapping[str, Any]) -> dict[str, int]:
@@ -143,6 +180,7 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
         parallelism = config.parallelism
         styles = plan.styles(model, dims.tp, parallelism.sequence_parallel, parallelism.loss_parallel)
         tp_split = tp_split_dims(model, styles)
+        tp_split.update(adapter_split_dims(model, tp_split))
     block_ids = {id(block) for block in blocks(model)}
     block_names = [name for name, module in model.named_modules() if id(module) in block_ids]
     expert_params: set[int] = set()
@@ -177,10 +215,12 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
                     math.prod(shape),
                     f"{unit}.experts",
                     degree,
+                    param.requires_grad,
                 )
             )
             continue
         if name in tp_split:
             shape = _split(shape, tp_split[name], dims.tp, name)
-        shares.append(ParamShare(name, param.numel(), _fsdp_local(shape, 0, fsdp), math.prod(shape), unit, fsdp))
+        local = _fsdp_local(shape, 0, fsdp)
+        shares.append(ParamShare(name, param.numel(), local, math.prod(shape), unit, fsdp, param.requires_grad))
     return Census(args, tuple(shares), len(block_names))

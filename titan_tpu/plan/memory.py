@@ -9,11 +9,14 @@ What the trainer stores (titan_tpu/distributed/fsdp.py, titan_tpu/optim.py):
   sharded gradient in the parameters' dtype).
 - optimizer: AdamW's two float32 moments per parameter element, plus one float32 step count per
   parameter tensor.
+- with LoRA (`lora.enable`): the frozen base is stored as above, in float32, but has neither gradients
+  nor optimizer state; the adapters have both (census.py counts them as the trainer places them).
 - activations: `activations.py`, for one micro-batch.
 - buffers: what is gathered for compute. Under FSDP: the root's parameters (embeddings, final norm,
   head stay gathered through forward and backward, like the last block), the last block's (kept for
   backward), two blocks in flight (the one computing and the prefetched next one), all in the compute
-  dtype, and one block's unsharded gradients in the reduce dtype awaiting their reduce-scatter.
+  dtype, and one block's unsharded gradients (its trained parameters') in the reduce dtype awaiting
+  their reduce-scatter.
   A single device under bf16 autocast keeps a bf16 copy of every weight for the forward (autocast
   caches its casts of parameters); in float32 nothing is copied.
 
@@ -64,24 +67,31 @@ class MemoryEstimate:
 
 
 def state_bytes(census: Census) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer) bytes on the most loaded device."""
-    local = census.local
-    optimizer = ADAM_MOMENTS * FLOAT32 * local + STEP_COUNT_BYTES * len(census.params)
-    return FLOAT32 * local, FLOAT32 * local, optimizer
+    """(parameters, gradients, optimizer) bytes on the most loaded device: every parameter is stored,
+    only the trained ones (all but a LoRA run's frozen base) have gradients and AdamW state."""
+    trained = census.trained
+    local_trained = sum(p.local_numel for p in trained)
+    optimizer = ADAM_MOMENTS * FLOAT32 * local_trained + STEP_COUNT_BYTES * len(trained)
+    return FLOAT32 * census.local, FLOAT32 * local_trained, optimizer
 
 
 def buffer_bytes(census: Census, precision: Precision, sharded: bool) -> int:
     if not sharded:
         return census.local * precision.compute_bytes if precision.compute_bytes < FLOAT32 else 0
     gathered: dict[str, int] = {}  # FSDP unit -> elements it gathers; a block's experts come with it
+    reduced: dict[str, int] = {}  # FSDP unit -> gradient elements it reduce-scatters (trained ones)
     for param in census.params:
         block = param.unit.removesuffix(".experts")
         gathered[block] = gathered.get(block, 0) + param.tp_numel
+        reduced[block] = reduced.get(block, 0) + (param.tp_numel if param.trainable else 0)
     root = gathered.pop(ROOT, 0)
+    reduced.pop(ROOT, None)
     blocks = list(gathered.values())
     widest = max(blocks, default=0)
     last = blocks[-1] if blocks else 0
-    return (root + last + 2 * widest) * precision.compute_bytes + widest * precision.reduce_bytes
+    return (root + last + 2 * widest) * precision.compute_bytes + max(
+        reduced.values(), default=0
+    ) * precision.reduce_bytes
 
 
 def estimate_memory(

@@ -19,6 +19,7 @@ from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.config.batch import split_global_batch
 from titan_tpu.config.context_parallel import check_context_parallel
 from titan_tpu.config.pipeline_parallel import check_pipeline_parallel
+from titan_tpu.config.sections import LoRAConfig
 from titan_tpu.device.dtype import dtype_from_name
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.distributed.pipeline_plan import PipelinePlan
@@ -181,6 +182,12 @@ def plan_memory(
     whole = RankShare(0, (0,), model.n_blocks, True, True)
     moved = _offloaded_per_microbatch(block.checkpointed, geometry, offloaded_blocks(ac, whole))
     return MemoryPlan(layout, model, work, activations, memory, model, 0, moved)
+
+
+def full_finetuning_memory(config: TrainConfig, devices: int) -> MemoryEstimate:
+    """A LoRA run's memory per device had it trained every parameter instead, on the same layout: the
+    figure its report puts beside its own."""
+    return plan_memory(dataclasses.replace(config, lora=LoRAConfig()), devices).memory
 
 
 def _offloaded_per_microbatch(checkpointed: float, geometry: Geometry, blocks: int) -> int:

@@ -6,7 +6,7 @@ import dataclasses
 
 from titan_tpu.plan.chips import GIB
 from titan_tpu.plan.memory import HBM_RESERVE
-from titan_tpu.plan.planner import Plan
+from titan_tpu.plan.planner import Plan, full_finetuning_memory
 from titan_tpu.plan.roofline import (
     ALL_REDUCE,
     ALL_TO_ALL,
@@ -50,9 +50,11 @@ def render(plan: Plan) -> str:
     overlapped = "max(compute" + (" x bubble" if pipeline is not None else "") + ", FSDP, HSDP"
     overlapped += ", host link)" if step.host_link_s else ")"
     exposed = cp_term + (" + P2P" if pipeline is not None else "") + (" + host" if step.host_s else "")
+    lora = config.lora.enable
     lines = [
         f"model      {config.model.name} {config.model.flavor}: {detail.census.total / 1e9:.2f}B parameters, "
         f"{detail.census.n_blocks} blocks",
+        *_lora_lines(plan),
         f"cluster    {cluster.name}: {cluster.chips} chips, {cluster.devices} devices, {cluster.slices} slice(s) "
         f"of {cluster.devices_per_slice} devices; {gib(cluster.hbm_bytes_per_device)} HBM and "
         f"{cluster.peak_flops_per_device / 1e12:.0f} TFLOP/s bf16 per device",
@@ -63,15 +65,16 @@ def render(plan: Plan) -> str:
         *pp_line,
         "",
         "memory per device",
-        f"  parameters    {gib(memory.parameters)}   (float32, sharded)",
-        f"  gradients     {gib(memory.gradients)}   (float32, sharded)",
-        f"  optimizer     {gib(memory.optimizer)}   (AdamW: two float32 moments)",
+        f"  parameters    {gib(memory.parameters)}   (float32, sharded{'; the frozen base included' if lora else ''})",
+        f"  gradients     {gib(memory.gradients)}   (float32, sharded{'; the adapters only' if lora else ''})",
+        f"  optimizer     {gib(memory.optimizer)}   (AdamW: two float32 moments{' of the adapters' if lora else ''})",
         f"  activations   {gib(memory.activations)}   (peak of one micro-batch; {gib(detail.activations.kept)} "
         "kept into backward)",
         f"  buffers       {gib(memory.buffers)}   (gathered parameters and unsharded gradients in flight)",
         f"  total         {gib(memory.total)}",
         f"  {fit_line(plan)} (HBM less {HBM_RESERVE:.0%} reserve)",
         *host_line,
+        *_full_finetuning_lines(plan),
         "",
         f"step time (roofline; compute at {plan.compute_efficiency:.0%} of peak, collectives at "
         f"{COLLECTIVE_EFFICIENCY:.0%} of {chip.fast_link} / {chip.slow_link} bandwidth)",
@@ -98,6 +101,30 @@ def render(plan: Plan) -> str:
         f"  MFU           {100 * step.mfu:.1f}%",
     ]
     return "\n".join(lines)
+
+
+def _lora_lines(plan: Plan) -> list[str]:
+    """What a LoRA run trains: its adapters against the whole model."""
+    lora, census = plan.config.lora, plan.detail.census
+    if not lora.enable:
+        return []
+    trained = sum(p.numel for p in census.trained)
+    return [
+        f"lora       rank {lora.rank}, alpha {lora.alpha:g}, {', '.join(lora.target_modules)}: {trained / 1e6:.1f}M of "
+        f"{census.total / 1e9:.2f}B parameters trained ({100 * trained / census.total:.2f}%); the base frozen, without "
+        "gradients or optimizer state"
+    ]
+
+
+def _full_finetuning_lines(plan: Plan) -> list[str]:
+    """A LoRA plan's memory beside the same run's with every parameter trained."""
+    if not plan.config.lora.enable:
+        return []
+    full, memory = full_finetuning_memory(plan.config, plan.cluster.devices), plan.detail.memory
+    return [
+        f"  full fine-tuning on this layout: parameters {gib(full.parameters)}, gradients {gib(full.gradients)}, "
+        f"optimizer {gib(full.optimizer)}, total {gib(full.total)} ({gib(full.total - memory.total)} more than LoRA)"
+    ]
 
 
 def _calibration_lines(plan: Plan) -> list[str]:

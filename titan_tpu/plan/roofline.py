@@ -175,17 +175,18 @@ def fsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster
     for name, params in units.items():
         degree = params[0].fsdp_degree
         gathered = sum(p.tp_numel for p in params)
+        reduced = sum(p.tp_numel for p in params if p.trainable)  # a LoRA run's base has no gradient
         block = name.removesuffix(".experts")
         gathers = 2 if _regathered(name, bool(blocks) and block == blocks[-1], shape.reshard) else 1
-        per_step = (
-            shape.grad_accum * gathers * precision.compute_bytes + shape.gradient_reductions * precision.reduce_bytes
-        )
-        moved += _ring(degree) * gathered * per_step
+        per_step = shape.grad_accum * gathers * precision.compute_bytes * gathered
+        per_step += shape.gradient_reductions * precision.reduce_bytes * reduced
+        moved += _ring(degree) * per_step
     return moved / _bandwidth(cluster, shape.dp_shard * shape.tp, GATHER_SCATTER)
 
 
 def hsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster: Cluster) -> float:
-    moved = 2 * _ring(shape.dp_replicate) * census.local * precision.reduce_bytes
+    trained = sum(p.local_numel for p in census.trained)
+    moved = 2 * _ring(shape.dp_replicate) * trained * precision.reduce_bytes
     # The data-parallel groups lie inside one pp coordinate.
     return shape.gradient_reductions * moved / _bandwidth(cluster, shape.devices // shape.pp, ALL_REDUCE)
 

@@ -251,8 +251,9 @@ RULES = (
         _engine_except("titan_tpu.device", "titan_tpu.distributed") + ("titan_tpu.launch", "titan_tpu.doctor"),
         "the planner reads a config (its names checked like train.py's) and the model's shape, sharded "
         "by the trainer's rules, without building a run: nothing that trains, loads data or "
-        "checkpoints, or logs; it asks the run's task for its workload through the task registry",
-        allowed=("titan_tpu.tasks.registry", "titan_tpu.training.registered_names"),
+        "checkpoints, or logs; it asks the run's task for its workload through the task registry, and builds "
+        "a LoRA run's adapters as the trainer does (titan_tpu.lora)",
+        allowed=("titan_tpu.tasks.registry", "titan_tpu.training.registered_names", "titan_tpu.lora"),
     ),
     Rule(
         "launch",
