@@ -68,7 +68,9 @@ def _first_loss(tmp_path: Path, name: str, family: str, initial_load: bool) -> f
     return next(r["loss"] for r in rows if "loss" in r)
 
 
-@pytest.mark.parametrize(("name", "family"), [("sft_qwen3_8b", "qwen3"), ("sft_llama3_8b", "llama3_1")])
+@pytest.mark.parametrize(
+    ("name", "family"), [("sft_qwen3_8b", "qwen3"), ("sft_qwen3_8b_lora", "qwen3"), ("sft_llama3_8b", "llama3_1")]
+)
 def test_the_8b_sft_config_trains_from_a_checkpoint_folder(tmp_path: Path, name: str, family: str) -> None:
     loaded = _first_loss(tmp_path / "loaded", name, family, initial_load=True)
     fresh = _first_loss(tmp_path / "fresh", name, family, initial_load=False)

@@ -42,8 +42,10 @@ EXPECTED_PARAMS: dict[str, str] = {
     "grpo_qwen3_debug.toml": "3410432",  # own flavor
     "sft_qwen3_debug.toml": "3410432",  # own flavor
     "sft_qwen3_8b.toml": "8.2B",
+    "sft_qwen3_8b_lora.toml": "8.2B",  # the base; its adapters add 43.6M (tests/unit/plan/test_lora_memory.py)
     "sft_llama3_8b.toml": "8.03B",
     "grpo_qwen3_8b.toml": "8.2B",
+    "grpo_qwen3_8b_lora.toml": "8.2B",  # the base, as above
     "grpo_qwen3_8b_dapo.toml": "8.2B",
     "grpo_qwen3_moe_30b_a3b.toml": "30.5B",
     "flux_debug.toml": "1796748",  # own flavor
