@@ -69,7 +69,7 @@ def describe(tp: Any) -> str:
     if inner is not None:
         return f"{describe(inner)}, or '{NONE_WORD}'"
     if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
+        return "one of " + ", ".join(to_toml_value(c) if isinstance(c, bool) else repr(c) for c in typing.get_args(tp))
     item = _list_item(tp)
     if item is not None:
         return f"a list, each {describe(item)}"
@@ -147,6 +147,10 @@ def from_text(text: str, tp: Any, where: str) -> Any:
             return from_text(text, inner, where)
         except ConfigError:
             raise ConfigError(f"{where}: got {text!r}, expected {describe(tp)}") from None
+    if typing.get_origin(tp) is Literal and text.lower() in ("true", "false"):
+        # A choice that also takes TOML's booleans (rl.scale_rewards = true, as TRL's): the flag's word.
+        if any(isinstance(choice, bool) for choice in typing.get_args(tp)):
+            return check(text.lower() == "true", tp, where)
     if typing.get_origin(tp) is Literal or tp is str:
         return check(text, tp, where)
     item = _list_item(tp)

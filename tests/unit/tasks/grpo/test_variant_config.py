@@ -33,7 +33,10 @@ def rl_of(*overrides: str) -> RLConfig:
         (["--rl.advantage_estimator=rloo", "--rl.scale_rewards=group"], r"'group' divides by the group's std"),
         (["--rl.advantage_estimator=reinforce_pp"], r"rl\.scale_rewards: rl\.advantage_estimator = 'reinforce_pp'"),
         (["--rl.scale_rewards=none", "--rl.advantage_eps=0.01"], r"rl\.advantage_eps: is added to the std"),
-        (["--rl.scale_rewards=sometimes"], r"rl\.scale_rewards: got 'sometimes'"),
+        (
+            ["--rl.scale_rewards=sometimes"],
+            r"got 'sometimes', expected one of 'auto', 'group', 'batch', 'none', true, false",
+        ),
         (["--rl.max_draws=4"], r"rl\.max_draws: bounds rl\.dynamic_sampling's draws"),
         (["--rl.dynamic_sampling=true", "--rl.max_draws=0"], r"rl\.max_draws: must be >= 1"),
         (["--rl.overlong_buffer=-1"], r"rl\.overlong_buffer: must be in \[0, rl\.max_new_tokens"),
@@ -58,6 +61,8 @@ def test_overlong_punishment_is_refused_with_episodes() -> None:
     ("overrides", "scaling"),
     [
         ([], "group"),  # grpo_qwen3_debug.toml writes TRL's boolean: true = group
+        (["--rl.scale_rewards=false"], "none"),  # the booleans on the command line too
+        (["--rl.scale_rewards=True"], "group"),
         (["--rl.scale_rewards=batch"], "batch"),
         (["--rl.scale_rewards=none"], "none"),
         (["--rl.scale_rewards=auto"], "group"),
