@@ -1,5 +1,6 @@
 """Rollouts sampled ahead of training (rl.max_staleness > 0): a thread of this rank's own asks the
-engine for the rollouts after the one being trained, while the trainer trains.
+engine for the draws after the one being trained, while the trainer trains (a draw is a rollout
+batch's prompts, or one of several with rl.dynamic_sampling; "rollout" below stands for either).
 
 The thread does no collective and touches no model: it only sends this rank's prompts to the engine
 (vLLM servers, in processes of their own) and keeps what comes back. The trainer's thread decides
@@ -28,7 +29,7 @@ from titan_tpu.tasks.grpo.prompts import Prompt
 class Sampled:
     """One rollout's completions of this rank's rows, before they are scored."""
 
-    index: int  # the rollout's place in the run: prompts index x prompts_per_step on
+    index: int  # the draw's place in the run: its prompts are the stream's from index x prompts_per_step on
     prompts: list[Prompt]  # the rollout's prompts (every rank's, the same on each)
     completions: dict[int, list[int]] = field(default_factory=dict)  # row -> token ids
     logps: dict[int, torch.Tensor] = field(default_factory=dict)  # row -> the sampler's log-probs
