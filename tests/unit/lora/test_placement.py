@@ -90,7 +90,8 @@ def test_factors_follow_their_weight_and_stay_frozen_or_trained(fake_world: int)
 
 def _collectives(layers: nn.Module, x: torch.Tensor) -> int:
     with CommDebugMode() as comm:
-        layers["down"](layers["up"](x))
+        out = layers["down"](layers["up"](x))
+    out.sum()  # waits for the output's collective (a no-op in the fake world), as any use would
     return comm.get_total_counts()
 
 
