@@ -76,22 +76,30 @@ def run(trainer: Trainer) -> tuple[RunResult, dict[int, dict[str, torch.Tensor]]
     return result, grads
 
 
+class Lines(logging.Handler):
+    """The messages logged while it is installed (caplog is per test; the run is per module)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(base: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     dump = tmp_path_factory.mktemp("uninterrupted")
-    caplog_records: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: caplog_records.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("titan_tpu")
-    logger.addHandler(handler)
+    lines, logger = Lines(), logging.getLogger("titan_tpu")
+    logger.addHandler(lines)
     previous = logger.level
     logger.setLevel(logging.INFO)
     try:
         result, grads = run(trainer(dump, base, 4))
     finally:
-        logger.removeHandler(handler)
+        logger.removeHandler(lines)
         logger.setLevel(previous)
-    return {"run": result, "grads": grads, "dump": dump, "lines": caplog_records}
+    return {"run": result, "grads": grads, "dump": dump, "lines": lines.lines}
 
 
 def test_the_start_up_says_what_is_trained(uninterrupted: dict[str, Any]) -> None:
