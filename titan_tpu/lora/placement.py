@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
-from titan_tpu.models.common.lora import LoRALinear, lora_layers
+from titan_tpu.models.common.lora import lora_layers
 
 FACTORS = ("lora_A", "lora_B")
 
@@ -91,8 +91,3 @@ def reset_adapters(model: nn.Module) -> None:
     init, inside the layout-invariant draws, so every layout starts from the same adapters."""
     for _, layer in lora_layers(model):
         layer.reset_adapter()
-
-
-def adapted(model: nn.Module) -> bool:
-    """Whether `model` holds any LoRALinear."""
-    return any(isinstance(module, LoRALinear) for module in model.modules())

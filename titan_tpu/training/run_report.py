@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from titan_tpu.lora.apply import parameter_counts
 from titan_tpu.metrics.console import count
 from titan_tpu.metrics.run_summary import RunReport, RunStart
 from titan_tpu.optim import adamw_state_bytes
@@ -51,12 +52,11 @@ def lora_line(trainer: Trainer) -> str:
     """What a LoRA run trains: its adapters' parameters against the whole model's, where they sit, and
     the optimizer state they cost this process (the frozen base has none)."""
     lora = trainer.config.lora
+    counts = parameter_counts(trainer.model)  # a DTensor's numel is the whole tensor's
     trained = [p for p in trainer.model.parameters() if p.requires_grad]
-    trainable = sum(p.numel() for p in trained)  # a DTensor's numel is the whole tensor's
-    total = trainer.parameter_count + trainable  # counted before the adapters went in
     kinds = ", ".join(dict.fromkeys(name.rpartition(".")[2] for name in trainer.lora_targets))
     return (
-        f"lora: {count(trainable)} of {count(total)} parameters trained ({100 * trainable / total:.3g}%): rank "
-        f"{lora.rank}, alpha {lora.alpha:g} on {len(trainer.lora_targets)} linears ({kinds}); the rest frozen; "
-        f"AdamW state {adamw_state_bytes(trained) / 2**20:.3g} MiB on this process"
+        f"lora: {count(counts.trainable)} of {count(counts.total)} parameters trained "
+        f"({counts.trainable_percent:.3g}%): rank {lora.rank}, alpha {lora.alpha:g} on {len(trainer.lora_targets)} "
+        f"linears ({kinds}); the rest frozen; AdamW state {adamw_state_bytes(trained) / 2**20:.3g} MiB on this process"
     )
