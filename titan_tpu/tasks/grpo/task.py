@@ -20,12 +20,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.data.tokenizer import build_tokenizer
 from titan_tpu.distributed.fsdp import reshard_all
 from titan_tpu.distributed.grad_utils import sum_over
-from titan_tpu.distributed.parallelize import parallelize_model, reshard_setting
+from titan_tpu.distributed.parallelize import reshard_setting
 from titan_tpu.generation.logprobs import logps_of, token_logps
 from titan_tpu.metrics.console import ConsoleView
 from titan_tpu.protocols.model_spec import ModelSpec
@@ -43,6 +42,7 @@ from titan_tpu.tasks.grpo.objective import grpo_loss
 from titan_tpu.tasks.grpo.overlong import overlong_penalties
 from titan_tpu.tasks.grpo.producer import Sampled
 from titan_tpu.tasks.grpo.prompts import PromptStream, prompt_set, stop_ids
+from titan_tpu.tasks.grpo.reference import KLReference
 from titan_tpu.tasks.grpo.rewards import build_rewards
 from titan_tpu.tasks.grpo.rollout import MicroBatch, build_micro_batches
 from titan_tpu.tasks.grpo.rollout_dump import EpisodeDumps
@@ -115,7 +115,7 @@ class GRPOTask(TrainingTask):
         stream = PromptStream(self.prompts.train, seed=config.training.seed)
         self.position = RolloutPosition(stream, self.rl.prompts_per_step)
         self.queue: deque[MicroBatch] = deque()
-        self.reference: nn.Module | None = None
+        self.reference: KLReference | None = None
         self.source = RolloutSource(ctx, self.rl, stream, self.rows, self.episodes)
         dp_group = self.dp_mesh.get_group() if self.dp_mesh is not None else None
         self.drawer = RolloutDrawer(self.rl, self.source, self.position, self._score, self._global, dp_group)
@@ -151,27 +151,14 @@ class GRPOTask(TrainingTask):
         return self.args
 
     def setup(self, model: nn.Module) -> None:
-        """With beta > 0, the frozen reference: the run's initial weights, built like the policy (same
-        seed, same layout) and loaded from checkpoint.initial_load_path when that is set, so a resumed
-        run rebuilds the same reference."""
+        """With beta > 0, the frozen reference (reference.py): a copy of the run's initial model, or
+        the policy with its LoRA adapters off."""
         # The policy's arguments as built: they carry the kernels the trainer measured after
         # model_args, which the reference must run too.
         self.args = model.args
         self.source.setup(self.args, self.pad_id, self._reshard_after(model), self._lockstep())
-        if self.rl.beta == 0:
-            return
-        ctx, config = self.ctx, self.ctx.config
-        with torch.device("meta"):
-            reference = ctx.spec.model_cls(self.args)
-        reference = parallelize_model(
-            reference, ctx.spec.parallelize, ctx.parallel, config, ctx.device, ctx.compute_dtype
-        )
-        if config.checkpoint.initial_load_path:
-            what = f"reference model {config.model.name} flavor {config.model.flavor}"
-            load_hf_weights(
-                reference, config.checkpoint.initial_load_path, ctx.spec.state_dict_adapter, self.args, what=what
-            )
-        self.reference = reference.requires_grad_(False)
+        if self.rl.beta != 0:
+            self.reference = KLReference.for_policy(model, self.ctx, self.args)
 
     def data_state(self) -> RolloutPosition:
         return self.position
@@ -261,13 +248,13 @@ class GRPOTask(TrainingTask):
             self.pad_id,
             ctx.device,
             rollout.logps,
-            (lambda tokens: token_logps(reference, tokens)) if reference is not None else None,
+            reference.scorer(model) if reference is not None else None,
             first_on_policy=rl.updates_per_rollout == 1,
             trainer_logps=(lambda tokens: token_logps(model, tokens)) if engine_apart else None,
             is_cap=rl.is_cap if engine_apart and rl.is_correction else None,
             trained={r: e.trained for r, e in rollout.episodes.items()} if rollout.episodes else None,
         )
-        if engine_apart:
+        if engine_apart or (reference is not None and reference.is_adapter_switch):
             reshard_all(model)
         tied = tied_groups(rewards, rl.group_size)
         ties = mini_batch_ties(tied, self.rows, ctx.config.training.global_batch_size, rl.group_size)
