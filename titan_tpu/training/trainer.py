@@ -38,6 +38,7 @@ from titan_tpu.distributed.parallelize import block_containers, parallelize_mode
 from titan_tpu.distributed.pipeline import PipelineRunner, build_pipeline
 from titan_tpu.distributed.topology import build_rank_layout
 from titan_tpu.lora.apply import apply_lora
+from titan_tpu.lora.flops import lora_training_flops_per_token
 from titan_tpu.metrics.logger import MetricsLogger, StepRecord
 from titan_tpu.metrics.mfu import mfu_percent, task_flops_per_sec, with_task_mfu
 from titan_tpu.metrics.plot import write_run_loss_chart
@@ -175,6 +176,8 @@ class Trainer:
         self.lora_targets: list[str] = []
         if config.lora.enable:
             self.lora_targets = apply_lora(model, config.lora, block_containers(model), model_name(config))
+        # On meta, whole tensors: what a token's adapters cost (lora/flops.py).
+        self.adapter_params = sum(p.numel() for p in model.parameters() if p.requires_grad) if config.lora.enable else 0
         self.pipeline: PipelineRunner | None = None
         self.model: nn.Module
         if self.parallel.dims.pp_enabled:
@@ -210,6 +213,12 @@ class Trainer:
         Every process of a data-parallel group processes the same items when tp (or another
         non-data-parallel axis) is > 1, so per-process throughput divides by that degree."""
         self.flops_per_item = self.task.flops_per_item()
+        if self.config.lora.enable and self.task.unit == "tokens":
+            # The frozen weights' gradients are not computed (titan_tpu/lora/flops.py).
+            full = self.spec.flops_per_token(self.model_args, self.config.training.seq_len)
+            at_no_context = self.spec.flops_per_token(self.model_args, 0)
+            lora = lora_training_flops_per_token(full, at_no_context, self.adapter_params)
+            self.flops_per_item -= full - lora
         self.model_parallel_degree = self.process.world_size // self.dp_world
         self.peak_flops = host_peak_flops(self.device, self.compute_dtype)
         resolved = self.resolved.effective()

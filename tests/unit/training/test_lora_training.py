@@ -205,3 +205,19 @@ def test_the_seed_is_the_base_only_without_a_folder() -> None:
     check_lora_base("step-2", {"optimizer.lr": 1e-3}, load_config("qwen3_debug", []))
     with pytest.raises(ConfigError, match=r"^lora.enable: checkpoint step-2 holds a whole model, not LoRA adapters"):
         check_lora_base("step-2", {"optimizer.lr": 1e-3}, config())
+
+
+def test_throughput_counts_no_frozen_weight_gradients(base: Path, tmp_path: Path) -> None:
+    """A LoRA token costs the family's count less the frozen weights' gradients (2 N) plus 6 FLOPs per
+    adapter parameter (titan_tpu/lora/flops.py). Catches MFU counted as full fine-tuning (6 N: the
+    negative control, 1.3x too high here), the adapters left out, or the whole backward dropped."""
+    run = trainer(tmp_path, base, 1)
+    try:
+        full = run.spec.flops_per_token(run.model_args, 32)
+        two_n = run.spec.flops_per_token(run.model_args, 0) / 3
+        adapters = 2 * 4 * (2 * 128 + 2 * 96 + 3 * 192)  # as counted in the start-up test above
+        assert run.adapter_params == adapters
+        assert run.flops_per_item == pytest.approx(full - two_n + 6 * adapters, rel=1e-12)
+        assert run.flops_per_item < 0.8 * full
+    finally:
+        run.close()
