@@ -72,7 +72,14 @@ from titan_tpu.config.sections import CheckpointConfig  # noqa: E402
 from titan_tpu.data.chat_tokenizer import tokenizer_export_files  # noqa: E402
 from titan_tpu.device.dtype import DTYPES  # noqa: E402
 from titan_tpu.lora.merge import merge_factors  # noqa: E402
-from titan_tpu.lora.peft_export import Factors, LoRASettings, refuse_non_empty, write_peft_folder  # noqa: E402
+from titan_tpu.lora.peft_export import (  # noqa: E402
+    Factors,
+    LoRASettings,
+    TransformersTree,
+    refuse_non_empty,
+    transformers_tree,
+    write_peft_folder,
+)
 from titan_tpu.metrics.progress import Progress  # noqa: E402
 from titan_tpu.models.registry import get_model_spec  # noqa: E402
 from titan_tpu.training.registered_names import check_registered_names  # noqa: E402
@@ -168,12 +175,14 @@ def _lora_settings(step_folder: Path, config: Any | None, direction: str) -> LoR
     return LoRASettings(config.lora.rank, config.lora.alpha, config.lora.dropout)
 
 
-def _base_shapes(spec: Any, args: Any) -> dict[str, tuple[int, ...]]:
-    """The flavor's tensors, as the live export hands them to the adapter (a tied head once)."""
+def _base_model(spec: Any, args: Any) -> tuple[dict[str, tuple[int, ...]], TransformersTree | None]:
+    """The flavor's tensors, as the live export hands them to the adapter (a tied head once), and
+    where the model holds transformers' own (the hf family's), built on meta."""
     with torch.device("meta"):
         module = spec.model_cls(args)
     repeats = tied_repeats(module)
-    return {name: tuple(p.shape) for name, p in module.state_dict().items() if name not in repeats}
+    shapes = {name: tuple(p.shape) for name, p in module.state_dict().items() if name not in repeats}
+    return shapes, transformers_tree(module)
 
 
 def _adapter_tensors(step_folder: Path, direction: str) -> dict[str, TensorStorageMetadata]:
@@ -220,10 +229,10 @@ def dcp_to_peft(
     step_folder = _step_folder(checkpoint_folder, step)
     tensors = _adapter_tensors(step_folder, "dcp-to-peft")
     settings = _lora_settings(step_folder, config, "dcp-to-peft")
-    shapes = _base_shapes(spec, args)
+    shapes, tree = _base_model(spec, args)
     factors = _read_factors(step_folder, tensors, shapes, settings.rank, "dcp-to-peft")
     base = config.checkpoint.initial_load_path or None  # _lora_settings refused a missing config
-    return write_peft_folder(out, spec.state_dict_adapter, args, shapes, factors, settings, base, dtype)
+    return write_peft_folder(out, spec.state_dict_adapter, args, shapes, factors, settings, base, dtype, tree)
 
 
 def _merged_lora_to_hf(
@@ -249,7 +258,7 @@ def _merged_lora_to_hf(
     what = f"model {config.model.name} flavor {config.model.flavor}"
     check_hf_config(Path(base), spec.state_dict_adapter, args, what)  # before allocating anything
     tensors = _adapter_tensors(step_folder, "dcp-to-hf")
-    factors = _read_factors(step_folder, tensors, _base_shapes(spec, args), settings.rank, "dcp-to-hf")
+    factors = _read_factors(step_folder, tensors, _base_model(spec, args)[0], settings.rank, "dcp-to-hf")
     with torch.device("meta"):
         module = spec.model_cls(args)
     module.to_empty(device="cpu")  # every weight is overwritten by the load; no init needed

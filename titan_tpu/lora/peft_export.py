@@ -6,14 +6,17 @@
     OUT/adapter_model.safetensors  base_model.model.<HF module>.lora_A.weight [r, in]
                                    base_model.model.<HF module>.lora_B.weight [out, r]
 
-The Hugging Face modules come from the family's state-dict adapter, as the full-weight export's
-tensors do (`StateDictAdapter.export_layouts`): each folder weight made of one of our adapted weights
-is a selection of its rows and columns. A rename selects all of them, a permutation reorders the
-rows, a fused projection of ours split into several modules gives each a range of rows. Since
-(W + s B A)[rows, cols] = W[rows, cols] + s B[rows] A[:, cols], that module's adapter is B's rows and
-A's columns, exactly (A repeated whole for each part of a row split). A folder weight that mixes in
-another tensor (fused there with another projection) or transposes ours has no such adapter and is
-refused: the merged export (`titan_tpu.lora.merge`) writes any model.
+PEFT names an adapter by the path of its module in transformers' model. Where our model holds
+transformers' own model (the hf family's, under `hf`), an adapted layer's path inside it is that name,
+as PEFT's own save writes it. Elsewhere (Llama 3, Qwen 3) the modules come from the family's
+state-dict adapter, as the full-weight export's tensors do (`StateDictAdapter.export_layouts`): each
+folder weight made of one of our adapted weights is a selection of its rows and columns. A rename
+selects all of them, a permutation reorders the rows, a fused projection of ours split into several
+modules gives each a range of rows. Since (W + s B A)[rows, cols] = W[rows, cols] + s B[rows] A[:, cols],
+that module's adapter is B's rows and A's columns, exactly (A repeated whole for each part of a row
+split). A folder weight that mixes in another tensor (fused there with another projection) or
+transposes ours has no such adapter and is refused: the merged export (`titan_tpu.lora.merge`) writes
+any model.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from torch import nn
 from titan_tpu.checkpoint.hf_export import exportable_state, gathered, is_lora_factor
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.device.dtype import dtype_from_name
+from titan_tpu.distributed.sharded_init import canonical_name
 from titan_tpu.lora.merge import WEIGHT, adapted_layers
 from titan_tpu.models.common.lora import LoRALinear
 from titan_tpu.protocols.state_dict_adapter import Shapes, StateDictAdapter
@@ -111,15 +115,58 @@ def _rows_and_columns(hf_name: str, layout: BlockLayout, weight: str) -> tuple[t
     return picks[0], picks[1]
 
 
+@dataclass(frozen=True)
+class TransformersTree:
+    """Where our model holds transformers' own model: its path in ours (`hf` in the hf family's, ""
+    when ours is one) and the names of its modules, as PEFT names them."""
+
+    root: str
+    modules: list[str]
+
+    def name_of(self, path: str) -> str | None:
+        """PEFT's name of our module `path`, or None when it is not inside transformers' model."""
+        if not self.root:
+            return path
+        return path.removeprefix(self.root + ".") if path.startswith(self.root + ".") else None
+
+
+def transformers_tree(model: nn.Module) -> TransformersTree | None:
+    """The outermost module of `model` that is a transformers model, recognised as PEFT recognises one
+    (a `config` with a `model_type`), with its modules' names; None when there is none."""
+    for name, module in model.named_modules():
+        if hasattr(getattr(module, "config", None), "model_type"):
+            # A wrapper's name ends the path when compile or checkpointing wrapped the model itself.
+            root = canonical_name(name + ".").removesuffix(".") if name else ""
+            names = [canonical_name(inner) for inner, _ in module.named_modules() if inner]
+            return TransformersTree(root, list(dict.fromkeys(names)))
+    return None
+
+
 def module_slices(
-    adapter: StateDictAdapter, args: Any, base_shapes: Shapes, adapted: Iterable[str]
+    adapter: StateDictAdapter,
+    args: Any,
+    base_shapes: Shapes,
+    adapted: Iterable[str],
+    tree: TransformersTree | None = None,
 ) -> tuple[dict[str, list[ModuleSlice]], list[str]]:
-    """(per adapted layer path, the Hugging Face modules made of its weight; the module names of
-    every weight of the folder, for target_modules). `base_shapes` are the model's tensors without
-    the factors, as the full-weight export hands them to the adapter."""
+    """(per adapted layer path, the Hugging Face modules made of its weight; the names of the modules
+    PEFT will match target_modules against). `base_shapes` are the model's tensors without the
+    factors, as the full-weight export hands them to the adapter; `tree` is where ours holds
+    transformers' own model, if it does."""
+    slices: dict[str, list[ModuleSlice]] = {}
+    weights: dict[str, str] = {}
+    for path in adapted:
+        name = tree.name_of(path) if tree is not None else None
+        if name is None:
+            weights[path + WEIGHT] = path
+            continue
+        out, inputs = base_shapes[path + WEIGHT]
+        slices[path] = [ModuleSlice(name, torch.arange(out), torch.arange(inputs))]
+    modules = list(tree.modules) if tree is not None else []
+    if not weights:
+        return slices, modules
     layouts = adapter.export_layouts(args, base_shapes)
-    weights = {path + WEIGHT: path for path in adapted}
-    slices: dict[str, list[ModuleSlice]] = {path: [] for path in weights.values()}
+    slices.update({path: [] for path in weights.values()})
     for hf_name, layout in layouts.items():
         for source in layout.sources:
             if source not in weights:
@@ -133,8 +180,8 @@ def module_slices(
         raise ConfigError(
             f"export: {unwritten[0]}.weight is in no Hugging Face tensor; nothing to attach its adapter to"
         )
-    modules = [name.removesuffix(WEIGHT) for name, layout in layouts.items() if name.endswith(WEIGHT)]
-    return slices, modules
+    modules += [name.removesuffix(WEIGHT) for name in layouts if name.endswith(WEIGHT)]
+    return slices, list(dict.fromkeys(modules))
 
 
 def target_modules(adapted: Iterable[str], modules: Iterable[str]) -> list[str]:
@@ -203,12 +250,14 @@ def write_peft_folder(
     settings: LoRASettings,
     base_model: str | None = None,
     dtype: str | torch.dtype = "float32",
+    tree: TransformersTree | None = None,
 ) -> Path:
     """One process: whole factors (layer path -> (A, B)) as a PEFT folder, written under a temporary
-    name and renamed when complete; a non-empty `out` is refused."""
+    name and renamed when complete; a non-empty `out` is refused. `tree`: where the model the factors
+    belong to holds transformers' own model (`transformers_tree`), if it does."""
     out = Path(out)
     refuse_non_empty(out)
-    slices, modules = module_slices(adapter, args, base_shapes, factors)
+    slices, modules = module_slices(adapter, args, base_shapes, factors, tree)
     return _write(out, slices, modules, factors, settings, base_model, dtype)
 
 
@@ -260,7 +309,8 @@ def export_peft_adapter(
     settings = LoRASettings.of(layers)
     state = exportable_state(model)
     base_shapes = {name: tuple(value.shape) for name, value in state.items() if not is_lora_factor(name)}
-    slices, modules = module_slices(adapter, args, base_shapes, layers)  # every rank: a refusal stops all
+    # On every rank, so that a refusal stops all of them.
+    slices, modules = module_slices(adapter, args, base_shapes, layers, transformers_tree(model))
     distributed = dist.is_available() and dist.is_initialized()
     writes = not distributed or dist.get_rank() == 0
     factors = {}

@@ -1,6 +1,7 @@
 """LoRA export against peft and transformers: a model of ours loaded from a folder transformers saved
-(Qwen 3; Qwen 2 through the hf family, with its attention biases), every linear of its blocks
-adapted and trained 3 steps (B far from 0, scaling alpha / r = 2), then
+(Qwen 3; through the hf family Qwen 2, with its attention biases, and HRM, whose folder fuses
+projections its modules keep apart), every linear of its blocks adapted and trained 3 steps (B far
+from 0, scaling alpha / r = 2), then
 
 - our PEFT folder, loaded by `peft.PeftModel.from_pretrained` onto transformers' model of the base
   folder, holds exactly the adapter tensors PEFT creates (none missing, none unexpected) and gives
@@ -99,19 +100,34 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Case:
     return Case(base, model, QWEN3_STATE_DICT_ADAPTER, QWEN3)
 
 
-@pytest.fixture(scope="module")
-def qwen2_hf_family(tmp_path_factory: pytest.TempPathFactory) -> Case:
-    base = saved_folder("Qwen2ForCausalLM", tmp_path_factory.mktemp("qwen2") / "base")
+def _hf_family(architecture: str, folder: Path) -> Case:
+    base = saved_folder(architecture, folder)
     args = hf_args(load_config("llama3_debug", ["--model.name=hf", "--model.flavor=config", f"--hf.config={base}"]))
     with torch.device("meta"):
         model = HFCausalLM(args)
     model.to_empty(device="cpu")
     model.init_weights()
     load_hf_weights(model, base, HF_FAMILY_ADAPTER, args)
-    adapted = adapt_block_linears(model)
-    assert any(model.get_submodule(name).bias is not None for name in adapted)  # the biases stay the base's
-    train_adapters(model.eval(), args.config.vocab_size)
+    adapt_block_linears(model)
+    train_adapters(model, args.config.vocab_size)
     return Case(base, model, HF_FAMILY_ADAPTER, args)
+
+
+@pytest.fixture(scope="module")
+def qwen2_hf_family(tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """Attention biases, which stay the base's (PEFT's bias "none")."""
+    case = _hf_family("Qwen2ForCausalLM", tmp_path_factory.mktemp("qwen2") / "base")
+    assert case.model.get_submodule("hf.model.layers.0.self_attn.q_proj").bias is not None
+    return case
+
+
+@pytest.fixture(scope="module")
+def hrm_hf_family(tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """A folder that fuses what transformers' modules split (`mlp.gate_up_proj` for gate_proj and
+    up_proj): PEFT's names are the modules', which the hf family's model has as its own."""
+    case = _hf_family("HrmTextForCausalLM", tmp_path_factory.mktemp("hrm") / "base")
+    assert "model.L_module.layers.0.mlp.gate_up_proj.weight" in load_file(case.base / "model.safetensors")
+    return case
 
 
 def _transformers(folder: Path) -> nn.Module:
@@ -133,7 +149,7 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen2_hf_family"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen2_hf_family", "hrm_hf_family"])
 def test_the_peft_folder_loads_in_peft_with_our_logits(
     name: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -152,7 +168,7 @@ def test_the_peft_folder_loads_in_peft_with_our_logits(
     assert _diff(_peft_logits(case.base, out), case.logits) > WRONG
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen2_hf_family"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen2_hf_family", "hrm_hf_family"])
 def test_the_merged_folder_loads_in_transformers_with_our_logits(
     name: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -120,3 +120,27 @@ def test_target_modules_name_exactly_the_adapted_modules() -> None:
     assert target_modules(every_q, modules) == ["q_proj"]
     some = [*every_q, "model.layers.1.self_attn.v_proj"]
     assert target_modules(some, modules) == ["q_proj", "model.layers.1.self_attn.v_proj"]
+
+
+def test_modules_inside_a_transformers_model_keep_their_own_names() -> None:
+    """The hf family's layers are transformers' own under `hf`: PEFT's names are their paths there,
+    with no layout asked of the adapter (which here has none for them); ours are not inside one."""
+    from torch import nn
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from titan_tpu.lora.peft_export import transformers_tree
+    from titan_tpu.models.qwen3.args import QWEN3_FLAVORS
+    from titan_tpu.models.qwen3.model import Qwen3Model
+
+    config = LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    with torch.device("meta"):
+        ours = nn.ModuleDict({"hf": LlamaForCausalLM(config)})
+        assert transformers_tree(Qwen3Model(QWEN3_FLAVORS["debug"])) is None
+    tree = transformers_tree(ours)
+    assert tree is not None and tree.root == "hf" and "model.layers.0.self_attn.q_proj" in tree.modules
+    path = "hf.model.layers.0.self_attn.q_proj"
+    slices, modules = module_slices(LayoutAdapter({}), None, {f"{path}.weight": (16, 16)}, [path], tree)
+    assert [part.module for part in slices[path]] == ["model.layers.0.self_attn.q_proj"]
+    assert modules == tree.modules
