@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from titan_tpu.checkpoint.hf_export import exportable_state, gathered, is_lora_factor
+from titan_tpu.checkpoint.hf_format import TRANSFORMERS_FILES
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.device.dtype import dtype_from_name
 from titan_tpu.distributed.sharded_init import canonical_name
@@ -153,6 +154,11 @@ def module_slices(
     PEFT will match target_modules against). `base_shapes` are the model's tensors without the
     factors, as the full-weight export hands them to the adapter; `tree` is where ours holds
     transformers' own model, if it does."""
+    if adapter.weights_stem != TRANSFORMERS_FILES.stem:
+        raise ConfigError(
+            f"export: a PEFT folder here is a transformers causal LM's adapter; this model's folders are "
+            f"{adapter.weights_stem}.safetensors (diffusers), so export it merged instead"
+        )
     slices: dict[str, list[ModuleSlice]] = {}
     weights: dict[str, str] = {}
     for path in adapted:

@@ -144,3 +144,11 @@ def test_modules_inside_a_transformers_model_keep_their_own_names() -> None:
     slices, modules = module_slices(LayoutAdapter({}), None, {f"{path}.weight": (16, 16)}, [path], tree)
     assert [part.module for part in slices[path]] == ["model.layers.0.self_attn.q_proj"]
     assert modules == tree.modules
+
+
+def test_a_diffusers_model_has_no_peft_causal_lm_folder() -> None:
+    adapter = LayoutAdapter(CASES["renamed"])
+    adapter.weights_stem = "diffusion_pytorch_model"
+    with pytest.raises(ConfigError, match="diffusers") as refused:
+        module_slices(adapter, None, {OURS: (OUT, IN)}, ["layers.0.wq"])
+    assert "\n" not in str(refused.value) and "merged" in str(refused.value)
