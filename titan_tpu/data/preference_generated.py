@@ -1,15 +1,17 @@
 """A generated preference task: sums with a right and a wrong answer, for preference training without a
 download.
 
-Each pair asks for the sum of two numbers below 100 ("What is 37+45?"); the chosen answer is the sum
-("82"), the rejected one the sum with its last digit replaced by another digit ("87"). The two answers
-differ in that one digit, which follows from the question's last digits alone, so a model that learned
-to prefer the right one prefers it on held-out questions too: the debug config, the learning test and
-the recipe measure that as the held-out reward accuracy.
+Each pair asks for the sum of two numbers from 1 to 99 ("What is 37+45?"); the chosen answer is the
+sum ("82"), the rejected one a wrong answer of the kinds a model that has not learned to add gives:
+the difference of the two numbers ("8"), or one of them repeated ("37", "45"), each a third of the
+time. Telling them apart takes reading the question: the sum is larger than both numbers and is
+neither of them. Questions are split by a hash into training and held-out questions, so no held-out
+question is ever trained on, and with about 10,000 questions a model cannot learn the answers by
+heart: it prefers the right answer to an unseen question only if it learned that rule. The debug
+config, the learning test and the recipe measure that as the held-out reward accuracy.
 
-Questions are split by a hash into training and held-out questions, so no held-out question is ever
-trained on. Pair i of a split is a pure function of (seed, split, i): a record is rebuilt from its
-index alone, which is its cursor.
+Pair i of a split is a pure function of (seed, split, i): a record is rebuilt from its index alone,
+which is its cursor.
 """
 
 from __future__ import annotations
@@ -34,12 +36,11 @@ def preference(seed: int, split: Split, index: int) -> tuple[str, str, str]:
     """(question, right answer, wrong answer) of pair `index` of `split`."""
     rng = random.Random(f"titan_tpu.preference_generated:{seed}:{split}:{index}")
     while True:
-        a, b = rng.randint(0, LARGEST_OPERAND), rng.randint(0, LARGEST_OPERAND)
+        a, b = rng.randint(1, LARGEST_OPERAND), rng.randint(1, LARGEST_OPERAND)
         if _is_held_out(a, b) == (split == "held_out"):
             break
-    total = a + b
-    wrong_digit = rng.choice([d for d in range(10) if d != total % 10])
-    return f"What is {a}+{b}?", str(total), str(total - total % 10 + wrong_digit)
+    wrong = rng.choice([abs(a - b), a, b])  # never the sum: both numbers are at least 1
+    return f"What is {a}+{b}?", str(a + b), str(wrong)
 
 
 class GeneratedPreferences:

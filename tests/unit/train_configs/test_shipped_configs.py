@@ -42,6 +42,8 @@ EXPECTED_PARAMS: dict[str, str] = {
     "grpo_qwen3_debug.toml": "3410432",  # own flavor
     "sft_qwen3_debug.toml": "3410432",  # own flavor
     "sft_qwen3_8b.toml": "8.2B",
+    "dpo_qwen3_debug.toml": "1836416",  # own flavor (debug, 2 layers)
+    "dpo_qwen3_8b.toml": "8.2B",
     "sft_qwen3_8b_lora.toml": "8.2B",  # the base; its adapters add 43.6M (tests/unit/plan/test_lora_memory.py)
     "sft_llama3_8b.toml": "8.03B",
     "grpo_qwen3_8b.toml": "8.2B",
