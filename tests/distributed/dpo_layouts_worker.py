@@ -47,14 +47,16 @@ LAYOUTS = {"fsdp2": ["--parallelism.dp_shard=2"], "tp2": ["--parallelism.tp=2", 
 
 
 def capture_first_gradients(trainer: Any) -> dict[str, torch.Tensor]:
-    """Every parameter's full gradient as the optimizer's first step sees it (a collective: every rank
-    gathers the same tensors in the same order)."""
+    """Every trained parameter's full gradient as the optimizer's first step sees it (a collective:
+    every rank gathers the same tensors in the same order)."""
     grads: dict[str, torch.Tensor] = {}
 
     def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if grads:
             return
         for name, param in trainer.model.named_parameters():
+            if param.grad is None:  # frozen (a LoRA run's base)
+                continue
             grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
             grads[canonical_name(name)] = grad.detach().to("cpu", copy=True)
 
