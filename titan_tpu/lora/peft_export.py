@@ -66,8 +66,7 @@ class LoRASettings:
 
     @classmethod
     def of(cls, layers: Mapping[str, LoRALinear]) -> LoRASettings:
-        # lora_dropout is an nn.Dropout, or an nn.Identity for no dropout.
-        kinds = {cls(layer.rank, layer.alpha, getattr(layer.lora_dropout, "p", 0.0)) for layer in layers.values()}
+        kinds = {cls(layer.rank, layer.alpha, layer.dropout) for layer in layers.values()}
         if len(kinds) != 1:
             first, other = sorted(kinds, key=str)[:2]
             raise ConfigError(
