@@ -5,6 +5,7 @@ model, which would write the base weights without the adapters."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support.lora_models import adapt_block_linears
+from tests.support.lora_models import ALPHA, RANK, adapt_block_linears
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.config.errors import ConfigError
 from titan_tpu.lora.merge import export_merged_to_hf
 from titan_tpu.lora.peft_export import export_peft_adapter
-from titan_tpu.models.common.lora import LoRALinear
+from titan_tpu.models.common.lora import LoRALinear, lora_layers
 from titan_tpu.models.qwen3.args import Qwen3Args
 from titan_tpu.models.qwen3.model import Qwen3Model
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER as ADAPTER
@@ -53,10 +54,15 @@ def test_a_non_empty_folder_is_never_overwritten(export: Callable[..., Any], tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left
 
 
-def test_an_empty_folder_is_written(tmp_path: Path) -> None:
+def test_an_empty_folder_is_written_with_the_layers_settings(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
-    assert export_peft_adapter(_model(), tmp_path / "out", ADAPTER, ARGS) == tmp_path / "out"
+    model = _model()
+    for _, layer in lora_layers(model):
+        layer.dropout = 0.25
+    assert export_peft_adapter(model, tmp_path / "out", ADAPTER, ARGS) == tmp_path / "out"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["lora_dropout"]) == (RANK, ALPHA, 0.25)
 
 
 def test_a_model_without_adapters_has_no_peft_folder(tmp_path: Path) -> None:
