@@ -1,5 +1,5 @@
 """Worker for the hf family's layout tests: `torchrun --nproc-per-node 4 hf_fsdp_worker.py OUT`.
-For each case (an architecture and a layout) a real `Trainer` trains `layout_run`'s 10 fp32 steps
+For each case (an architecture and a layout) a real `Trainer` trains STEPS fp32 steps (`layout_run`)
 of that architecture at the debug sizes through `[model] name = "hf"`, and rank 0 saves the run
 (per-step losses and gradient norms, the full final state) as OUT's folder/<case>.pt, with how far
 each freshly initialised weight was from a single-process initialisation in OUT (JSON).
@@ -46,6 +46,9 @@ from titan_tpu.models.registry import get_model_spec  # noqa: E402
 # parameters are initialised whole, titan_tpu/distributed/sharded_init.py) under FSDP 4; Mixtral with its experts split over ep 2 inside FSDP 4; Mixtral under TP 2 x EP 2 (attention split over tp, experts over ep and replicated over tp).
 # Mixtral under plain FSDP and OLMoE under EP start from folders transformers saved in
 # test_hf_saved_folders.py (2 processes), so they are not repeated here.
+# Steps per case: what the cases check (an init, a tied head, FSDP units, a plan's layouts, a gradient's
+# scale) shows from the first step on, and twenty cases on four processes are the tier's longest launch.
+STEPS = 4
 FSDP4 = ["--parallelism.dp_shard=4"]
 TP2_FSDP2 = ["--parallelism.tp=2", "--parallelism.dp_shard=2"]
 EP2_FSDP4 = ["--parallelism.ep=2", "--parallelism.dp_shard=4"]
@@ -100,7 +103,7 @@ def broken(case: str) -> Iterator[None]:
 def run_arguments(case: str, dump: Path) -> list[str]:
     architecture, _ = CASES[case]
     return [
-        *layout_run("hf", global_batch_size=4),
+        *layout_run("hf", global_batch_size=4, steps=STEPS),
         "--model.name=hf",
         f"--hf.architecture={architecture}",
         "--model.flavor=debug",

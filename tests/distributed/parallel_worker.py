@@ -57,7 +57,7 @@ from titan_tpu.models.registry import get_model_spec  # noqa: E402
 STEPS = 10
 
 
-def layout_run(config: str, global_batch_size: int) -> list[str]:
+def layout_run(config: str, global_batch_size: int, steps: int = STEPS) -> list[str]:
     """train.py arguments of a layout-parity run of `config`: a short float32 run with pinned
     kernels, logged every step, that each layout and the single process train alike (the
     expert-parallel worker uses it too)."""
@@ -67,7 +67,7 @@ def layout_run(config: str, global_batch_size: int) -> list[str]:
         f"--training.global_batch_size={global_batch_size}",
         "--training.local_batch_size=-1",
         "--training.dtype=float32",
-        f"--training.steps={STEPS}",
+        f"--training.steps={steps}",
         "--metrics.log_freq=1",
         "--data.shuffle_buffer=16",
         "--lr_scheduler.warmup_steps=2",

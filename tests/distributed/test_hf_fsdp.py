@@ -2,7 +2,7 @@
 checkpointing, Gemma 2 (tied embeddings) under HSDP 2 x 2, and seven architectures under TP 2 x
 FSDP 2 by their own transformers TP plans, MoE models under EP 2 and TP 2 x EP 2
 (hf_fsdp_worker.CASES). Each starts from the single
-process's weights bit for bit and trains 10 fp32 steps whose losses, gradient norms and final
+process's weights bit for bit and trains 4 fp32 steps whose losses, gradient norms and final
 state (parameters and AdamW moments, gathered) match the single process's. Catches a
 layout-dependent init (transformers' draws on shards, a padding row zeroed through a DTensor
 copy), a tied head split from its embedding, decoder layers not found as FSDP units, a plan style
@@ -21,7 +21,6 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 from tests.distributed import hf_fsdp_worker  # noqa: E402
-from tests.distributed.parallel_worker import STEPS  # noqa: E402
 from tests.support.launch import launch_layout_worker  # noqa: E402
 from tests.support.parity import DEFAULT, Tolerance, assert_matches_single_process, compare  # noqa: E402
 
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.slow
 # Under TP the forward's row-split sums round differently (about 1e-7); the first step's gradients
 # and moments agree within 1.1e-6 (Llama-shaped debug model), but AdamW's first steps turn the
 # rounding of gradient elements near its eps into whole-size updates, and the Mistral case's moments
-# end 1.7e-3 apart after 10 steps (grad norm 9.6e-5, parameters 1.4e-4; the other TP cases <= 2.4e-4).
+# end 1.7e-3 apart after 10 steps (the cases train 4 now; grad norm 9.6e-5, parameters 1.4e-4; the other TP cases <= 2.4e-4).
 # The moments' bound is 6x that; a gradient group mis-scaled by 2 moves them by 1.0 or more.
 TP_TOLERANCE = dataclasses.replace(DEFAULT, moments=1e-2)
 
@@ -56,7 +55,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.parametrize("case", list(hf_fsdp_worker.CASES))
 def test_hf_layout_matches_one_process(results: dict[str, Any], case: str) -> None:
     assert results[case]["init_max_abs_diff"] == 0.0
-    assert_matches_single_process(results[case]["run"], results["single"][case], STEPS, case, tolerance(case))
+    assert_matches_single_process(
+        results[case]["run"], results["single"][case], hf_fsdp_worker.STEPS, case, tolerance(case)
+    )
 
 
 @pytest.mark.parametrize("case", list(hf_fsdp_worker.BROKEN))
