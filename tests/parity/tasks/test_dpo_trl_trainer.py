@@ -214,12 +214,12 @@ def our_first_batch(
     # Negative control: the reference's log-probabilities of other sequences (each row's neighbour's).
     assert batch.reference_logps is not None
     batch.reference_logps = batch.reference_logps.roll(1)
-    metrics["mispaired loss"] = float(task.loss(trainer.model, batch).loss)
+    metrics["mispaired loss"] = float(task.loss(trainer.model, batch).loss.detach())
     batch.reference_logps = batch.reference_logps.roll(-1)
     encoder = task.encoding.encoder
     pairs = [encoder.encode(record, "r") for record in RECORDS[kind]]
     trainer.close()
-    return batch, {"loss": float(loss), **metrics}, pairs
+    return batch, {"loss": float(loss.detach()), **metrics}, pairs
 
 
 @pytest.mark.parametrize(("kind", "loss_types", "weights", "smoothing", "ours", "beta"), CASES)
