@@ -414,12 +414,12 @@ class ValidationConfig:
     enable: bool = opt(
         False,
         "Measure held-out loss and perplexity every metrics.eval_freq steps and at the last step (only "
-        "there when eval_freq = 0); language-model and sft tasks.",
+        "there when eval_freq = 0); language-model and sft tasks; dpo: held-out reward accuracy and margin.",
     )
     source: Literal["files", "huggingface", "generated"] = opt(
         "files",
         "files: validation.path; huggingface: a datasets folder or name in validation.path; "
-        "generated: the held-out examples of sft.dataset = 'generated' (sft task only).",
+        "generated: the held-out examples of sft.dataset or dpo.dataset = 'generated' (sft and dpo tasks).",
     )
     path: str = opt("", "File, folder or glob of .txt/.jsonl/.parquet files; or a datasets name.")
     hf_split: str = opt("validation", "Split to read from a Hugging Face dataset.")

@@ -139,8 +139,9 @@ RULES = (
             *_engine_except("titan_tpu.device", "titan_tpu.distributed", "titan_tpu.checkpoint", "titan_tpu.lora"),
         ),
         "LoRA on the engine's side swaps, places and exports the adapter layer (titan_tpu.models.common.lora) "
-        "on any model handed in; it knows no family, task, data or loop",
-        allowed=("titan_tpu.models.common.lora",),
+        "on any model handed in, and counts its FLOPs by the shared convention (titan_tpu.models.common.flops); "
+        "it knows no family, task, data or loop",
+        allowed=("titan_tpu.models.common.lora", "titan_tpu.models.common.flops"),
     ),
     Rule(
         "lora placement",

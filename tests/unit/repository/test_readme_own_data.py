@@ -1,8 +1,8 @@
 """README.md's "Your own model and data" commands, run as shipped, on tiny inputs; and the README's length.
 
 Each command of that section's code block runs through `bash scripts/train.sh` in a fresh folder that
-holds what the commands name (chat.jsonl, prompts.jsonl, my_rewards.py, a Hugging Face folder
-my_model/), with one flag added, `--training.steps=2` (the templates train for hundreds of steps).
+holds what the commands name (chat.jsonl, prompts.jsonl, my_rewards.py, pairs.jsonl, a Hugging Face
+folder my_model/), with one flag added, `--training.steps=2` (the templates train for hundreds of steps).
 The script is named by its full path, since the folder the commands run in is not the repository's:
 that is what the README tells a user to do, and what makes the paths in the commands the user's own.
 
@@ -51,7 +51,7 @@ def test_the_section_has_a_command_for_each_template() -> None:
     assert commands and all(c.startswith("bash scripts/train.sh --config ") for c in commands), commands
     used = {shlex.split(c)[3] for c in commands}
     assert (
-        used == {p.stem for p in CONFIG_DIR.glob("*_own_*.toml")} == {"sft_own_data", "grpo_own_data", "hf_own_folder"}
+        used == {p.stem for p in CONFIG_DIR.glob("*_own_*.toml")} == {"sft_own_data", "grpo_own_data", "dpo_own_data", "hf_own_folder"}
     )
 
 
@@ -86,6 +86,11 @@ def _inputs(here: Path) -> None:
     with open(here / "prompts.jsonl", "w", encoding="utf-8") as prompts:
         prompts.writelines(json.dumps({"prompt": f"What is {n} plus {n}?"}) + "\n" for n in range(8))
     (here / "my_rewards.py").write_text(REWARDS, encoding="utf-8")
+    with open(here / "pairs.jsonl", "w", encoding="utf-8") as pairs:
+        pairs.writelines(
+            json.dumps({"prompt": f"What is {n} plus {n}?", "chosen": str(2 * n), "rejected": str(2 * n + 1)}) + "\n"
+            for n in range(8)
+        )
     _hf_folder(here / "my_model", here.parent)
 
 

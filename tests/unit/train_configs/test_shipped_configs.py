@@ -57,6 +57,7 @@ EXPECTED_PARAMS: dict[str, str] = {
     "hf_mistral_7b.toml": "7.24B",  # Mistral AI's Mistral 7B v0.1 model card: "7.24B params"
     "sft_own_data.toml": "3410432",  # own flavor
     "grpo_own_data.toml": "3410432",  # own flavor
+    "dpo_own_data.toml": "3410432",  # own flavor
 }
 # Templates whose model is the user's folder, given on the command line: refused without it (below),
 # run with one by tests/unit/repository/test_readme_own_data.py.
