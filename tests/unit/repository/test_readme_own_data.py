@@ -51,7 +51,9 @@ def test_the_section_has_a_command_for_each_template() -> None:
     assert commands and all(c.startswith("bash scripts/train.sh --config ") for c in commands), commands
     used = {shlex.split(c)[3] for c in commands}
     assert (
-        used == {p.stem for p in CONFIG_DIR.glob("*_own_*.toml")} == {"sft_own_data", "grpo_own_data", "dpo_own_data", "hf_own_folder"}
+        used
+        == {p.stem for p in CONFIG_DIR.glob("*_own_*.toml")}
+        == {"sft_own_data", "grpo_own_data", "dpo_own_data", "hf_own_folder"}
     )
 
 

@@ -24,9 +24,7 @@ class PushRecorder:
 
 
 def source_with(engine: Any, sync_every: int) -> RolloutSource:
-    source = RolloutSource(
-        ctx=None, rl=RLConfig(engine="vllm", sync_every=sync_every), stream=None, rows=1
-    )  # type: ignore[arg-type]
+    source = RolloutSource(ctx=None, rl=RLConfig(engine="vllm", sync_every=sync_every), stream=None, rows=1)  # type: ignore[arg-type]
     source.rollout_engine = source.evaluation_engine = engine
     return source
 
