@@ -16,6 +16,9 @@ import operator
 from collections.abc import Callable
 
 MAX_EXPRESSION_CHARS = 1000
+# Deepest nesting of operators the evaluator walks: its own bound, not the interpreter's recursion
+# limit, which another library in the same process may have raised.
+MAX_DEPTH = 100
 MAX_MAGNITUDE = 10**100
 SIGNIFICANT_DIGITS = 12
 
@@ -69,20 +72,22 @@ def evaluate(expression: str) -> Number:
         )
     text = expression.strip()
     try:
-        return _value(ast.parse(text, mode="eval").body, text)
+        return _value(ast.parse(text, mode="eval").body, text, 0)
     except SyntaxError as error:
         raise ExpressionError(f"not a valid expression: {error.msg}") from None
     except (RecursionError, MemoryError):
         raise ExpressionError("the expression is nested too deeply") from None
 
 
-def _value(node: ast.expr, source: str) -> Number:
+def _value(node: ast.expr, source: str, depth: int) -> Number:
+    if depth > MAX_DEPTH:
+        raise ExpressionError(f"the expression is nested too deeply (at most {MAX_DEPTH} levels)")
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         return _bounded(node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _bounded(_UNARY[type(node.op)](_value(node.operand, source)))
+        return _bounded(_UNARY[type(node.op)](_value(node.operand, source, depth + 1)))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _value(node.left, source), _value(node.right, source)
+        left, right = _value(node.left, source, depth + 1), _value(node.right, source, depth + 1)
         try:
             return _bounded(_BINARY[type(node.op)](left, right))
         except ZeroDivisionError:

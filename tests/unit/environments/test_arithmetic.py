@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -90,3 +91,13 @@ def test_long_and_deep_input_is_refused() -> None:
         evaluate("1+" * MAX_EXPRESSION_CHARS + "1")
     with pytest.raises(ExpressionError, match="nested too deeply"):
         evaluate("-" * (MAX_EXPRESSION_CHARS - 1) + "1")
+    # The bound is the evaluator's own: a raised interpreter recursion limit (another library in the
+    # process may raise it) does not lift it, and nesting within it still evaluates.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        with pytest.raises(ExpressionError, match="nested too deeply"):
+            evaluate("-" * (MAX_EXPRESSION_CHARS - 1) + "1")
+    finally:
+        sys.setrecursionlimit(limit)
+    assert evaluate("-" * 100 + "1") == 1
