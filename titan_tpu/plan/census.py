@@ -58,6 +58,9 @@ class ParamShare:
     unit: str  # FSDP unit: a block's name, the block's experts ("<block>.experts") or "root"
     fsdp_degree: int  # devices the FSDP unit is sharded over
     trainable: bool = True  # False: frozen (a LoRA run's base), no gradient and no optimizer state
+    # Stored in the compute dtype rather than float32: a LoRA run's adapted linears' frozen weight and
+    # bias (titan_tpu/lora/apply.py `base_dtype`).
+    in_compute_dtype: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,7 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
         validate_expert_parallel(dims, num_experts(experts[0]))
         expert_params = {id(p) for module in experts for p in module.parameters()}
     fsdp = dims.fsdp_shards if dims.fsdp_enabled else 1
+    lora_base = {f"{path}.{name}" for path, _ in lora_layers(model) for name in ("weight", "bias")}
     shares: list[ParamShare] = []
     for name, param in model.named_parameters():
         unit = next((b for b in block_names if name.startswith(b + ".")), ROOT)
@@ -222,5 +226,7 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
         if name in tp_split:
             shape = _split(shape, tp_split[name], dims.tp, name)
         local = _fsdp_local(shape, 0, fsdp)
-        shares.append(ParamShare(name, param.numel(), local, math.prod(shape), unit, fsdp, param.requires_grad))
+        shares.append(
+            ParamShare(name, param.numel(), local, math.prod(shape), unit, fsdp, param.requires_grad, name in lora_base)
+        )
     return Census(args, tuple(shares), len(block_names))

@@ -9,16 +9,17 @@ What the trainer stores (titan_tpu/distributed/fsdp.py, titan_tpu/optim.py):
   sharded gradient in the parameters' dtype).
 - optimizer: AdamW's two float32 moments per parameter element, plus one float32 step count per
   parameter tensor.
-- with LoRA (`lora.enable`): the frozen base is stored as above, in float32, but has neither gradients
-  nor optimizer state; the adapters have both (census.py counts them as the trainer places them).
+- with LoRA (`lora.enable`): the frozen base has neither gradients nor optimizer state, and the
+  adapted linears' frozen weights are stored in the compute dtype (bf16: half the bytes), the rest of
+  it in float32; the adapters have both (census.py counts them as the trainer places them).
 - activations: `activations.py`, for one micro-batch.
 - buffers: what is gathered for compute. Under FSDP: the root's parameters (embeddings, final norm,
   head stay gathered through forward and backward, like the last block), the last block's (kept for
   backward), two blocks in flight (the one computing and the prefetched next one), all in the compute
   dtype, and one block's unsharded gradients (its trained parameters') in the reduce dtype awaiting
   their reduce-scatter.
-  A single device under bf16 autocast keeps a bf16 copy of every weight for the forward (autocast
-  caches its casts of parameters); in float32 nothing is copied.
+  A single device under bf16 autocast keeps a bf16 copy of every float32 weight for the forward
+  (autocast caches its casts of parameters); in float32 nothing is copied.
 
 With FSDP CPU offload (`parallelism.fsdp_cpu_offload`) the parameters, gradients and optimizer state
 are in host memory (`host`), not in HBM; the buffers and activations stay (host_offload.py). Under
@@ -66,18 +67,21 @@ class MemoryEstimate:
         return self.state + self.activations + self.buffers
 
 
-def state_bytes(census: Census) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer) bytes on the most loaded device: every parameter is stored,
-    only the trained ones (all but a LoRA run's frozen base) have gradients and AdamW state."""
+def state_bytes(census: Census, compute_bytes: int = FLOAT32) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer) bytes on the most loaded device: every parameter is stored
+    (in float32, or in the compute dtype), only the trained ones (all but a LoRA run's frozen base)
+    have gradients and AdamW state."""
     trained = census.trained
     local_trained = sum(p.local_numel for p in trained)
     optimizer = ADAM_MOMENTS * FLOAT32 * local_trained + STEP_COUNT_BYTES * len(trained)
-    return FLOAT32 * census.local, FLOAT32 * local_trained, optimizer
+    parameters = sum(p.local_numel * (compute_bytes if p.in_compute_dtype else FLOAT32) for p in census.params)
+    return parameters, FLOAT32 * local_trained, optimizer
 
 
 def buffer_bytes(census: Census, precision: Precision, sharded: bool) -> int:
-    if not sharded:
-        return census.local * precision.compute_bytes if precision.compute_bytes < FLOAT32 else 0
+    if not sharded:  # autocast's copies of the float32 weights
+        copied = sum(p.local_numel for p in census.params if not p.in_compute_dtype)
+        return copied * precision.compute_bytes if precision.compute_bytes < FLOAT32 else 0
     gathered: dict[str, int] = {}  # FSDP unit -> elements it gathers; a block's experts come with it
     reduced: dict[str, int] = {}  # FSDP unit -> gradient elements it reduce-scatters (trained ones)
     for param in census.params:
@@ -104,7 +108,7 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """`buffers` replaces `buffer_bytes` (pipeline stages gather differently); `offloaded` moves the
     state to host memory (FSDP CPU offload, which applies only when FSDP does)."""
-    parameters, gradients, optimizer = state_bytes(census)
+    parameters, gradients, optimizer = state_bytes(census, precision.compute_bytes)
     gathered = buffer_bytes(census, precision, sharded) if buffers is None else buffers
     if offloaded and sharded:
         return MemoryEstimate(0, 0, 0, activations.peak, gathered, parameters + gradients + optimizer)

@@ -65,7 +65,8 @@ def render(plan: Plan) -> str:
         *pp_line,
         "",
         "memory per device",
-        f"  parameters    {gib(memory.parameters)}   (float32, sharded{'; the frozen base included' if lora else ''})",
+        f"  parameters    {gib(memory.parameters)}   "
+        f"({'the adapted linears in the compute dtype, the rest float32' if lora else 'float32'}, sharded)",
         f"  gradients     {gib(memory.gradients)}   (float32, sharded{'; the adapters only' if lora else ''})",
         f"  optimizer     {gib(memory.optimizer)}   (AdamW: two float32 moments{' of the adapters' if lora else ''})",
         f"  activations   {gib(memory.activations)}   (peak of one micro-batch; {gib(detail.activations.kept)} "

@@ -175,7 +175,9 @@ class Trainer:
         # LoRA's adapters go in on meta, before the plan, AC, compile and FSDP see the linears.
         self.lora_targets: list[str] = []
         if config.lora.enable:
-            self.lora_targets = apply_lora(model, config.lora, block_containers(model), model_name(config))
+            self.lora_targets = apply_lora(
+                model, config.lora, block_containers(model), model_name(config), base_dtype=self.compute_dtype
+            )
         # On meta, whole tensors: what a token's adapters cost (lora/flops.py).
         self.adapter_params = sum(p.numel() for p in model.parameters() if p.requires_grad) if config.lora.enable else 0
         self.pipeline: PipelineRunner | None = None
