@@ -1,13 +1,8 @@
-"""The frozen reference policy of GRPO's KL term (rl.beta > 0): the model the run started from.
-
-- Without LoRA, a second model built like the policy (the same arguments, so the kernels the trainer
-  measured; the same layout through the fixed parallelisation order) with the run's initial weights:
-  checkpoint.initial_load_path when set, else the seeded initialisation the policy started from. A
-  resumed run rebuilds the same reference, whatever the policy has become.
-- With LoRA (the policy holds `LoRALinear` layers, and [lora] freezes everything else), no copy: the
-  policy with its adapters switched off is the base it started from, as TRL's GRPOTrainer does with a
-  PEFT model. It costs no memory; its forward leaves FSDP's last block gathered, so the caller reshards.
-"""
+"""The frozen reference policy of GRPO's KL term (rl.beta > 0): the model the run started from, a frozen
+copy or, with LoRA, the policy with its adapters switched off (`titan_tpu/tasks/reference_model.py`,
+shared with preference training). A resumed run rebuilds the same reference, whatever the policy has
+become. The adapter switch costs no memory; its forward leaves FSDP's last block gathered, so the
+caller reshards."""
 
 from __future__ import annotations
 
@@ -17,11 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from titan_tpu.checkpoint.hf_import import load_hf_weights
-from titan_tpu.distributed.parallelize import parallelize_model
 from titan_tpu.generation.logprobs import token_logps
-from titan_tpu.models.common.lora import adapters_disabled, lora_layers
+from titan_tpu.models.common.lora import adapters_disabled
 from titan_tpu.tasks.base import TaskContext
+from titan_tpu.tasks.reference_model import initial_model_reference
 
 TokenScorer = Callable[[torch.Tensor], torch.Tensor]
 
@@ -35,20 +29,7 @@ class KLReference:
 
     @classmethod
     def for_policy(cls, policy: nn.Module, ctx: TaskContext, args: Any) -> KLReference:
-        if any(True for _ in lora_layers(policy)):
-            return cls(None)
-        config = ctx.config
-        with torch.device("meta"):
-            reference = ctx.spec.model_cls(args)
-        reference = parallelize_model(
-            reference, ctx.spec.parallelize, ctx.parallel, config, ctx.device, ctx.compute_dtype
-        )
-        if config.checkpoint.initial_load_path:
-            what = f"reference model {config.model.name} flavor {config.model.flavor}"
-            load_hf_weights(
-                reference, config.checkpoint.initial_load_path, ctx.spec.state_dict_adapter, args, what=what
-            )
-        return cls(reference.requires_grad_(False))
+        return cls(initial_model_reference(policy, ctx, args, "training.task = 'grpo' with rl.beta > 0"))
 
     @property
     def is_adapter_switch(self) -> bool:

@@ -1,5 +1,6 @@
-"""The frozen reference of preference training (titan_tpu/tasks/dpo/reference.py): a copy of the initial
-model without LoRA; with LoRA, no copy but the policy with its adapters switched off.
+"""The frozen reference of preference training (titan_tpu/tasks/dpo/reference.py, built by
+titan_tpu/tasks/reference_model.py): a copy of the initial model without LoRA; with LoRA, no copy but
+the policy with its adapters switched off.
 
 Bugs caught: a second model built (twice the memory) when the adapters can give the reference, a
 reference that is the adapted policy itself (every reward 0 forever), adapters left switched off
@@ -17,7 +18,7 @@ import torch
 from tests.support.launch import fixed_kernels
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.models.common.lora import lora_layers
-from titan_tpu.tasks.dpo import reference as reference_module
+from titan_tpu.tasks import reference_model
 from titan_tpu.tasks.dpo.batch import sequence_logps
 from titan_tpu.tasks.dpo.reference import Reference
 from titan_tpu.tasks.dpo.task import DpoTask
@@ -47,11 +48,12 @@ def test_with_lora_no_copy_is_built_and_the_adapters_off_are_the_reference(
     def no_copy(*args: object) -> None:
         raise AssertionError("a reference copy was built beside a LoRA policy")
 
-    monkeypatch.setattr(reference_module, "build_reference", no_copy)
+    monkeypatch.setattr(reference_model, "frozen_initial_copy", no_copy)
     trainer, task = _trainer(tmp_path, "--lora.enable=true", "--lora.rank=4")
     assert task.reference is not None and task.reference.is_adapter_switch
     model = trainer.model
     batch = task.next_batch(model)  # the reference's log-probabilities, with B = 0: the base's
+    assert batch.reference_logps is not None
     layers = [layer for _, layer in lora_layers(model)]
     assert layers and all(layer.adapter_enabled for layer in layers)  # switched back on
     with torch.no_grad():
