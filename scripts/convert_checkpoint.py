@@ -147,7 +147,8 @@ def dcp_to_hf(
 ) -> Path:
     spec, args = _spec_and_args(model, flavor, config)
     step_folder = _step_folder(checkpoint_folder, step)
-    if any(is_lora_factor(name) for name in checkpoint_model_tensors(step_folder)):
+    # What the folder holds from its metadata: either conversion checks every file's CRC-32 once.
+    if any(is_lora_factor(name) for name in checkpoint_model_tensors(step_folder, data_files=False)):
         return _merged_lora_to_hf(step_folder, out, spec, args, dtype, max_shard_bytes, tokenizer_files, config)
     with torch.device("meta"):
         shapes = {name: tuple(p.shape) for name, p in spec.model_cls(args).state_dict().items()}

@@ -39,6 +39,7 @@ from titan_tpu.checkpoint.hf_format import (
     tied_repeats,
 )
 from titan_tpu.checkpoint.storage import (
+    METADATA_FILE,
     SafeFileSystemReader,
     SafeLoadPlanner,
     check_files,
@@ -217,14 +218,17 @@ def export_tensors_to_hf(
     return result
 
 
-def checkpoint_model_tensors(step_folder: Path) -> dict[str, TensorStorageMetadata]:
-    """The model's tensors a complete step folder holds (its files checked against the manifest), by
-    our names."""
+def checkpoint_model_tensors(step_folder: Path, data_files: bool = True) -> dict[str, TensorStorageMetadata]:
+    """The model's tensors a complete step folder holds, by our names. Its files are checked against
+    the manifest first: every one, or with `data_files=False` only the metadata (the data files' CRC-32
+    reads the whole checkpoint: enough to tell what the folder holds before a conversion that checks
+    them itself)."""
     manifest = layout.read_manifest(step_folder)
-    problem = check_files(step_folder, manifest["files"], sorted(manifest["files"]))
+    checked = sorted(manifest["files"]) if data_files else [METADATA_FILE]
+    problem = check_files(step_folder, manifest["files"], checked)
     if problem is not None:
         raise ConfigError(str(problem))
-    metadata = read_metadata_file(step_folder / ".metadata")
+    metadata = read_metadata_file(step_folder / METADATA_FILE)
     return {
         key.removeprefix("model."): md
         for key, md in metadata.state_dict_metadata.items()

@@ -20,7 +20,9 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.paths import REPO
+from titan_tpu.checkpoint import hf_export
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
+from titan_tpu.checkpoint.storage import METADATA_FILE, check_files
 from titan_tpu.config import load_config
 from titan_tpu.lora.merge import export_merged_to_hf
 from titan_tpu.lora.peft_export import CONFIG_FILE, WEIGHTS_FILE, export_peft_adapter
@@ -93,9 +95,22 @@ def test_dcp_to_peft_writes_what_the_live_export_writes(lora_run: dict[str, Any]
     assert config["base_model_name_or_path"] == str(lora_run["base"]) and config["r"] == 4
 
 
-def test_dcp_to_hf_writes_the_merged_model(lora_run: dict[str, Any], tmp_path: Path) -> None:
+def test_dcp_to_hf_writes_the_merged_model(
+    lora_run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also: each of the checkpoint's files is checked (CRC-32, a read of the whole file) once, though
+    the folder is looked into before the conversion is chosen."""
+    checked: list[str] = []
+
+    def counting(folder: Path, files: dict[str, dict[str, int]], names: list[str]) -> Any:
+        checked.extend(names)
+        return check_files(folder, files, names)
+
+    monkeypatch.setattr(hf_export, "check_files", counting)
     out = tmp_path / "merged"
     assert convert.main(["dcp-to-hf", str(out), *lora_run["options"]]) == 0
+    data_files = [name for name in checked if name != METADATA_FILE]
+    assert data_files and sorted(data_files) == sorted(set(data_files)), checked
     merged = load_file(out / "model.safetensors")
     _same_tensors(merged, load_file(lora_run["merged"] / "model.safetensors"))
     base = load_file(lora_run["base"] / "model.safetensors")
