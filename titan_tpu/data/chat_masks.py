@@ -75,7 +75,7 @@ def end_of_turn(template: ChatTemplate, **switches: Any) -> str:
     return after
 
 
-def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     """How many leading items (characters, token ids) a and b share."""
     n = min(len(a), len(b))
     i = 0
@@ -103,7 +103,7 @@ def assistant_spans(
                 f"{where}: chat template {template.origin} renders turns before {k} differently within the "
                 "whole conversation; the assistant tokens cannot be located"
             )
-        start = len(before) + _common_prefix(prompt[len(before) :], text[len(before) :])
+        start = len(before) + common_prefix(prompt[len(before) :], text[len(before) :])
         end = text.find(eot, start)
         if end < 0:
             raise ChatTemplateError(f"{where}: assistant turn {k} has no end-of-turn {eot!r} in the rendered text")
@@ -157,7 +157,7 @@ def completion_tokens(
     ids = tokenizer.encode(prefix + prompt + completion)
     if train_on == "all":
         return MaskedTokens(ids, [True] * len(ids))
-    shared = _common_prefix(prompt_ids, ids)
+    shared = common_prefix(prompt_ids, ids)
     return MaskedTokens(ids, [False] * shared + [True] * (len(ids) - shared))
 
 
@@ -179,5 +179,5 @@ def conversational_completion_tokens(
         return conversation_tokens(template, tokenizer, messages, train_on, where, **switches)
     prompt_ids = tokenizer.encode(template.render(prompt, add_generation_prompt=True, **switches))
     ids = tokenizer.encode(template.render(messages, **switches))
-    shared = _common_prefix(prompt_ids, ids)
+    shared = common_prefix(prompt_ids, ids)
     return MaskedTokens(ids, [False] * shared + [True] * (len(ids) - shared))

@@ -26,11 +26,11 @@ assistant turn, or identical chosen and rejected completions (a pair that prefer
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from titan_tpu.data.chat_masks import OffsetTokenizer, check_messages
+from titan_tpu.data.chat_masks import OffsetTokenizer, check_messages, common_prefix
 from titan_tpu.data.chat_template import ChatTemplate, ChatTemplateError, Message
 
 TOOLS_FIELD = "tools"  # as TRL's datasets name the JSON schemas a conversation offers
@@ -50,14 +50,6 @@ class PreferencePair:
     prompt: list[int]
     chosen: list[int]
     rejected: list[int]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _field(record: Mapping[str, Any], name: str, where: str, fields: PreferenceFields) -> Any:
