@@ -165,15 +165,15 @@ def dcp_to_hf(
     )
 
 
-def _lora_settings(step_folder: Path, config: Any | None, direction: str) -> LoRASettings:
-    """The adapters' rank, alpha and dropout from the run's config, checked against the checkpoint's
-    record as a resume checks them (the same lora settings and base)."""
+def _lora_run(step_folder: Path, config: Any | None, direction: str) -> tuple[Any, LoRASettings]:
+    """The run's config, which a LoRA conversion needs, and its adapters' rank, alpha and dropout,
+    checked against the checkpoint's record as a resume checks them (the same lora settings and base)."""
     if config is None:
         raise ConfigError(
             f"{direction}: {step_folder} holds LoRA adapters; give the run's --config NAME (its [lora] section and base)"
         )
     check_lora_base(str(step_folder), layout.read_manifest(step_folder).get("run_settings"), config)
-    return LoRASettings(config.lora.rank, config.lora.alpha, config.lora.dropout)
+    return config, LoRASettings(config.lora.rank, config.lora.alpha, config.lora.dropout)
 
 
 def _base_model(spec: Any, args: Any) -> tuple[dict[str, tuple[int, ...]], TransformersTree | None]:
@@ -229,10 +229,10 @@ def dcp_to_peft(
     refuse_non_empty(out)
     step_folder = _step_folder(checkpoint_folder, step)
     tensors = _adapter_tensors(step_folder, "dcp-to-peft")
-    settings = _lora_settings(step_folder, config, "dcp-to-peft")
+    run, settings = _lora_run(step_folder, config, "dcp-to-peft")
     shapes, tree = _base_model(spec, args)
     factors = _read_factors(step_folder, tensors, shapes, settings.rank, "dcp-to-peft")
-    base = config.checkpoint.initial_load_path or None  # _lora_settings refused a missing config
+    base = run.checkpoint.initial_load_path or None
     return write_peft_folder(out, spec.state_dict_adapter, args, shapes, factors, settings, base, dtype, tree)
 
 
@@ -247,8 +247,8 @@ def _merged_lora_to_hf(
     config: Any | None,
 ) -> Path:
     """The adapters of `step_folder` merged into the run's base folder, written as a Hugging Face folder."""
-    settings = _lora_settings(step_folder, config, "dcp-to-hf")
-    base = config.checkpoint.initial_load_path
+    run, settings = _lora_run(step_folder, config, "dcp-to-hf")
+    base = run.checkpoint.initial_load_path
     if not base:
         raise ConfigError(
             f"dcp-to-hf: {step_folder} holds a LoRA run's adapters only and the run had no "
@@ -256,7 +256,7 @@ def _merged_lora_to_hf(
             "write the adapters with dcp-to-peft"
         )
     refuse_non_empty(out)
-    what = f"model {config.model.name} flavor {config.model.flavor}"
+    what = f"model {run.model.name} flavor {run.model.flavor}"
     check_hf_config(Path(base), spec.state_dict_adapter, args, what)  # before allocating anything
     tensors = _adapter_tensors(step_folder, "dcp-to-hf")
     factors = _read_factors(step_folder, tensors, _base_model(spec, args)[0], settings.rank, "dcp-to-hf")
