@@ -25,13 +25,13 @@ assistant turn, or identical chosen and rejected completions (a pair that prefer
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from titan_tpu.data.chat_masks import OffsetTokenizer, check_messages, common_prefix
 from titan_tpu.data.chat_template import ChatTemplate, ChatTemplateError, Message
+from titan_tpu.data.sft_examples import with_record_tools
 
 TOOLS_FIELD = "tools"  # as TRL's datasets name the JSON schemas a conversation offers
 
@@ -61,22 +61,6 @@ def _field(record: Mapping[str, Any], name: str, where: str, fields: PreferenceF
             "set dpo.prompt_field, dpo.chosen_field and dpo.rejected_field to your names"
         )
     return record[name]
-
-
-def _tools(record: Mapping[str, Any], where: str) -> list[Mapping[str, Any]] | None:
-    """The JSON schemas a conversational record offers (a list, or a JSON string of one, as TRL reads
-    them); None when it offers none."""
-    tools = record.get(TOOLS_FIELD)
-    if tools is None:
-        return None
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as err:
-            raise ChatTemplateError(f"{where}: '{TOOLS_FIELD}' is a string that is not JSON ({err.msg})") from None
-    if not isinstance(tools, list) or not all(isinstance(tool, Mapping) for tool in tools):
-        raise ChatTemplateError(f"{where}: '{TOOLS_FIELD}' must be a list of JSON-schema objects")
-    return tools
 
 
 def _completion_turns(turns: Any, name: str, where: str) -> list[Message]:
@@ -152,12 +136,7 @@ class PreferenceEncoder:
         check_messages(prompt, f"{where}: '{fields.prompt}'")
         chosen_turns = _completion_turns(chosen, fields.chosen, where)
         rejected_turns = _completion_turns(rejected, fields.rejected, where)
-        tools = _tools(record, where)
-        if tools is not None and "tools" in self.switches:
-            raise ChatTemplateError(
-                f"{where}: the record offers '{TOOLS_FIELD}' and dpo.template_switches sets tools too; keep one"
-            )
-        switches = self.switches if tools is None else {**self.switches, "tools": tools}
+        switches = with_record_tools(record, where, TOOLS_FIELD, self.switches, "dpo.template_switches")
         render, encode = self.template.render, self.tokenizer.encode
         try:
             return (

@@ -37,11 +37,14 @@ class RecordFields:
     tools: str = "tools"
 
 
-def _with_tools(record: Mapping[str, Any], where: str, field: str, switches: Mapping[str, Any]) -> Mapping[str, Any]:
+def with_record_tools(
+    record: Mapping[str, Any], where: str, field: str, switches: Mapping[str, Any], switches_key: str
+) -> Mapping[str, Any]:
     """The template's variables with the record's tools, when it offers some (a missing field or a
     null, as a parquet column holds for records without tools, offers none). The tools may be a JSON
-    string, as TRL's SFTTrainer reads them: datasets store them so when the schemas of different
-    records do not share one column type."""
+    string, as TRL's trainers read them: datasets store them so when the schemas of different records
+    do not share one column type. `switches_key`: the setting `switches` came from, which a record's
+    tools may not be set in as well."""
     tools = record.get(field)
     if tools is None:
         return switches
@@ -57,7 +60,7 @@ def _with_tools(record: Mapping[str, Any], where: str, field: str, switches: Map
             raise ChatTemplateError(f"{where}: '{field}'[{i}] must be a JSON-schema object, got {type(tool).__name__}")
     if "tools" in switches:
         raise ChatTemplateError(
-            f"{where}: the record offers '{field}' and sft.template_switches sets tools too; keep one of them"
+            f"{where}: the record offers '{field}' and {switches_key} sets tools too; keep one of them"
         )
     return {**switches, "tools": tools}
 
@@ -72,7 +75,7 @@ def record_tokens(
     switches: Mapping[str, Any],
 ) -> MaskedTokens:
     """The record's ids and mask; a record in neither shape is one line naming the fields looked for."""
-    switches = _with_tools(record, where, fields.tools, switches)
+    switches = with_record_tools(record, where, fields.tools, switches, "sft.template_switches")
     if fields.messages in record:
         return conversation_tokens(template, tokenizer, record[fields.messages], train_on, where, **switches)
     if fields.prompt in record and fields.completion in record:
