@@ -40,9 +40,10 @@ _ENTRY_POINTS = ("titan_tpu.plan", "titan_tpu.launch", "titan_tpu.doctor")
 # Everything of titan_tpu but the models (test_every_part_of_the_package_is_in_a_layer keeps it whole).
 _OUTSIDE_MODELS = ("titan_tpu.config", "titan_tpu.protocols", *_ENGINE, *_ENTRY_POINTS)
 
-# The config sections a family or a task owns (titan_tpu/config/catalogue.py), and the package doors
-# the loader passes through to reach them.
-_SECTION_MODULES = ("titan_tpu/tasks/*/config.py", "titan_tpu/models/*/config.py")
+# The config sections a family or a task owns (titan_tpu/config/catalogue.py), the torch-free modules
+# a task's section keeps beside it (its checks: config_*.py), and the package doors the loader passes
+# through to reach them.
+_SECTION_MODULES = ("titan_tpu/tasks/*/config.py", "titan_tpu/tasks/*/config_*.py", "titan_tpu/models/*/config.py")
 _DOORS = (
     "titan_tpu/models/__init__.py",
     "titan_tpu/models/*/__init__.py",
@@ -65,6 +66,7 @@ class Rule:
     exempt: tuple[str, ...] = ()
     no_private_names: bool = False  # no `_name` (or `_module`) from titan_tpu, but its own package's
     allowed: tuple[str, ...] = ()  # module prefixes inside a forbidden one that the layer may import
+    siblings: tuple[str, ...] = ()  # module-name globs of the file's own package that the layer may import
 
 
 RULES = (
@@ -80,8 +82,10 @@ RULES = (
         _SECTION_MODULES,
         ("torch", "numpy", "titan_tpu"),
         "a family's or a task's section is read by the config loader with the core ones, before torch "
-        "loads: it is made of the configuration's helpers alone",
+        "loads: it is made of the configuration's helpers alone, and of its package's config.py and "
+        "config_*.py modules (a task's checks of its section, under this same rule)",
         allowed=("titan_tpu.config",),
+        siblings=("config", "config_*"),
     ),
     Rule(
         "package doors",
@@ -340,6 +344,12 @@ def _private(target: str, name: str, own_package: str) -> bool:
     return name.startswith("_") or any(part.startswith("_") for part in target.split("."))
 
 
+def _sibling(name: str, module: str, patterns: tuple[str, ...]) -> bool:
+    """Whether `name` is a module of `module`'s own package whose last part matches one of `patterns`."""
+    package, _, last = name.rpartition(".")
+    return package == module.rpartition(".")[0] and any(fnmatch.fnmatch(last, p) for p in patterns)
+
+
 def rule_files(rule: Rule, root: Path) -> list[Path]:
     files = {path for pattern in rule.files for path in root.glob(pattern) if path.is_file()}
     return sorted(
@@ -358,6 +368,8 @@ def violations(rule: Rule, root: Path) -> list[str]:
         for line, target, name in imports_of(source, module, is_package):
             candidates = [target, f"{target}.{name}"] if name else [target]
             if any(_within(candidate, allowed) for candidate in candidates for allowed in rule.allowed):
+                continue
+            if any(_sibling(candidate, module, rule.siblings) for candidate in candidates):
                 continue
             for prefix in rule.forbidden:
                 if any(_within(candidate, prefix) for candidate in candidates):
@@ -406,14 +418,20 @@ def test_loading_a_config_loads_no_torch_and_no_owner_code() -> None:
 
 def test_checker_flags_a_synthetic_bad_tree(tmp_path: Path) -> None:
     """Negative control: each way of importing what a layer may not is reported, clean code is not
-    (the registry import of training/loop.py, the configuration helper of the toy section). The
+    (the registry import of training/loop.py, the configuration helper of the toy section and its own
+    config_*.py modules; not another module of its package, nor another task's config_*.py). The
     configuration may not import a layer above it even inside a function or from a task's torch-free
     module: only the catalogue names those, as paths."""
     bad = {
         "titan_tpu/models/toy/model.py": "import torch\nfrom torch.distributed.tensor import DTensor\n",
         "titan_tpu/models/toy/args.py": "def f():\n    from titan_tpu import training\n",
         "titan_tpu/models/toy/__init__.py": "from titan_tpu.models.toy.spec import SPEC\n",
-        "titan_tpu/tasks/toy/config.py": "from titan_tpu.config.sections import opt\nimport torch\n",
+        "titan_tpu/tasks/toy/config.py": (
+            "from titan_tpu.config.sections import opt\nimport torch\n"
+            "from titan_tpu.tasks.toy.config_checks import check\nfrom titan_tpu.tasks.toy import config_more\n"
+            "from titan_tpu.tasks.toy.prompts import P\nfrom titan_tpu.tasks.flow.config_checks import check\n"
+        ),
+        "titan_tpu/tasks/toy/config_checks.py": "from titan_tpu.config.sections import require\nimport numpy\n",
         "titan_tpu/autotune/pick.py": "from titan_tpu.models.common.attention_kernels import attention_kernel\n",
         "titan_tpu/generation/decode.py": "from titan_tpu.models.common.kv_cache import KVCache\n",
         "titan_tpu/training/loop.py": (
@@ -448,6 +466,9 @@ def test_checker_flags_a_synthetic_bad_tree(tmp_path: Path) -> None:
         "titan_tpu/models/toy/flops.py:2",
         "titan_tpu/models/toy/__init__.py:1",
         "titan_tpu/tasks/toy/config.py:2",
+        "titan_tpu/tasks/toy/config.py:5",
+        "titan_tpu/tasks/toy/config.py:6",
+        "titan_tpu/tasks/toy/config_checks.py:2",
         "titan_tpu/autotune/pick.py:1",
         "titan_tpu/generation/decode.py:1",
         "titan_tpu/training/loop.py:2",

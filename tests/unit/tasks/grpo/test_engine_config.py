@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.tasks.grpo.config import VLLM_ONLY, RLConfig
+from titan_tpu.tasks.grpo.config import RLConfig
+from titan_tpu.tasks.grpo.config_checks import VLLM_ONLY
 
 
 @pytest.mark.parametrize(
