@@ -64,6 +64,7 @@ from titan_tpu.checkpoint.hf_export import (  # noqa: E402
     export_model_to_hf,
     is_lora_factor,
     read_checkpoint_model_tensors,
+    refuse_non_empty,
 )
 from titan_tpu.checkpoint.hf_format import tied_repeats  # noqa: E402
 from titan_tpu.checkpoint.hf_import import check_hf_config, load_hf_weights  # noqa: E402
@@ -76,7 +77,6 @@ from titan_tpu.lora.peft_export import (  # noqa: E402
     Factors,
     LoRASettings,
     TransformersTree,
-    refuse_non_empty,
     transformers_tree,
     write_peft_folder,
 )

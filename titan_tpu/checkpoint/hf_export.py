@@ -70,8 +70,7 @@ class HFFolderWriter:
         self.out = Path(out)
         self.files = files
         self.extra_files = dict(extra_files or {})  # name in the folder -> file copied there (tokenizer)
-        if self.out.exists() and any(self.out.iterdir()):
-            raise ConfigError(f"export: {self.out} exists and is not empty; it is never overwritten")
+        refuse_non_empty(self.out)
         self.dtype = dtype
         self.config = config
         item = torch.empty((), dtype=dtype).element_size()
@@ -126,7 +125,14 @@ class HFFolderWriter:
         return self.out
 
 
-def _export_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def refuse_non_empty(out: Path) -> None:
+    """An export's folder is written whole or not at all: an existing one with anything in it is refused."""
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"export: {out} exists and is not empty; it is never overwritten")
+
+
+def export_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """checkpoint.export_dtype's name (or a dtype) as the dtype the folder's tensors are written in."""
     if isinstance(dtype, torch.dtype):
         return dtype
     return dtype_from_name(dtype, "checkpoint.export_dtype")
@@ -194,8 +200,7 @@ def export_tensors_to_hf(
     Every rank calls it and iterates `tensors`, which may gather (`gathered`); rank 0 writes. Returns
     the folder on rank 0, None elsewhere."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()):  # checked on every rank, so none is left in a collective
-        raise ConfigError(f"export: {out} exists and is not empty; it is never overwritten")
+    refuse_non_empty(out)  # checked on every rank, so none is left in a collective
     distributed = dist.is_available() and dist.is_initialized()
     writes = not distributed or dist.get_rank() == 0
     layouts = adapter.export_layouts(args, shapes)
@@ -205,7 +210,7 @@ def export_tensors_to_hf(
     if writes:
         config = adapter.to_hf_config(args)
         writer = HFFolderWriter(
-            out, plan, _export_dtype(dtype), config, max_shard_bytes, HFFiles.of(adapter), extra_files
+            out, plan, export_dtype(dtype), config, max_shard_bytes, HFFiles.of(adapter), extra_files
         )
     for name, full in tensors:
         if writer is not None:
@@ -308,7 +313,7 @@ def export_checkpoint_to_hf(
     assembly = FolderAssembly(layouts)
     config = adapter.to_hf_config(args)
     files = HFFiles.of(adapter)
-    writer = HFFolderWriter(Path(out), plan, _export_dtype(dtype), config, max_shard_bytes, files, extra_files)
+    writer = HFFolderWriter(Path(out), plan, export_dtype(dtype), config, max_shard_bytes, files, extra_files)
     reporter = progress(len(plan), writer.total_size) if progress is not None else None
     for name, tensor in _read_in_groups(step_folder, tensors, names, max_shard_bytes):
         for hf_name, part in assembly.add(name, tensor):

@@ -33,10 +33,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from titan_tpu.checkpoint.hf_export import exportable_state, gathered, is_lora_factor
+from titan_tpu.checkpoint.hf_export import (
+    export_dtype,
+    exportable_state,
+    gathered,
+    is_lora_factor,
+    refuse_non_empty,
+)
 from titan_tpu.checkpoint.hf_format import TRANSFORMERS_FILES
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.device.dtype import dtype_from_name
 from titan_tpu.distributed.sharded_init import canonical_name
 from titan_tpu.lora.merge import WEIGHT, adapted_layers
 from titan_tpu.models.common.lora import LoRALinear
@@ -239,11 +244,6 @@ def adapter_config(settings: LoRASettings, targets: list[str], base_model: str |
     }
 
 
-def refuse_non_empty(out: Path) -> None:
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"export: {out} exists and is not empty; it is never overwritten")
-
-
 def write_peft_folder(
     out: str | Path,
     adapter: StateDictAdapter,
@@ -275,7 +275,7 @@ def _write(
 ) -> Path:
     from safetensors.torch import save_file
 
-    target = dtype if isinstance(dtype, torch.dtype) else dtype_from_name(dtype, "checkpoint.export_dtype")
+    target = export_dtype(dtype)
     tensors = {name: t.detach().to("cpu", target).contiguous() for name, t in peft_tensors(slices, factors).items()}
     adapted = [part.module for parts in slices.values() for part in parts]
     config = adapter_config(settings, target_modules(adapted, modules), base_model)
