@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 STAT_KEYS = (
     "rollouts",
     "rows_drawn",
-    "groups_drawn",
     "reward_sum",
     "reward_std_sum",
     "tied_groups",
@@ -64,7 +63,6 @@ def add_rollout(
         table = draw.table
         rewards = table["reward"]
         stats["rows_drawn"] += rewards.numel()
-        stats["groups_drawn"] += rewards.numel() // group_size
         stats["reward_sum"] += float(rewards.sum())
         stats["reward_std_sum"] += float(rewards.view(-1, group_size).std(dim=1).sum())
         stats["tied_groups"] += float(tied_groups(rewards, group_size).sum())
@@ -118,7 +116,8 @@ def rollout_metrics(
     """Per completion sampled: rewards (each part's too), lengths and (multi-turn) an episode's counts;
     per group: reward std and the tied share; the sampler's rates; with dynamic sampling the prompts a
     rollout batch drew."""
-    rows, groups = stats["rows_drawn"], stats["groups_drawn"]
+    rows = stats["rows_drawn"]
+    groups = rows / rl.group_size
     metrics = {
         "reward_mean": stats["reward_sum"] / rows,
         "reward_std": stats["reward_std_sum"] / groups,
