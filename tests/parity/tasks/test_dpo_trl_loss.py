@@ -32,6 +32,7 @@ from torch import nn
 trl_dpo = pytest.importorskip("trl.trainer.dpo_trainer")
 
 from titan_tpu.tasks.dpo.loss import preference_loss  # noqa: E402
+from titan_tpu.tasks.dpo.task import PAIR_METRICS  # noqa: E402
 
 PAIRS, WIDTH = 8, 9
 EPS = 0.2
@@ -104,17 +105,8 @@ def trl_terms(
     }
     loss = trainer._compute_loss(model, inputs, return_outputs=False)
     metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
-    return {"loss": float(loss), **{k: metrics[k] for k in METRICS}}
-
-
-METRICS = (
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/accuracies",
-    "rewards/margins",
-    "logps/chosen",
-    "logps/rejected",
-)
+    # Our record's names: one that TRL does not log fails here.
+    return {"loss": float(loss), **{k: metrics[k] for k in PAIR_METRICS}}
 
 
 def our_terms(batch: dict[str, torch.Tensor], per_token: torch.Tensor, ours: tuple, beta: float) -> dict[str, float]:
@@ -133,15 +125,15 @@ def our_terms(batch: dict[str, torch.Tensor], per_token: torch.Tensor, ours: tup
         beta=beta,
         label_smoothing=smoothing,
     )
-    values = [
-        terms.chosen_rewards,
-        terms.rejected_rewards,
-        terms.accurate,
-        terms.chosen_rewards - terms.rejected_rewards,
-        logps[:PAIRS],
-        logps[PAIRS:],
-    ]
-    return {"loss": float(terms.loss), **{k: float(v.mean()) for k, v in zip(METRICS, values)}}
+    values = {
+        "rewards/chosen": terms.chosen_rewards,
+        "rewards/rejected": terms.rejected_rewards,
+        "rewards/accuracies": terms.accurate,
+        "rewards/margins": terms.chosen_rewards - terms.rejected_rewards,
+        "logps/chosen": logps[:PAIRS],
+        "logps/rejected": logps[PAIRS:],
+    }
+    return {"loss": float(terms.loss), **{k: float(v.mean()) for k, v in values.items()}}
 
 
 def make_batch(seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

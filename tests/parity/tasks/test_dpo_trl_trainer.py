@@ -38,19 +38,11 @@ from titan_tpu.checkpoint.hf_export import export_model_to_hf  # noqa: E402
 from titan_tpu.config import load_config  # noqa: E402
 from titan_tpu.data.chat_tokenizer import tokenizer_export_files  # noqa: E402
 from titan_tpu.models.registry import get_model_spec  # noqa: E402
-from titan_tpu.tasks.dpo.task import DpoTask  # noqa: E402
+from titan_tpu.tasks.dpo.task import PAIR_METRICS, DpoTask  # noqa: E402
 from titan_tpu.training.trainer import Trainer  # noqa: E402
 
 SEQ_LEN = 96
 SHAPE = "{ n_layers = 2, dim = 64, n_heads = 4, n_kv_heads = 2, head_dim = 16, ffn_hidden_dim = 128, vocab_size = 640 }"
-METRICS = (
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/accuracies",
-    "rewards/margins",
-    "logps/chosen",
-    "logps/rejected",
-)
 QUESTIONS = [
     ("What is two plus two?", "Four.", "Five."),
     ("Name a prime number larger than ten.", "Thirteen is prime.", "Twelve."),
@@ -171,7 +163,7 @@ def trl_first_batch(
     assert fused.dtype == torch.float32 and torch.allclose(fused.double(), exact, rtol=1e-5, atol=1e-5)
     loss = trainer._compute_loss(trainer.model, inputs, return_outputs=False)
     metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
-    return inputs, {"loss": float(loss.detach()), **{k: metrics[k] for k in METRICS}}, rows
+    return inputs, {"loss": float(loss.detach()), **{k: metrics[k] for k in PAIR_METRICS}}, rows
 
 
 def inputs_for_model(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
