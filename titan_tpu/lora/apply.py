@@ -7,7 +7,6 @@ initialised with the rest (titan_tpu/distributed/sharded_init.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -15,24 +14,6 @@ from torch import nn
 from titan_tpu.config.sections import LoRAConfig
 from titan_tpu.lora.targets import select_targets
 from titan_tpu.models.common.lora import LoRALinear, lora_layers
-
-
-@dataclass(frozen=True)
-class ParameterCounts:
-    """Elements of a model's parameters, each tensor once: all of them, and those trained."""
-
-    total: int
-    trainable: int
-
-    @property
-    def trainable_percent(self) -> float:
-        return 100.0 * self.trainable / self.total if self.total else 0.0
-
-
-def parameter_counts(model: nn.Module) -> ParameterCounts:
-    """Counted on the whole model (before a layout shards it): `numel` of a DTensor is its full size."""
-    params = list(model.parameters())
-    return ParameterCounts(sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad))
 
 
 def apply_lora(

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from titan_tpu.lora.apply import parameter_counts
 from titan_tpu.metrics.console import count
 from titan_tpu.metrics.run_summary import RunReport, RunStart
 from titan_tpu.optim import adamw_state_bytes
@@ -19,10 +18,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("titan_tpu")
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Every parameter of the whole model, each tensor once (a tied head adds nothing): counted on
-    the model built on `meta`, before any layout shards it or cuts it into pipeline stages."""
-    return sum(p.numel() for p in model.parameters())
+def count_parameters(model: nn.Module, trained_only: bool = False) -> int:
+    """Every parameter of the whole model (or, `trained_only`, those that get gradients), each tensor
+    once (a tied head adds nothing): counted on the model built on `meta`, before any layout shards it
+    or cuts it into pipeline stages, or on the live one (a DTensor's numel is the whole tensor's)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trained_only)
 
 
 def start_report(trainer: Trainer) -> RunReport:
@@ -52,11 +52,11 @@ def lora_line(trainer: Trainer) -> str:
     """What a LoRA run trains: its adapters' parameters against the whole model's, where they sit, and
     the optimizer state they cost this process (the frozen base has none)."""
     lora = trainer.config.lora
-    counts = parameter_counts(trainer.model)  # a DTensor's numel is the whole tensor's
-    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    trained, total = trainer.adapter_params, count_parameters(trainer.model)
     kinds = ", ".join(dict.fromkeys(name.rpartition(".")[2] for name in trainer.lora_targets))
+    state = adamw_state_bytes(trainer.trained_params)
     return (
-        f"lora: {count(counts.trainable)} of {count(counts.total)} parameters trained "
-        f"({counts.trainable_percent:.3g}%): rank {lora.rank}, alpha {lora.alpha:g} on {len(trainer.lora_targets)} "
-        f"linears ({kinds}); the rest frozen; AdamW state {adamw_state_bytes(trained) / 2**20:.3g} MiB on this process"
+        f"lora: {count(trained)} of {count(total)} parameters trained ({100 * trained / total:.3g}%): "
+        f"rank {lora.rank}, alpha {lora.alpha:g} on {len(trainer.lora_targets)} linears ({kinds}); the rest frozen; "
+        f"AdamW state {state / 2**20:.3g} MiB on this process"
     )

@@ -179,7 +179,7 @@ class Trainer:
                 model, config.lora, block_containers(model), model_name(config), base_dtype=self.compute_dtype
             )
         # On meta, whole tensors: what a token's adapters cost (lora/flops.py).
-        self.adapter_params = sum(p.numel() for p in model.parameters() if p.requires_grad) if config.lora.enable else 0
+        self.adapter_params = count_parameters(model, trained_only=True) if config.lora.enable else 0
         self.pipeline: PipelineRunner | None = None
         self.model: nn.Module
         if self.parallel.dims.pp_enabled:
@@ -205,6 +205,8 @@ class Trainer:
         )
 
     def _setup_optimizer(self) -> None:
+        # What the optimizer steps (a LoRA run's adapters only) and every step clips: listed once here.
+        self.trained_params = [param for param in self.model.parameters() if param.requires_grad]
         self.optimizer = build_optimizer(self.model, self.config.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, self.config.lr_scheduler, self.config.training.steps)
         self.step = 0
@@ -271,8 +273,7 @@ class Trainer:
         device tensor)."""
         # With pp > 1 each rank holds its stages' gradients; the norm is taken over every stage's.
         pp_mesh = self.parallel.pp_mesh if self.parallel.dims.pp_enabled else None
-        trained = [param for param in self.model.parameters() if param.requires_grad]  # LoRA: the adapters
-        grad_norm = clip_grad_norm_(trained, self.config.training.max_norm, pp_mesh=pp_mesh)
+        grad_norm = clip_grad_norm_(self.trained_params, self.config.training.max_norm, pp_mesh=pp_mesh)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()

@@ -13,10 +13,11 @@ from torch import nn
 from titan_tpu.config.sections import LoRAConfig, OptimizerConfig
 from titan_tpu.distributed.parallelize import block_containers
 from titan_tpu.distributed.sharded_init import init_weights
-from titan_tpu.lora.apply import adapter_parameter_names, apply_lora, parameter_counts
+from titan_tpu.lora.apply import adapter_parameter_names, apply_lora
 from titan_tpu.models.common.lora import LoRALinear, lora_layers
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.optim import adamw_state_bytes, build_optimizer
+from titan_tpu.training.run_report import count_parameters
 
 LORA = LoRAConfig(enable=True, rank=4, alpha=8.0)
 
@@ -86,11 +87,12 @@ def test_only_the_adapters_are_trained(one_thread: None, tokens: torch.Tensor) -
     assert {names[id(p)] for p in optimizer.state} == trained
     for name, param in model.named_parameters():
         assert torch.equal(param, before[name]) != (name in trained), name
-    counts = parameter_counts(model)
-    assert counts.trainable == sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert counts.total == counts.trainable + sum(p.numel() for p in build(None).parameters())
+    # The start-up line's counts: the adapters trained, the whole model the base and them.
+    adapters = count_parameters(model, trained_only=True)
+    assert adapters == sum(model.get_parameter(name).numel() for name in trained)
+    assert count_parameters(model) == adapters + count_parameters(build(None))
     # Two moments of every trained element (float32) and a step count per tensor.
-    assert adamw_state_bytes([p for p in model.parameters() if p.requires_grad]) == 8 * counts.trainable + 4 * 28
+    assert adamw_state_bytes([p for p in model.parameters() if p.requires_grad]) == 8 * adapters + 4 * 28
 
 
 def test_rollouts_of_an_adapted_model_decode_through_its_modules(one_thread: None) -> None:

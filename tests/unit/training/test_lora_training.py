@@ -20,6 +20,7 @@ from tests.support.parity import EXACT, RunResult, compare, train_and_capture
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.config import ConfigError, load_config
 from titan_tpu.lora.apply import adapter_parameter_names
+from titan_tpu.metrics.console import count
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS
 from titan_tpu.models.qwen3.model import Qwen3Model
 from titan_tpu.models.qwen3.state_dict_adapter import QWEN3_STATE_DICT_ADAPTER
@@ -103,13 +104,17 @@ def uninterrupted(base: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 
 
 def test_the_start_up_says_what_is_trained(uninterrupted: dict[str, Any]) -> None:
-    """Catches a count of the whole model as trained, or optimizer state counted for the base."""
+    """Catches a count of the whole model as trained, a total without the adapters or of one shard,
+    or optimizer state counted for the base."""
     line = next(line for line in uninterrupted["lines"] if line.startswith("lora: "))
     trained = sum(t.numel() for k, t in uninterrupted["run"].state.items() if k.startswith("param/") and "lora_" in k)
     # 2 layers of 7 adapted linears, A [4, in] and B [out, 4]: rank 4 x (in + out) each; wq and wo are
     # 64 x 64, wk and wv 64 -> 32, w1, w2 and w3 64 x 128. Float32 moments, 8 bytes per element, and 28 steps.
     assert trained == 2 * 4 * (2 * 128 + 2 * 96 + 3 * 192)
-    assert line.startswith("lora: 8.19K of ") and "rank 4, alpha 8 on 14 linears (wq, wk, wv, wo, w1, w2, w3)" in line
+    with torch.device("meta"):
+        total = sum(p.numel() for p in Qwen3Model(ARGS).parameters()) + trained  # the base and its adapters
+    assert line.startswith(f"lora: 8.19K of {count(total)} parameters trained ({100 * trained / total:.3g}%): ")
+    assert "rank 4, alpha 8 on 14 linears (wq, wk, wv, wo, w1, w2, w3)" in line
     assert line.endswith(f"AdamW state {(8 * trained + 4 * 28) / 2**20:.3g} MiB on this process")
 
 
