@@ -91,5 +91,9 @@ def test_the_summary_counts_every_pair() -> None:
     summary = first_epoch_summary(Pairs(10), encode, fitting(max_length=5))
     assert (summary.counts.pairs, summary.pairs) == (10, 10)
     assert summary.counts.truncated == sum(1 + i % 3 + 2 + i % 4 > 5 for i in range(10))
+    # (prompt, chosen, rejected) tokens as fitted: each completion cut to the 5 - prompt left.
+    fitted = [(1 + i % 3, min(2 + i % 4, 4 - i % 3), 1) for i in range(10)]
+    assert summary.tokens == sum(2 * prompt + chosen + rejected for prompt, chosen, rejected in fitted)
+    assert summary.completion_tokens == sum(chosen + rejected for _, chosen, rejected in fitted)
     with pytest.raises(ConfigError, match="holds no preference pair that fits"):
         first_epoch_summary(Pairs(3), lambda record, where: PreferencePair([1] * 9, [2], [3]), fitting())
