@@ -5,7 +5,7 @@ eos token (the model would never be taught where an answer stops), eos appended 
 of a checkpoint that has one left out, the configured field names ignored, a conversational record
 rendered without the template's generation prompt, and bad records accepted or reported without their
 place, the fields looked for, or what is allowed. (The ids are checked against TRL's own tokenization
-in tests/parity/tasks/test_dpo_trl.py.)
+in tests/parity/tasks/test_dpo_trl_trainer.py.)
 """
 
 from __future__ import annotations
