@@ -13,9 +13,6 @@ an unbounded loop on rewards that never vary, a rank training rows it did not re
 
 from __future__ import annotations
 
-import json
-import shutil
-import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +22,7 @@ import pytest
 import torch
 from torch import nn
 
-from titan_tpu.config import load_config
+from tests.support.grpo_record_runs import run_on_records, stopped_after
 from titan_tpu.generation.vllm.engine import VllmEngine
 from titan_tpu.protocols.rollout import Rollout
 from titan_tpu.tasks.grpo import draws as draws_module
@@ -34,7 +31,6 @@ from titan_tpu.tasks.grpo.draws import DynamicSamplingShort, RolloutBatch, Rollo
 from titan_tpu.tasks.grpo.producer import Sampled
 from titan_tpu.tasks.grpo.prompts import Prompt, PromptStream
 from titan_tpu.tasks.grpo.sampling import RolloutSource
-from titan_tpu.training.trainer import Trainer
 
 GROUP, PER_STEP = 2, 4
 ROWS = GROUP * PER_STEP
@@ -263,46 +259,10 @@ COMPARED = ("loss", "grad_norm", "reward_mean", "prompts_drawn", "tied_groups", 
 
 
 def _run(tmp_path: Path, dump: Path, steps: int) -> tuple[int, dict[int, dict], list[list[str]]]:
-    records = tmp_path / "prompts.jsonl"
-    if not records.exists():
-        records.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(40)))
-    module = sys.modules.get("dynamic_reward")
-    if module is not None:
-        module.calls.clear()
-    config = load_config(
-        "grpo_qwen3_debug",
-        [
-            f"--job.dump_folder={dump}",
-            "--rl.task=data",
-            "--data.source=files",
-            f"--data.path={records}",
-            "--data.tokenizer=chatml_bytes",
-            '--rl.rewards=[{ fn = "dynamic_reward:quarter" }]',
-            f"--training.steps={steps}",
-            "--rl.prompts_per_step=2",
-            "--rl.group_size=4",
-            "--training.global_batch_size=8",
-            "--rl.max_new_tokens=4",
-            "--training.seq_len=96",
-            "--model.overrides={ n_layers = 1 }",
-            "--training.dtype=float32",
-            "--training.deterministic=true",
-            "--metrics.log_freq=1",
-            "--metrics.eval_freq=0",
-            # Small: at 1e-2 the random policy collapses to one answer within steps, and every group ties.
-            "--optimizer.lr=1e-4",
-            "--rl.dynamic_sampling=true",
-            "--checkpoint.enable=true",
-            "--checkpoint.interval=2",
-        ],
+    # A small lr: at 1e-2 the random policy collapses to one answer within steps, and every group ties.
+    return run_on_records(
+        tmp_path, dump, steps, "dynamic_reward:quarter", "--optimizer.lr=1e-4", "--rl.dynamic_sampling=true"
     )
-    trainer = Trainer(config)
-    start = trainer.step
-    try:
-        by_step = {r.step: r.to_dict() for r in trainer.train()}
-    finally:
-        trainer.close()
-    return start, by_step, [list(c) for c in sys.modules["dynamic_reward"].calls]
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -328,9 +288,7 @@ def test_a_run_trains_no_tied_group_and_resumes_exactly(tmp_path: Path, monkeypa
     assert all(n >= 2 for n in drawn) and any(n > 2 for n in drawn), drawn  # more drawn, and counted
     assert len(straight_draws) == sum(drawn) / 2  # one reward call per draw of two prompts
     assert any(straight[s]["tied_groups"] > 0 for s in range(1, 5))
-    # "Stopped after step 2": a fresh dump folder holding only what that run had saved by then.
-    (tmp_path / "b" / "checkpoint").mkdir(parents=True)
-    shutil.copytree(tmp_path / "a" / "checkpoint" / "step-2", tmp_path / "b" / "checkpoint" / "step-2")
+    stopped_after(tmp_path / "a", tmp_path / "b", step=2)
     start, resumed, resumed_draws = _run(tmp_path, tmp_path / "b", steps=4)
     assert start == 2 and sorted(resumed) == [3, 4]
     drawn_before = int(sum(drawn[:2]) / 2)
