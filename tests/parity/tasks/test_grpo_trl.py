@@ -109,6 +109,22 @@ def make_batch(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
+def trl_inputs(batch: dict[str, torch.Tensor], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What TRL's rollout hands its `_compute_loss` for `batch`: two-token prompts, the completion mask,
+    the advantages, the old and reference log-probs, and the batch's token count."""
+    n = len(advantages)
+    return {
+        "prompt_ids": torch.zeros(n, 2, dtype=torch.int64),
+        "prompt_mask": torch.ones(n, 2, dtype=torch.int64),
+        "completion_ids": torch.zeros(n, T, dtype=torch.int64),
+        "completion_mask": batch["mask"],
+        "advantages": advantages,
+        "old_per_token_logps": batch["old"],
+        "ref_per_token_logps": batch["ref"],
+        "num_items_in_batch": batch["mask"].sum().to(torch.float64),
+    }
+
+
 @pytest.mark.parametrize("loss_type,scale,aggregation", CASES)
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_loss_equals_trl(loss_type: str, scale: bool, aggregation: str, beta: float) -> None:
@@ -119,19 +135,8 @@ def test_loss_equals_trl(loss_type: str, scale: bool, aggregation: str, beta: fl
     # torch divides in float32 (4/3 off by ~1e-8); ours is float64 throughout.
     assert torch.allclose(ours_adv, theirs_adv, rtol=1e-6, atol=1e-12)
 
-    n = batch["logps"].shape[0]
-    inputs = {
-        "prompt_ids": torch.zeros(n, 2, dtype=torch.int64),
-        "prompt_mask": torch.ones(n, 2, dtype=torch.int64),
-        "completion_ids": torch.zeros(n, T, dtype=torch.int64),
-        "completion_mask": batch["mask"],
-        "advantages": theirs_adv,
-        "old_per_token_logps": batch["old"],
-        "ref_per_token_logps": batch["ref"],
-        "num_items_in_batch": batch["mask"].sum().to(torch.float64),
-    }
     theirs_logps = batch["logps"].clone().requires_grad_(True)
-    theirs = trl_loss(loss_type, beta, inputs, theirs_logps)
+    theirs = trl_loss(loss_type, beta, trl_inputs(batch, theirs_adv), theirs_logps)
     ours_logps = batch["logps"].clone().requires_grad_(True)
     ours = grpo_loss(
         ours_logps,
@@ -158,16 +163,7 @@ def test_mismatched_aggregation_misses_trl(loss_type: str, scale: bool, aggregat
     the comparison above distinguishes them."""
     batch = make_batch(seed=7)
     adv = trl_advantages(batch["rewards"], scale)
-    inputs = {
-        "prompt_ids": torch.zeros(len(adv), 2, dtype=torch.int64),
-        "prompt_mask": torch.ones(len(adv), 2, dtype=torch.int64),
-        "completion_ids": torch.zeros(len(adv), T, dtype=torch.int64),
-        "completion_mask": batch["mask"],
-        "advantages": adv,
-        "old_per_token_logps": batch["old"],
-        "num_items_in_batch": batch["mask"].sum().to(torch.float64),
-    }
-    theirs = trl_loss(loss_type, 0.0, inputs, batch["logps"]).item()
+    theirs = trl_loss(loss_type, 0.0, trl_inputs(batch, adv), batch["logps"]).item()
     for other in {"token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"} - {aggregation}:
         ours = grpo_loss(
             batch["logps"],
@@ -198,18 +194,7 @@ def test_importance_sampling_correction_equals_trls(loss_type: str, scale: bool,
     ours_weights = torch.exp(batch["old"] - engine).clamp(max=cap) * mask  # rollout.build_micro_batches
     assert (theirs_weights > 1).any() and (theirs_weights == cap).any()  # both sides of 1, some truncated
     adv = trl_advantages(batch["rewards"], scale)
-    n = len(adv)
-    inputs = {
-        "prompt_ids": torch.zeros(n, 2, dtype=torch.int64),
-        "prompt_mask": torch.ones(n, 2, dtype=torch.int64),
-        "completion_ids": torch.zeros(n, T, dtype=torch.int64),
-        "completion_mask": mask,
-        "advantages": adv,
-        "old_per_token_logps": batch["old"],
-        "ref_per_token_logps": batch["ref"],
-        "importance_sampling_ratio": theirs_weights,
-        "num_items_in_batch": mask.sum().to(torch.float64),
-    }
+    inputs = {**trl_inputs(batch, adv), "importance_sampling_ratio": theirs_weights}
     theirs_logps = batch["logps"].clone().requires_grad_(True)
     trainer_values = {"use_vllm": True, "vllm_importance_sampling_correction": True}
     theirs = trl_loss(loss_type, 0.04, inputs, theirs_logps, **trainer_values)
@@ -253,20 +238,6 @@ VARIANTS = [
 ]
 
 
-def _inputs(batch: dict[str, torch.Tensor], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
-    n = len(advantages)
-    return {
-        "prompt_ids": torch.zeros(n, 2, dtype=torch.int64),
-        "prompt_mask": torch.ones(n, 2, dtype=torch.int64),
-        "completion_ids": torch.zeros(n, T, dtype=torch.int64),
-        "completion_mask": batch["mask"],
-        "advantages": advantages,
-        "old_per_token_logps": batch["old"],
-        "ref_per_token_logps": batch["ref"],
-        "num_items_in_batch": batch["mask"].sum().to(torch.float64),
-    }
-
-
 def _ours(
     batch: dict[str, torch.Tensor],
     logps: torch.Tensor,
@@ -299,7 +270,7 @@ def _trl_variant(
 ) -> torch.Tensor:
     epsilon_high = CISPO_CAP if loss_type == "cispo" else EPS_HIGH
     return trl_loss(
-        loss_type, beta, _inputs(batch, adv), logps, importance_sampling_level=level, epsilon_high=epsilon_high
+        loss_type, beta, trl_inputs(batch, adv), logps, importance_sampling_level=level, epsilon_high=epsilon_high
     )
 
 
