@@ -43,7 +43,6 @@ class LoRALinear(nn.Linear):
             raise ValueError(f"LoRA rank must be > 0, got {rank}")
         self.rank = rank
         self.alpha = alpha
-        self.scaling = alpha / rank
         # A probability, not a child module: torch's row-wise style shards the weight of every module
         # inside the linear it is given, and a dropout module has none.
         self.dropout = dropout
@@ -73,11 +72,9 @@ class LoRALinear(nn.Linear):
         return adapted
 
     @property
-    def lora_dropout(self) -> nn.Dropout:
-        """PEFT's name for the adapters' input dropout: a module of `dropout`'s probability, in this
-        layer's training mode (made on access, never a child of the layer)."""
-        module = nn.Dropout(self.dropout)
-        return module.train(self.training)
+    def scaling(self) -> float:
+        """alpha / rank, the factor on the low-rank term."""
+        return self.alpha / self.rank
 
     @torch.no_grad()
     def reset_adapter(self) -> None:
@@ -93,11 +90,6 @@ class LoRALinear(nn.Linear):
             x = F.dropout(x, self.dropout, self.training)
         low_rank = F.linear(F.linear(x, self.lora_A), self.lora_B)
         return out + low_rank * self.scaling
-
-    @torch.no_grad()
-    def delta_weight(self) -> torch.Tensor:
-        """B A * alpha / rank: what merging adds to `weight` (same layout as `weight`)."""
-        return (self.lora_B @ self.lora_A) * self.scaling
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, lora_rank={self.rank}, lora_alpha={self.alpha}"
