@@ -27,6 +27,8 @@ import pytest
 import torch
 from torch import nn
 
+from tests.support.trl_accelerator import OneProcessAccelerator
+
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 trl_rloo = pytest.importorskip("trl.trainer.rloo_trainer")
 trl_rewards = pytest.importorskip("trl.rewards")
@@ -46,20 +48,6 @@ def rewards_with_a_tie(seed: int) -> torch.Tensor:
     return rewards
 
 
-class _Accelerator:
-    """One process: reductions and gathers are the identity."""
-
-    num_processes = 1
-    process_index = 0
-    device = torch.device("cpu")
-
-    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-        return tensor
-
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
-
 def _trainer(cls: Any, rewards: torch.Tensor, **values: object) -> Any:
     """A TRL trainer whose rollout method runs on fixed completions and rewards."""
     n = len(rewards)
@@ -67,7 +55,7 @@ def _trainer(cls: Any, rewards: torch.Tensor, **values: object) -> Any:
     model = nn.Linear(1, 1)
     model.is_gradient_checkpointing = False  # type: ignore[assignment]
     trainer.__dict__.update(
-        accelerator=_Accelerator(),
+        accelerator=OneProcessAccelerator(),
         model=model,
         _tokenizer=SimpleNamespace(pad_token_id=0),
         pad_to_multiple_of=None,

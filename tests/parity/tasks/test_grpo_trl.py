@@ -33,6 +33,8 @@ import pytest
 import torch
 from torch import nn
 
+from tests.support.trl_accelerator import OneProcessAccelerator
+
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 trl_utils = pytest.importorskip("trl.trainer.utils")
 
@@ -45,20 +47,6 @@ CASES = [
     ("dr_grpo", False, "seq_mean_token_sum_norm"),
     ("dapo", True, "token_mean"),
 ]
-
-
-class _Accelerator:
-    """One process: reductions and gathers are the identity."""
-
-    num_processes = 1
-
-    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-        return tensor
-
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
-    gather_for_metrics = gather
 
 
 def trl_loss(loss_type: str, beta: float, inputs: dict, logps: torch.Tensor, **trainer_values: object) -> torch.Tensor:
@@ -76,7 +64,7 @@ def trl_loss(loss_type: str, beta: float, inputs: dict, logps: torch.Tensor, **t
         max_completion_length=T,
         _entropy_bonus_enabled=False,
         aux_loss_enabled=False,
-        accelerator=_Accelerator(),
+        accelerator=OneProcessAccelerator(),
         model=nn.Linear(1, 1),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
         args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
