@@ -11,7 +11,7 @@ from torch import nn
 from titan_tpu.config.sections import LoRAConfig
 from titan_tpu.distributed.parallelize import block_containers
 from titan_tpu.lora.apply import apply_lora
-from titan_tpu.lora.placement import reset_adapters
+from titan_tpu.lora.placement import FACTORS, reset_adapters
 from titan_tpu.models.common.lora import lora_layers
 
 RANK, ALPHA = 4, 8.0  # scaling 2: an export that leaves the scaling out is off by the whole update
@@ -24,6 +24,12 @@ def adapt_block_linears(model: nn.Module, rank: int = RANK, alpha: float = ALPHA
     names = apply_lora(model, config, block_containers(model), "the test model")
     reset_adapters(model)
     return names
+
+
+def adapter_parameter_names(model: nn.Module) -> list[str]:
+    """The adapters' parameter names, as the model names them (`layers.0.attention.wq.lora_A`): the keys
+    a LoRA checkpoint's model entry holds."""
+    return [f"{name}.{factor}" for name, _ in lora_layers(model) for factor in FACTORS]
 
 
 def train_adapters(model: nn.Module, vocab_size: int, steps: int = 3, seed: int = 0) -> None:

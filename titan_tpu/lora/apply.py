@@ -13,7 +13,7 @@ from torch import nn
 
 from titan_tpu.config.sections import LoRAConfig
 from titan_tpu.lora.targets import select_targets
-from titan_tpu.models.common.lora import LoRALinear, lora_layers
+from titan_tpu.models.common.lora import LoRALinear
 
 
 def apply_lora(
@@ -52,9 +52,3 @@ def store_frozen_in(layer: LoRALinear, dtype: torch.dtype) -> None:
         param = getattr(layer, name)
         if param is not None and param.dtype != dtype:
             setattr(layer, name, nn.Parameter(param.detach().to(dtype), requires_grad=False))
-
-
-def adapter_parameter_names(model: nn.Module) -> list[str]:
-    """The adapters' parameter names, as the model names them (`layers.0.attention.wq.lora_A`): the keys
-    a LoRA checkpoint's model entry holds."""
-    return [f"{name}.{factor}" for name, _ in lora_layers(model) for factor in ("lora_A", "lora_B")]

@@ -10,10 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from tests.support.lora_models import adapter_parameter_names
 from titan_tpu.config.sections import LoRAConfig, OptimizerConfig
 from titan_tpu.distributed.parallelize import block_containers
 from titan_tpu.distributed.sharded_init import init_weights
-from titan_tpu.lora.apply import adapter_parameter_names, apply_lora
+from titan_tpu.lora.apply import apply_lora
 from titan_tpu.models.common.lora import LoRALinear, lora_layers
 from titan_tpu.models.registry import get_model_spec
 from titan_tpu.optim import adamw_state_bytes, build_optimizer

@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
+from tests.support.lora_models import adapter_parameter_names
 from tests.support.parity import EXACT, RunResult, compare, train_and_capture
 from titan_tpu.checkpoint.hf_export import export_model_to_hf
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.lora.apply import adapter_parameter_names
 from titan_tpu.metrics.console import count
 from titan_tpu.models.qwen3.args import QWEN3_FLAVORS
 from titan_tpu.models.qwen3.model import Qwen3Model
