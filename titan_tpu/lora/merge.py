@@ -19,6 +19,7 @@ from torch import nn
 
 from titan_tpu.checkpoint.hf_export import (
     DEFAULT_MAX_SHARD_BYTES,
+    LORA_FACTORS,
     export_tensors_to_hf,
     exportable_state,
     gathered,
@@ -43,7 +44,7 @@ def merged_weight(weight: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tens
 
 
 def _check_factors(state: Mapping[str, torch.Tensor], layers: Mapping[str, LoRALinear]) -> None:
-    expected = {f"{path}.{factor}" for path in layers for factor in ("lora_A", "lora_B")}
+    expected = {f"{path}.{factor}" for path in layers for factor in LORA_FACTORS}
     expected |= {path + WEIGHT for path in layers}
     found = {name for name in state if is_lora_factor(name)}
     missing = sorted(expected - set(state))
