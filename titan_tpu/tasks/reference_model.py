@@ -23,15 +23,18 @@ from torch import nn
 from titan_tpu.checkpoint.hf_import import load_hf_weights
 from titan_tpu.config import ConfigError
 from titan_tpu.distributed.parallelize import parallelize_model
-from titan_tpu.lora.apply import adapter_parameter_names
+from titan_tpu.lora.placement import FACTORS
 from titan_tpu.models.common.lora import lora_layers
 from titan_tpu.tasks.base import TaskContext
 
 
 def trained_beside_adapters(policy: nn.Module) -> list[str]:
     """Names of the trainable parameters of `policy` that are not LoRA adapters."""
-    adapters = set(adapter_parameter_names(policy))
-    return [name for name, param in policy.named_parameters() if param.requires_grad and name not in adapters]
+    return [
+        name
+        for name, param in policy.named_parameters()
+        if param.requires_grad and name.rsplit(".", 1)[-1] not in FACTORS
+    ]
 
 
 def initial_model_reference(policy: nn.Module, ctx: TaskContext, args: Any, who: str) -> nn.Module | None:
