@@ -203,3 +203,51 @@ def test_gradient_pushes_toward_positive_advantage() -> None:
     assert (logps.grad[0][tensor(MASK)[0] > 0] < 0).all()  # descent raises the good completion's logps
     assert (logps.grad[1][tensor(MASK)[1] > 0] > 0).all()
     assert (logps.grad[:, 3][tensor(MASK)[:, 3] == 0] == 0).all()  # padding gets no gradient
+
+
+def test_cispo_and_sequence_level_clip_fractions() -> None:
+    """The record's clip_fraction with rl.objective = "cispo" is the share of completion tokens whose
+    ratio weight was capped, whatever the advantage's sign; with importance_level = "sequence" every
+    token of a completion has its ratio exp(mean over the completion of logp - old), clipped as PPO
+    clips. Catches a CISPO fraction counted by PPO's sign rule (capped tokens of negative advantage
+    missed) and a sequence-level fraction counted from the tokens' own ratios."""
+    advantages = reference_advantages(REWARDS, 3, True, 1e-4)
+    cap, eps = 1.06, 0.04  # close to 1: some tokens and some completions pass them, not the same ones
+
+    def fraction(objective: str, level: str) -> float:
+        return grpo_loss(
+            tensor(LOGPS),
+            tensor(OLD_LOGPS),
+            tensor(advantages),
+            tensor(MASK),
+            eps_low=eps,
+            eps_high=eps,
+            aggregation="token_mean",
+            max_completion_tokens=MAX_TOKENS,
+            objective=objective,  # type: ignore[arg-type]
+            cispo_cap=cap,
+            importance_level=level,  # type: ignore[arg-type]
+        ).clip_fraction.item()
+
+    count = sum(map(sum, MASK))
+    capped = by_sign = capped_sequences = clipped_sequences = 0
+    for i, adv in enumerate(advantages):
+        on = [j for j in range(MAX_TOKENS) if MASK[i][j]]
+        for j in on:
+            ratio = math.exp(LOGPS[i][j] - OLD_LOGPS[i][j])
+            capped += ratio > cap
+            by_sign += ratio > cap and adv > 0
+        sequence_ratio = math.exp(sum(LOGPS[i][j] - OLD_LOGPS[i][j] for j in on) / len(on))
+        capped_sequences += len(on) * (sequence_ratio > cap)
+        clipped_sequences += len(on) * (
+            (sequence_ratio < 1 - eps and adv < 0) or (sequence_ratio > 1 + eps and adv > 0)
+        )
+    assert capped > by_sign > 0 and capped_sequences > 0 and clipped_sequences > 0, (
+        "the example must tell the rules apart"
+    )
+    assert fraction("cispo", "token") == pytest.approx(capped / count, rel=1e-12)
+    assert fraction("cispo", "sequence") == pytest.approx(capped_sequences / count, rel=1e-12)
+    assert fraction("clipped", "sequence") == pytest.approx(clipped_sequences / count, rel=1e-12)
+    # Negative controls: each level's count differs from the other level's on this example.
+    assert fraction("clipped", "token") != pytest.approx(clipped_sequences / count, rel=1e-6)
+    assert fraction("cispo", "token") != pytest.approx(capped_sequences / count, rel=1e-6)
