@@ -28,9 +28,8 @@ from typing import Any, Literal
 import torch
 
 from titan_tpu.config.errors import ConfigError
-from titan_tpu.data.packing import block_permutation
 from titan_tpu.data.preference_records import PreferencePair
-from titan_tpu.data.sft_dataset import RecordSource, SftBlockStart
+from titan_tpu.data.sft_dataset import NewBlock, RecordAt, RecordSource, SftBlockStart, epochs_of_blocks
 from titan_tpu.data.sharded_blocks import ShardedBlocks
 
 logger = logging.getLogger(__name__)
@@ -129,13 +128,10 @@ def iterate_preference_blocks(
     counts: PreferenceCounts,
     forever: bool = True,
 ) -> Iterator[PreferenceBlock]:
-    """The global stream of blocks from `start` on: forever, one epoch after another, or to the end
-    of `start`'s epoch."""
-    epoch, block, first, cursor = start.epoch, start.block, start.first_sample, start.cursor
-    while True:
-        from_first_record = cursor == (0, 0)
-        produced = 0
-        records = source.records(cursor)
+    """The global stream of blocks from `start` on (`sft_dataset.epochs_of_blocks`): `block_pairs`
+    records a block, each pair fitted."""
+
+    def fitted(records: Iterator[RecordAt]) -> Iterator[NewBlock]:
         pending = next(records, None)
         while pending is not None:
             block_cursor = pending[0]
@@ -143,26 +139,19 @@ def iterate_preference_blocks(
             read = 0
             while pending is not None and read < fitting.block_pairs:
                 _, where, record = pending
-                fitted = fit_pair(encode(record, where), where, fitting, counts)
-                if fitted is not None:
-                    pairs.append(fitted)
+                pair = fit_pair(encode(record, where), where, fitting, counts)
+                if pair is not None:
+                    pairs.append(pair)
                 read += 1
                 pending = next(records, None)
-            if not pairs:
-                continue
-            sequences, lengths = _block_tensors(pairs, fitting)
-            if fitting.shuffle:
-                order = block_permutation(len(pairs), fitting.seed, epoch, block)
-                sequences, lengths = sequences[order], lengths[order]
-            yield PreferenceBlock(SftBlockStart(epoch, block, first, block_cursor), sequences, lengths)
-            first += len(pairs)
-            block += 1
-            produced += len(pairs)
-        if produced == 0 and from_first_record:
-            raise ConfigError(f"data.path: {source.description} holds no preference pair that fits")
-        if not forever:
-            return
-        epoch, block, cursor = epoch + 1, 0, (0, 0)
+            if pairs:
+                yield block_cursor, _block_tensors(pairs, fitting)
+
+    blocks = epochs_of_blocks(
+        source, start, fitted, fitting.shuffle, fitting.seed, forever, "preference pair that fits"
+    )
+    for block_start, (sequences, lengths) in blocks:
+        yield PreferenceBlock(block_start, sequences, lengths)
 
 
 class PreferenceDataset(ShardedBlocks):

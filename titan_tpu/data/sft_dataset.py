@@ -30,12 +30,14 @@ from titan_tpu.data.sharded_blocks import ShardedBlocks
 
 # (record, where) -> the record's ids and mask; raises ConfigError for a record it cannot use.
 Encode = Callable[[dict[str, Any], str], MaskedTokens]
+# A record as a source yields it: its cursor, where it is (file and line) and its fields.
+RecordAt = tuple[RecordCursor, str, dict[str, Any]]
 
 
 class RecordSource(Protocol):
     description: str
 
-    def records(self, start: RecordCursor = (0, 0)) -> Iterator[tuple[RecordCursor, str, dict[str, Any]]]: ...
+    def records(self, start: RecordCursor = (0, 0)) -> Iterator[RecordAt]: ...
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,46 @@ class Packing:
     seed: int
 
 
+# A block before its place in the stream: the cursor of its first record and its tensors (samples
+# along the first dimension).
+NewBlock = tuple[RecordCursor, tuple[torch.Tensor, ...]]
+# Records from a cursor -> their blocks; a group of records that gives no sample yields none.
+BlocksOf = Callable[[Iterator[RecordAt]], Iterator[NewBlock]]
+
+
+def epochs_of_blocks(
+    source: RecordSource,
+    start: SftBlockStart,
+    blocks_of: BlocksOf,
+    shuffle: bool,
+    seed: int,
+    forever: bool,
+    sample: str,
+) -> Iterator[tuple[SftBlockStart, tuple[torch.Tensor, ...]]]:
+    """The global stream of blocks from `start` on, each with its start: forever, one epoch after
+    another, or to the end of `start`'s epoch. A block's samples are permuted with a generator seeded
+    by (seed, epoch, block) when shuffling. An epoch read from its first record that gives no block
+    stops the run (`sample` names what it holds none of)."""
+    epoch, block, first, cursor = start.epoch, start.block, start.first_sample, start.cursor
+    while True:
+        from_first_record = cursor == (0, 0)
+        produced = 0
+        for block_cursor, tensors in blocks_of(source.records(cursor)):
+            samples = len(tensors[0])
+            if shuffle:
+                order = block_permutation(samples, seed, epoch, block)
+                tensors = tuple(tensor[order] for tensor in tensors)
+            yield SftBlockStart(epoch, block, first, block_cursor), tensors
+            first += samples
+            block += 1
+            produced += samples
+        if produced == 0 and from_first_record:
+            raise ConfigError(f"data.path: {source.description} holds no {sample}")
+        if not forever:
+            return
+        epoch, block, cursor = epoch + 1, 0, (0, 0)
+
+
 def iterate_sft_blocks(
     source: RecordSource,
     encode: Encode,
@@ -89,15 +131,12 @@ def iterate_sft_blocks(
     counts: PackingCounts,
     forever: bool = True,
 ) -> Iterator[SftBlock]:
-    """The global stream of blocks from `start` on: forever, one epoch after another, or to the end
-    of `start`'s epoch."""
-    epoch, block, first, cursor = start.epoch, start.block, start.first_sample, start.cursor
+    """The global stream of blocks from `start` on (`epochs_of_blocks`): records read until a
+    block's worth of tokens, then packed."""
     budget = packing.block_rows * packing.seq_len
-    while True:
-        from_first_record = cursor == (0, 0)
-        produced = 0
-        records = source.records(cursor)
-        pending: tuple[RecordCursor, str, dict[str, Any]] | None = next(records, None)
+
+    def packed(records: Iterator[RecordAt]) -> Iterator[NewBlock]:
+        pending = next(records, None)
         while pending is not None:
             block_cursor = pending[0]
             examples: list[tuple[str, MaskedTokens]] = []
@@ -109,21 +148,14 @@ def iterate_sft_blocks(
                 token_count += len(example.ids) - 1
                 pending = next(records, None)
             rows = pack_rows(examples, packing.seq_len, packing.pad_id, packing.packing, packing.overflow, counts)
-            if not rows:
-                continue
-            tokens, lengths = _tensors(rows)
-            if packing.shuffle:
-                order = block_permutation(len(rows), packing.seed, epoch, block)
-                tokens, lengths = tokens[order], lengths[order]
-            yield SftBlock(SftBlockStart(epoch, block, first, block_cursor), tokens, lengths)
-            first += len(rows)
-            block += 1
-            produced += len(rows)
-        if produced == 0 and from_first_record:
-            raise ConfigError(f"data.path: {source.description} holds no example with a token to train on")
-        if not forever:
-            return
-        epoch, block, cursor = epoch + 1, 0, (0, 0)
+            if rows:
+                yield block_cursor, _tensors(rows)
+
+    blocks = epochs_of_blocks(
+        source, start, packed, packing.shuffle, packing.seed, forever, "example with a token to train on"
+    )
+    for block_start, (tokens, lengths) in blocks:
+        yield SftBlock(block_start, tokens, lengths)
 
 
 class SftDataset(ShardedBlocks):
