@@ -76,7 +76,6 @@ from titan_tpu.lora.merge import merge_factors  # noqa: E402
 from titan_tpu.lora.peft_export import (  # noqa: E402
     Factors,
     LoRASettings,
-    TransformersTree,
     transformers_tree,
     write_peft_folder,
 )
@@ -176,14 +175,11 @@ def _lora_run(step_folder: Path, config: Any | None, direction: str) -> tuple[An
     return config, LoRASettings(config.lora.rank, config.lora.alpha, config.lora.dropout)
 
 
-def _base_model(spec: Any, args: Any) -> tuple[dict[str, tuple[int, ...]], TransformersTree | None]:
-    """The flavor's tensors, as the live export hands them to the adapter (a tied head once), and
-    where the model holds transformers' own (the hf family's), built on meta."""
-    with torch.device("meta"):
-        module = spec.model_cls(args)
+def _base_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """The flavor's tensors (of its model built on meta), as the live export hands them to the adapter:
+    a tied head once."""
     repeats = tied_repeats(module)
-    shapes = {name: tuple(p.shape) for name, p in module.state_dict().items() if name not in repeats}
-    return shapes, transformers_tree(module)
+    return {name: tuple(p.shape) for name, p in module.state_dict().items() if name not in repeats}
 
 
 def _adapter_tensors(step_folder: Path, direction: str) -> dict[str, TensorStorageMetadata]:
@@ -230,9 +226,12 @@ def dcp_to_peft(
     step_folder = _step_folder(checkpoint_folder, step)
     tensors = _adapter_tensors(step_folder, "dcp-to-peft")
     run, settings = _lora_run(step_folder, config, "dcp-to-peft")
-    shapes, tree = _base_model(spec, args)
+    with torch.device("meta"):
+        module = spec.model_cls(args)
+    shapes = _base_shapes(module)
     factors = _read_factors(step_folder, tensors, shapes, settings.rank, "dcp-to-peft")
     base = run.checkpoint.initial_load_path or None
+    tree = transformers_tree(module)  # where the hf family's model holds transformers' own
     return write_peft_folder(out, spec.state_dict_adapter, args, shapes, factors, settings, base, dtype, tree)
 
 
@@ -259,9 +258,9 @@ def _merged_lora_to_hf(
     what = f"model {run.model.name} flavor {run.model.flavor}"
     check_hf_config(Path(base), spec.state_dict_adapter, args, what)  # before allocating anything
     tensors = _adapter_tensors(step_folder, "dcp-to-hf")
-    factors = _read_factors(step_folder, tensors, _base_model(spec, args)[0], settings.rank, "dcp-to-hf")
     with torch.device("meta"):
         module = spec.model_cls(args)
+    factors = _read_factors(step_folder, tensors, _base_shapes(module), settings.rank, "dcp-to-hf")
     module.to_empty(device="cpu")  # every weight is overwritten by the load; no init needed
     reading = Progress.starter("loading the base's Hugging Face weights", "files")
     load_hf_weights(module, Path(base), spec.state_dict_adapter, args, what=what, progress=reading)
