@@ -69,7 +69,11 @@ class ForwardCost:
 def rollout_flops(cost: ForwardCost, groups: Iterable[tuple[int, Sequence[int]]], scoring_passes: int) -> float:
     """Sampling plus `scoring_passes` log-probability passes of every group of rows sharing a prompt:
     (prompt length, the completion lengths of its rows)."""
-    return sum(
-        cost.prefill(p) + sum(cost.decoding(p, t) + scoring_passes * cost.scoring(p + t) for t in completions)
-        for p, completions in groups
-    )
+    groups = list(groups)
+    sampling = sum(cost.prefill(p) + sum(cost.decoding(p, t) for t in completions) for p, completions in groups)
+    return sampling + scoring_flops(cost, groups, scoring_passes)
+
+
+def scoring_flops(cost: ForwardCost, groups: Iterable[tuple[int, Sequence[int]]], passes: int) -> float:
+    """`passes` log-probability passes over every row of the groups: (prompt length, completion lengths)."""
+    return passes * sum(cost.scoring(p + t) for p, completions in groups for t in completions)

@@ -16,7 +16,7 @@ import torch
 from titan_tpu.tasks.grpo.config import RLConfig
 from titan_tpu.tasks.grpo.prompts import Prompt
 from titan_tpu.tasks.grpo.rollout import MicroBatch
-from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops
+from titan_tpu.tasks.grpo.rollout_flops import ForwardCost, rollout_flops, scoring_flops
 from titan_tpu.tasks.grpo.step_lines import tied_groups
 
 if TYPE_CHECKING:
@@ -75,9 +75,8 @@ def add_rollout(
         # Every token after the prompt goes through the sampler (an episode's environment tokens too).
         stats["rollout_flops"] += rollout_flops(cost, _groups(draw.sampled.prompts, table, group_size), 0)
     stats["staleness_sum"] += version - min(draw.sampled.version for draw in batch.draws)
-    if scoring_passes:
-        trained = _groups(batch.prompts, batch.table, group_size)
-        stats["rollout_flops"] += scoring_passes * sum(cost.scoring(p + t) for p, lengths in trained for t in lengths)
+    if scoring_passes:  # the reference's and the trainer's log-probability passes, over the trained rows only
+        stats["rollout_flops"] += scoring_flops(cost, _groups(batch.prompts, batch.table, group_size), scoring_passes)
 
 
 def _groups(prompts: Sequence[Prompt], table: dict[str, torch.Tensor], group_size: int) -> list[tuple[int, list[int]]]:
