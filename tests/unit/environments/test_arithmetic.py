@@ -7,7 +7,13 @@ import time
 
 import pytest
 
-from titan_tpu.environments.arithmetic import MAX_EXPRESSION_CHARS, ExpressionError, evaluate, format_number
+from titan_tpu.environments.arithmetic import (
+    MAX_DEPTH,
+    MAX_EXPRESSION_CHARS,
+    ExpressionError,
+    evaluate,
+    format_number,
+)
 
 
 @pytest.mark.parametrize(
@@ -92,12 +98,14 @@ def test_long_and_deep_input_is_refused() -> None:
     with pytest.raises(ExpressionError, match="nested too deeply"):
         evaluate("-" * (MAX_EXPRESSION_CHARS - 1) + "1")
     # The bound is the evaluator's own: a raised interpreter recursion limit (another library in the
-    # process may raise it) does not lift it, and nesting within it still evaluates.
+    # process may raise it) does not lift it, one level past it is refused by it, and nesting within it
+    # still evaluates.
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(100_000)
     try:
-        with pytest.raises(ExpressionError, match="nested too deeply"):
-            evaluate("-" * (MAX_EXPRESSION_CHARS - 1) + "1")
+        for nesting in (MAX_EXPRESSION_CHARS - 1, MAX_DEPTH + 1):
+            with pytest.raises(ExpressionError, match=f"nested too deeply \\(at most {MAX_DEPTH} levels\\)"):
+                evaluate("-" * nesting + "1")
     finally:
         sys.setrecursionlimit(limit)
-    assert evaluate("-" * 100 + "1") == 1
+    assert evaluate("-" * MAX_DEPTH + "1") == 1
