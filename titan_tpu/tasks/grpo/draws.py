@@ -159,12 +159,15 @@ class RolloutDrawer:
         group = self.rl.group_size
         # Row j x G + i of the batch is row g x G + i of draw d, for the j-th kept group (d, g).
         origin = [(d, g * group + i) for d, g in kept for i in range(group)]
-        table = {name: torch.stack([draws[d].table[name][row] for d, row in origin]) for name in draws[0].table}
         prompts = [draws[d].sampled.prompts[g] for d, g in kept]
-        mine = self.source.mine
         if all(origin[r] == (0, r) for r in range(self.rows)):  # the one draw as it is: nothing moves
             sampled = draws[0].sampled
-            return RolloutBatch(prompts, table, sampled.completions, sampled.logps, sampled.episodes, draws)
+            return RolloutBatch(prompts, draws[0].table, sampled.completions, sampled.logps, sampled.episodes, draws)
+        table = {
+            name: torch.cat([draws[d].table[name][g * group : (g + 1) * group] for d, g in kept])
+            for name in draws[0].table
+        }
+        mine = self.source.mine
         wanted = set(origin)
         local = {
             (d, row): _row_of(draw.sampled, row) for d, draw in enumerate(draws) for row in mine if (d, row) in wanted
