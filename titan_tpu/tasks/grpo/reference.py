@@ -29,7 +29,7 @@ class KLReference:
 
     @classmethod
     def for_policy(cls, policy: nn.Module, ctx: TaskContext, args: Any) -> KLReference:
-        return cls(initial_model_reference(policy, ctx, args, "training.task = 'grpo' with rl.beta > 0"))
+        return cls(initial_model_reference(policy, ctx, args, "rl.beta > 0"))
 
     @property
     def is_adapter_switch(self) -> bool:
