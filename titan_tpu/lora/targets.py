@@ -56,8 +56,9 @@ def describe_linears(names: list[str]) -> str:
 
 def select_targets(model: nn.Module, containers: Iterable[nn.Module], targets: list[str], what: str) -> list[str]:
     """Qualified names of the linears `targets` (lora.target_modules) names in `model`, whose repeated
-    blocks are `containers`; ConfigError (one line) when a pattern names none, when the blocks hold no
-    linear, or when a named linear is a subclass with its own forward. `what` names the model."""
+        blocks are `containers`; ConfigError (one line) when a pattern names none, when the blocks hold no
+        linear, when a named linear is a subclass with its own forward, or when its weight is tied to another
+    parameter. `what` names the model."""
     if targets == [ALL_LINEAR]:
         chosen = _inside_blocks(model, containers)
         if not chosen:
@@ -77,7 +78,17 @@ def select_targets(model: nn.Module, containers: Iterable[nn.Module], targets: l
                 )
             chosen += [name for name in named if name not in chosen]
     modules = dict(model.named_modules())
+    # Every name a parameter goes by: a tied weight (a head sharing the embedding table) has two.
+    names_of: dict[int, list[str]] = {}
+    for param_name, param in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(param), []).append(param_name)
     for name in chosen:
+        tied = [other for other in names_of[id(modules[name].weight)] if other != f"{name}.weight"]
+        if tied:
+            raise ConfigError(
+                f"lora.target_modules: {name}'s weight is tied to {tied[0]}; an adapter on a shared matrix would "
+                "change both, and the merged export writes the matrix once: leave it out of the patterns"
+            )
         if type(modules[name]).forward is not nn.Linear.forward:
             raise ConfigError(
                 f"lora.target_modules: {name} is a {type(modules[name]).__name__} with a forward of its own, which "

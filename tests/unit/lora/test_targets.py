@@ -101,3 +101,21 @@ def test_a_model_without_block_linears_and_a_linear_subclass_are_refused() -> No
     with pytest.raises(ConfigError, match=r"layers.0.1 is a Scaled with a forward of its own"):
         targets(Model(), ["all-linear"])
     assert targets(Model(), ["layers.0.0"]) == ["layers.0.0"]
+
+
+def test_a_tied_weight_is_refused() -> None:
+    """A head that shares the embedding table (transformers' tied lm_head): an adapter on it would move
+    the embedding too, and storing its base in the compute dtype would untie the two. Its block
+    neighbours are still taken."""
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(4, 4)
+            self.layers = nn.ModuleList([nn.Linear(4, 4)])
+            self.head = nn.Linear(4, 4, bias=False)
+            self.head.weight = self.embed.weight
+
+    with pytest.raises(ConfigError, match=r"^lora.target_modules: head's weight is tied to embed.weight; "):
+        targets(Tied(), ["head"])
+    assert targets(Tied(), ["layers.0"]) == ["layers.0"]
