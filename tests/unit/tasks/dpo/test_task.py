@@ -33,7 +33,6 @@ SMALL = [
     "--training.global_batch_size=4",
     "--training.dtype=float32",
     "--validation.batches=1",
-    "--dpo.generated_pairs=64",
 ]
 
 
@@ -43,7 +42,9 @@ def _records(path: Path, *records: object) -> Path:
 
 
 def _config(tmp_path: Path, *overrides: str) -> TrainConfig:
-    return load_config("dpo_qwen3_debug", [*SMALL, f"--job.dump_folder={tmp_path / 'run'}", *overrides])
+    """On 64 generated pairs."""
+    dump = f"--job.dump_folder={tmp_path / 'run'}"
+    return load_config("dpo_qwen3_debug", [*SMALL, "--dpo.generated_pairs=64", dump, *overrides])
 
 
 def _files(tmp_path: Path, *records: object) -> list[str]:
@@ -52,9 +53,8 @@ def _files(tmp_path: Path, *records: object) -> list[str]:
 
 
 def _config_of_files(tmp_path: Path, *records: object) -> TrainConfig:
-    generated = [o for o in SMALL if not o.startswith("--dpo.generated_pairs")]
     return load_config(
-        "dpo_qwen3_debug", [*generated, f"--job.dump_folder={tmp_path / 'run'}", *_files(tmp_path, *records)]
+        "dpo_qwen3_debug", [*SMALL, f"--job.dump_folder={tmp_path / 'run'}", *_files(tmp_path, *records)]
     )
 
 
@@ -104,7 +104,7 @@ def test_train_py_exits_2_with_the_line(tmp_path: Path) -> None:
         (["--data.source=files", "--data.path=x.jsonl"], r"^data.path: 'x.jsonl' is not read while dpo.dataset"),
         (["--data.tokenizer=byte"], r"^data.tokenizer: DPO renders pairs with a chat template"),
         (
-            ["--dpo.dataset=data", "--data.source=files", "--data.path=x.jsonl"],  # with SMALL's generated_pairs
+            ["--dpo.dataset=data", "--data.source=files", "--data.path=x.jsonl"],  # with _config's generated_pairs
             r"^dpo.generated_pairs: is read only with dpo.dataset = 'generated'",
         ),
     ],
