@@ -6,7 +6,7 @@ Bugs caught: a second model built (twice the memory) when the adapters can give 
 reference that is the adapted policy itself (every reward 0 forever), adapters left switched off
 after the reference's forward (the policy would train without them), a LoRA run that also trains
 other weights accepted (switching the adapters off would not give back the initial model), a copy
-that is not the policy's initial weights."""
+that is not the policy's initial weights or that runs in training mode (dropout in the reference)."""
 
 from __future__ import annotations
 
@@ -84,4 +84,5 @@ def test_without_lora_the_reference_is_a_frozen_copy_of_the_initial_model(tmp_pa
     trainer.train()  # the policy moves, the reference does not
     moved = sum(not torch.equal(copy[name], param) for name, param in trainer.model.named_parameters())
     assert moved == len(copy)
+    assert not task.reference.model.training  # never dropped out, while the policy trains
     trainer.close()
