@@ -31,6 +31,7 @@ from torch import nn
 
 trl_dpo = pytest.importorskip("trl.trainer.dpo_trainer")
 
+from tests.support.trl_accelerator import OneProcessAccelerator  # noqa: E402
 from titan_tpu.tasks.dpo.loss import preference_loss  # noqa: E402
 from titan_tpu.tasks.dpo.task import PAIR_METRICS  # noqa: E402
 
@@ -43,17 +44,6 @@ CASES = {  # ours (loss type, label smoothing) -> TRL (loss types, their weights
     "ipo": (("ipo", 0.0), (["ipo"], [1.0], 0.0)),
     "hinge": (("hinge", 0.0), (["hinge"], [1.0], 0.0)),
 }
-
-
-class _Accelerator:
-    """One process: gathers are the identity."""
-
-    device = torch.device("cpu")
-
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
-    gather_for_metrics = gather
 
 
 class _FusedHead(nn.Module):
@@ -91,7 +81,7 @@ def trl_terms(
         use_weighting=False,
         precompute_ref_logps=True,
         aux_loss_enabled=False,
-        accelerator=_Accelerator(),
+        accelerator=OneProcessAccelerator(),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
         _total_train_tokens=0,
         _tp_size=1,
