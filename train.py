@@ -1,5 +1,8 @@
 """Entry point: `torchrun train.py --config NAME [--section.key=value ...]` (or plain `python`).
 
+`--dry-run --world N [--rank R ...]` sets the run up and takes one step as rank R of N simulated
+ranks, in this one process, without chips (titan_tpu/dryrun).
+
 `--import MODULE` (repeatable) imports a module of yours first, from the current folder or the Python
 path, so that the task or model family it registers (`titan_tpu.tasks.registry.register_task`,
 `titan_tpu.models.registry.register_model`) and its config sections can be named, set and listed by
@@ -86,6 +89,11 @@ def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0
+    if "--dry-run" in argv:
+        # The trainer's set-up and one step at a simulated world size, in this process (titan_tpu/dryrun).
+        from titan_tpu.dryrun.__main__ import main as dry_run
+
+        return dry_run([arg for arg in argv if arg != "--dry-run"])
     try:
         config_name, print_only, overrides = parse_cli(argv)
         config = load_config(config_name, overrides)

@@ -79,6 +79,19 @@ def _decide(
     return KernelChoice(tunable.field, measured.pick, source, measured.times_ms)
 
 
+def fallback_kernels(tunables: Sequence[Tunable], args: Any, shape: KernelShape) -> tuple[Any, list[KernelChoice]]:
+    """`args` with every auto field at its tunable's fallback, and the choices: no measurement and no
+    collective, since every rank derives the same picks by rule (the dry run, titan_tpu/dryrun, whose
+    simulated ranks share no process group that carries data)."""
+    auto = [t for t in tunables if t.is_auto(args)]
+    forced = [
+        KernelChoice(t.field, t.name_of(args), "forced by the config", {}) for t in tunables if not t.is_auto(args)
+    ]
+    picked = [KernelChoice(t.field, t.fallback, "fallback, not measured", {}) for t in auto]
+    values = {c.field: t.candidates(args, shape)[c.pick] for t, c in zip(auto, picked)}
+    return dataclasses.replace(args, **values), forced + picked
+
+
 def choose_kernels(
     tunables: Sequence[Tunable],
     args: Any,

@@ -154,7 +154,8 @@ class CheckpointManager:
     def _model_state(self) -> ModelState:
         return ModelState(self.model, trainable_only=self.trainable_only)
 
-    def _stateful(self, model_only: bool) -> dict[str, Any]:
+    def stateful(self, model_only: bool = False) -> dict[str, Any]:
+        """What a save writes, by name: the Stateful objects whose `state_dict()`s it stores."""
         states: dict[str, Any] = {"model": self._model_state()}
         if model_only:
             return states
@@ -195,7 +196,7 @@ class CheckpointManager:
             return False
         start = time.perf_counter()
         self.train_state.step = step
-        states = self._stateful(model_only)
+        states = self.stateful(model_only)
         state_dict = {name: state.state_dict() for name, state in states.items()}
         temp = layout.temp_dir(self.root, step, self.run_id)
         writer = ChecksummingWriter(temp)

@@ -60,8 +60,9 @@ class FSDPPolicy:
             else torch.float32,
             reshard=cfg.fsdp_reshard_after_forward,
             cpu_offload=cfg.fsdp_cpu_offload and sharded,
-            # Pinned host memory speeds up copies to an accelerator; a CPU run has nothing to copy.
-            pin_memory=device_type != "cpu",
+            # Pinned host memory speeds up copies to an accelerator; a CPU run has nothing to copy, and
+            # a model set up on `meta` (the dry run, titan_tpu/dryrun) has no host memory to pin.
+            pin_memory=device_type not in ("cpu", "meta"),
         )
 
     def reshard_after_forward(self, is_last_block: bool) -> bool:

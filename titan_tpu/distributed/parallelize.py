@@ -104,7 +104,9 @@ def parallelize_model(
         apply_activation_offload(containers, config.activation_checkpoint.wraps_block)
     if dims.fsdp_enabled:
         apply_fsdp(model, blocks(model), ctx.fsdp_mesh, ctx.fsdp)
-    model.to_empty(device=torch.device("cpu") if ctx.fsdp.cpu_offload else device)
+    # Offloaded state lives in host memory; on `meta` (the dry run) it stays on meta like the rest.
+    offloaded = ctx.fsdp.cpu_offload and device.type != "meta"
+    model.to_empty(device=torch.device("cpu") if offloaded else device)
     init_weights(model, config.training.seed, buffer_device=device)
     model.train()
     return model

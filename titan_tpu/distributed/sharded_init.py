@@ -194,7 +194,7 @@ class ShardingInvariantInit(TorchDispatchMode):
                 raise RuntimeError(f"unexpected local shard {tuple(local.shape)} vs {tuple(local_shape)} for {key}")
         else:
             local, offset = tensor, (0,) * tensor.ndim
-        if local.numel() == 0:
+        if local.numel() == 0 or local.is_meta:  # a model on `meta` (the dry run) has nothing to fill
             return
         values = _draw(sampler, tuple(tensor.shape), tuple(offset), tuple(local.shape), _base_seed(key))
         local.copy_(values)

@@ -65,12 +65,22 @@ class TrainingStopped(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, names: RegisteredNames | None = None):
+    # "auto" kernels are measured on the device; a subclass that has none to measure on (the dry run,
+    # titan_tpu/dryrun) takes their fallbacks.
+    measure_kernels = True
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        names: RegisteredNames | None = None,
+        process: process_group.ProcessInfo | None = None,
+    ):
         """`names`: the config's names as the entry point already checked them (train.py does, before
-        logging starts); without them the trainer checks them itself."""
+        logging starts); without them the trainer checks them itself. `process`: this process's rank
+        and world size, torchrun's (the environment's) unless given (the dry run simulates one)."""
         self.config = config  # as loaded, never written: what the run decides goes into self.resolved
         self.registered = names or check_registered_names(config)
-        self.process = process_group.process_info()
+        self.process = process or process_group.process_info()
         self.comm = CommTimeouts(config.comm, self.process.rank)
         try:
             self._setup_device()
@@ -92,6 +102,7 @@ class Trainer:
         """Device, process group, compute dtype and seeds; the resolved config is written here."""
         config = self.config
         self.device: Device = select_device(config.device.type, self.process.local_rank)
+        self.model_device = self.device.torch_device  # where the model is materialised
         process_group.init_process_group(self.device.backend, self.process, timeout_s=self.comm.seconds)
         self.is_writer = self.process.rank == 0
         self.dump_folder = Path(config.job.dump_folder)
@@ -162,7 +173,7 @@ class Trainer:
         )
         # The kernels "auto" left to measurement, what each became and the candidates' times.
         self.model_args, self.kernels = choose_run_kernels(
-            self.spec.tunables, args, shape, self.device, config, self.is_writer
+            self.spec.tunables, args, shape, self.device, config, self.is_writer, measure=self.measure_kernels
         )
 
     def _setup_model(self) -> None:
@@ -189,7 +200,7 @@ class Trainer:
                 self.spec,
                 self.parallel,
                 config,
-                self.device.torch_device,
+                self.model_device,
                 self.compute_dtype,
                 self.local_batch_size,
                 self.task.pipeline_loss,
@@ -200,7 +211,7 @@ class Trainer:
             self.spec.parallelize,
             self.parallel,
             config,
-            self.device.torch_device,
+            self.model_device,
             self.compute_dtype,
         )
 
