@@ -298,17 +298,44 @@ def shard_experts(experts_modules: list[nn.Module], ctx: ParallelContext) -> Non
     parameters laid out over ep.
     """
     mesh = expert_fsdp_mesh(ctx) or ctx.mesh("world")["dp_shard_mod_ep"]
+    shards = mesh.size(0) if mesh.ndim == 1 else mesh.size(1)
+    ep = ctx.dims.ep
     for index, experts in enumerate(experts_modules):
-        local_experts = next(experts.parameters()).shape[0] // ctx.dims.ep
-        shards = mesh.size(0) if mesh.ndim == 1 else mesh.size(1)
-        # Fewer local experts than FSDP shards: shard the hidden dimension instead of the expert one.
-        placement = Shard(0) if local_experts % shards == 0 else Shard(1)
+        placements: dict[int, Shard] = {}
+        for name, param in experts.named_parameters():
+            local_shape = [param.shape[0] // ep, *param.shape[1:]]
+            dim = expert_shard_dim(local_shape, shards)
+            if dim is None:
+                raise ConfigError(expert_fsdp_refusal(name, local_shape, shards, ctx.dims))
+            placements[id(param)] = Shard(dim)
         fully_shard(
             experts,
             mesh=mesh,
-            shard_placement_fn=_fixed_placement(placement),
+            shard_placement_fn=lambda param, placements=placements: placements[id(param)],
             **ctx.fsdp.shard_kwargs(is_last_block=index == len(experts_modules) - 1),
         )
+
+
+def expert_shard_dim(local_shape: list[int], shards: int) -> int | None:
+    """The dimension FSDP shards a layer's experts on, from their shape after expert parallelism
+    ([local experts, ...]): the expert dimension when the local experts split evenly over the
+    shards, else the first other dimension that does (FSDP2 pads only dimension 0, and with fewer
+    experts than shards padding it would gather mostly zeros; any other dimension it shards only
+    evenly); None when no dimension splits evenly."""
+    for dim, size in enumerate(local_shape):
+        if size % shards == 0:
+            return dim
+    return None
+
+
+def expert_fsdp_refusal(name: str, local_shape: list[int], shards: int, dims: ParallelDims) -> str:
+    """The one line for experts FSDP cannot shard, with the ep degrees that would work."""
+    return (
+        f"parallelism.ep = {dims.ep}: each rank's experts {name} {local_shape} are FSDP-sharded over "
+        f"dp_shard / ep = {shards} ranks, and no dimension of them splits evenly over {shards} (FSDP2 shards "
+        "a dimension other than the first only evenly); choose an ep for which dp_shard / ep divides the "
+        "local experts or one of their other dimensions (a larger ep shards fewer ways)"
+    )
 
 
 def parallelize_moe(model: nn.Module, ctx: ParallelContext, num_experts: int) -> None:
@@ -319,8 +346,3 @@ def parallelize_moe(model: nn.Module, ctx: ParallelContext, num_experts: int) ->
         return
     apply_expert_parallel(model, ctx.ep_mesh, tpu_ragged_all_to_all(ctx.ep_mesh))
     apply_expert_fsdp(model, ctx)
-
-
-def _fixed_placement(placement: Shard) -> Callable[[nn.Parameter], Shard | None]:
-    """A `shard_placement_fn` that gives every parameter `placement`."""
-    return lambda param: placement

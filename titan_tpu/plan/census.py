@@ -8,8 +8,9 @@ touched), and each parameter is classified by where it sits in the module tree:
   style shards (`tp_split_dims`); everything else (norms, and whatever the plan leaves alone, such
   as Qwen 3 MoE's router and experts) is replicated over tp;
 - expert parallel (ep > 1): every MoE layer's experts are split over ep on the expert dimension, then
-  FSDP-sharded over dp_shard / ep on the expert dimension, or on the hidden dimension when there are
-  fewer local experts than shards (as `titan_tpu.distributed.expert_parallel.apply_expert_fsdp`);
+  FSDP-sharded over dp_shard / ep on the first dimension that splits evenly, the expert dimension
+  when it does (`titan_tpu.distributed.expert_parallel.expert_shard_dim`, the trainer's rule; a
+  layout where none does is refused as the trainer refuses it);
 - FSDP (dp > 1 or cp > 1): every other parameter is sharded over dp_shard (x cp: the cp ranks
   shard too, `ParallelDims.fsdp_shards`) on its first dimension, rounded up as FSDP2 pads uneven
   shards; dp_replicate replicates.
@@ -38,7 +39,14 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from titan_tpu.config import ConfigError, TrainConfig
 from titan_tpu.config.sections import LoRAConfig
-from titan_tpu.distributed.expert_parallel import moe_experts, moe_layers, num_experts, validate_expert_parallel
+from titan_tpu.distributed.expert_parallel import (
+    expert_fsdp_refusal,
+    expert_shard_dim,
+    moe_experts,
+    moe_layers,
+    num_experts,
+    validate_expert_parallel,
+)
 from titan_tpu.distributed.parallel_dims import ParallelDims
 from titan_tpu.distributed.parallelize import block_containers, blocks
 from titan_tpu.lora.apply import apply_lora
@@ -61,6 +69,14 @@ class ParamShare:
     # Stored in the compute dtype rather than float32: a LoRA run's adapted linears' frozen weight and
     # bias (titan_tpu/lora/apply.py `base_dtype`).
     in_compute_dtype: bool = False
+
+    @property
+    def gathered_numel(self) -> int:
+        """Elements an FSDP all-gather of it produces (and a reduce-scatter takes): FSDP2 pads every
+        rank's shard to the largest (`local_numel` on the most loaded device), so the gathered
+        buffer is degree x that shard, more than `tp_numel` wherever the dimension does not split
+        evenly (a 1,024-row weight over 8,192 shards gathers 8,192 rows)."""
+        return self.fsdp_degree * self.local_numel
 
 
 @dataclass(frozen=True)
@@ -207,10 +223,12 @@ def census(config: TrainConfig, dims: ParallelDims) -> Census:
         unit = next((b for b in block_names if name.startswith(b + ".")), ROOT)
         shape = list(param.shape)
         if id(param) in expert_params:
-            local_experts = shape[0] // dims.ep
             shape = _split(shape, 0, dims.ep, f"{name} (experts)")
             degree = dims.dp_shard // dims.ep if dims.fsdp_enabled else 1
-            fsdp_dim = 0 if local_experts % degree == 0 else 1
+            # The trainer's choice (expert_parallel.shard_experts), refused where it refuses.
+            fsdp_dim = expert_shard_dim(shape, degree)
+            if fsdp_dim is None:
+                raise ConfigError(expert_fsdp_refusal(name, shape, degree, dims))
             shares.append(
                 ParamShare(
                     name,

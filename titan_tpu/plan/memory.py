@@ -17,7 +17,7 @@ What the trainer stores (titan_tpu/distributed/fsdp.py, titan_tpu/optim.py):
   head stay gathered through forward and backward, like the last block), the last block's (kept for
   backward), two blocks in flight (the one computing and the prefetched next one), all in the compute
   dtype, and one block's unsharded gradients (its trained parameters') in the reduce dtype awaiting
-  their reduce-scatter.
+  their reduce-scatter; each at FSDP2's padded size (census.py `gathered_numel`).
   A single device under bf16 autocast keeps a bf16 copy of every float32 weight for the forward
   (autocast caches its casts of parameters); in float32 nothing is copied.
 
@@ -86,8 +86,8 @@ def buffer_bytes(census: Census, precision: Precision, sharded: bool) -> int:
     reduced: dict[str, int] = {}  # FSDP unit -> gradient elements it reduce-scatters (trained ones)
     for param in census.params:
         block = param.unit.removesuffix(".experts")
-        gathered[block] = gathered.get(block, 0) + param.tp_numel
-        reduced[block] = reduced.get(block, 0) + (param.tp_numel if param.trainable else 0)
+        gathered[block] = gathered.get(block, 0) + param.gathered_numel
+        reduced[block] = reduced.get(block, 0) + (param.gathered_numel if param.trainable else 0)
     root = gathered.pop(ROOT, 0)
     reduced.pop(ROOT, None)
     blocks = list(gathered.values())

@@ -80,6 +80,7 @@ class Plan:
     fit: Fit
     step: StepEstimate
     compute_efficiency: float
+    shape: StepShape  # how the step splits its work per device, as the roofline read it
 
 
 def precision_of(config: TrainConfig) -> Precision:
@@ -261,7 +262,7 @@ def make_plan(
         host_s,
     )
     fit = check_fit(detail.memory, cluster.hbm_bytes_per_device)
-    return Plan(config, cluster, detail, fit, step, compute_efficiency)
+    return Plan(config, cluster, detail, fit, step, compute_efficiency, shape)
 
 
 def host_seconds(detail: MemoryPlan, shape: StepShape, config: TrainConfig, cluster: Cluster) -> tuple[float, float]:

@@ -9,7 +9,8 @@ repeat (a mixture-of-experts layer runs whole on every tp rank), at
 Communication, per micro-batch, ring collectives: a device receives (n - 1) / n of the gathered
 bytes in an all-gather or reduce-scatter over n devices, twice that in an all-reduce.
 
-- FSDP over dp_shard: every unit (block, experts, root) is all-gathered in the compute dtype for
+- FSDP over dp_shard: every unit (block, experts, root) is all-gathered (at FSDP2's padded size:
+  every shard as large as the largest) in the compute dtype for
   forward and again for backward unless it stays gathered (the last block and the root under the
   default policy; none with "never"; all with "always"), and its gradients are reduce-scattered
   in the reduce dtype. Experts are gathered over dp_shard / ep.
@@ -17,7 +18,8 @@ bytes in an all-gather or reduce-scatter over n devices, twice that in an all-re
 - Tensor parallelism: each dense block all-gathers its input and reduce-scatters its output around
   attention and feed-forward (4 collectives of micro_batch x seq x dim activations forward, 4
   backward; an MoE block 3 + 3, its feed-forward is not tensor-parallel), again for a recomputed
-  block's forward; the head gathers its input and, without loss parallelism, the logits.
+  block's forward but its last (checkpoint early stop, `tp_collectives`); the embedding's output
+  and the head's input, forward and backward, and without loss parallelism the logits.
 - Expert parallelism: each MoE block sends every token's top-k copies out and back (all-to-all, the
   (ep - 1) / ep that leave the device), forward, backward and recompute.
 - Context parallelism (titan_tpu/distributed/context_parallel.py): each block's attention
@@ -167,20 +169,47 @@ def _regathered(unit: str, is_last_block: bool, reshard: str) -> bool:
     return reshard == "always"
 
 
-def fsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster: Cluster) -> float:
-    """All-gathers and reduce-scatters of one step over dp_shard."""
+@dataclass(frozen=True)
+class UnitTraffic:
+    """One FSDP unit's collectives in one step: whole buffers, at FSDP2's padded sizes (the dry
+    run's convention, titan_tpu/dryrun/collectives.py)."""
+
+    degree: int  # ranks the unit is sharded over
+    gathers: int
+    gathered_bytes: int  # all-gather outputs, all of the step's
+    reductions: int
+    reduced_bytes: int  # reduce-scatter inputs, all of the step's
+
+
+def fsdp_traffic(census: Census, shape: StepShape, precision: Precision) -> dict[str, UnitTraffic]:
+    """Every FSDP unit's all-gathers and reduce-scatters of one step, by unit."""
     units = census.units()
     blocks = [name for name in units if name != ROOT and not name.endswith(".experts")]
-    moved = 0.0
+    traffic: dict[str, UnitTraffic] = {}
     for name, params in units.items():
-        degree = params[0].fsdp_degree
-        gathered = sum(p.tp_numel for p in params)
-        reduced = sum(p.tp_numel for p in params if p.trainable)  # a LoRA run's base has no gradient
+        gathered = sum(p.gathered_numel for p in params)
+        reduced = sum(p.gathered_numel for p in params if p.trainable)  # a LoRA run's base has no gradient
         block = name.removesuffix(".experts")
-        gathers = 2 if _regathered(name, bool(blocks) and block == blocks[-1], shape.reshard) else 1
-        per_step = shape.grad_accum * gathers * precision.compute_bytes * gathered
-        per_step += shape.gradient_reductions * precision.reduce_bytes * reduced
-        moved += _ring(degree) * per_step
+        gathers = shape.grad_accum * (
+            2 if _regathered(name, bool(blocks) and block == blocks[-1], shape.reshard) else 1
+        )
+        reductions = shape.gradient_reductions if reduced else 0
+        traffic[name] = UnitTraffic(
+            params[0].fsdp_degree,
+            gathers,
+            gathers * precision.compute_bytes * gathered,
+            reductions,
+            reductions * precision.reduce_bytes * reduced,
+        )
+    return traffic
+
+
+def fsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster: Cluster) -> float:
+    """All-gathers and reduce-scatters of one step over dp_shard."""
+    moved = sum(
+        _ring(unit.degree) * (unit.gathered_bytes + unit.reduced_bytes)
+        for unit in fsdp_traffic(census, shape, precision).values()
+    )
     return moved / _bandwidth(cluster, shape.dp_shard * shape.tp, GATHER_SCATTER)
 
 
@@ -198,15 +227,26 @@ def p2p_seconds(shape: StepShape, cluster: Cluster) -> float:
     return shape.p2p_bytes / assumed_bus_bandwidth(cluster, not shape.pp_spans_slices)
 
 
+def tp_collectives(shape: StepShape) -> int:
+    """Tensor-parallel all-gathers and reduce-scatters of one micro-batch, as the dry run counts
+    them (titan_tpu/dryrun): each block's forward and backward; a recomputed block's forward again
+    but its last collective, because torch's checkpoint stops recomputing once every tensor its
+    backward saved is back (`torch.utils.checkpoint` early stop, on by default), before the
+    reduce-scatter of the block's output; the embedding's output and the head's input, forward
+    and backward; without loss parallelism the logits' gather."""
+    per_block = 3 if shape.moe_top_k else 4  # collectives per forward pass of a block
+    logits = 0 if shape.loss_parallel else 1
+    return per_block * 2 * shape.n_blocks + (per_block - 1) * shape.recomputed_blocks + 4 + logits
+
+
 def tp_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> float:
     if shape.tp == 1:
         return 0.0
     activation = shape.micro_batch * shape.tokens_per_sample * shape.dim * precision.compute_bytes
-    per_block = 3 if shape.moe_top_k else 4  # collectives per forward pass of a block
-    collectives = per_block * (2 * shape.n_blocks + shape.recomputed_blocks) + 2
-    moved: float = collectives * activation
-    if not shape.loss_parallel:
-        moved += activation / shape.dim * shape.vocab
+    if shape.loss_parallel:
+        moved: float = tp_collectives(shape) * activation
+    else:  # the logits' gather moves vocab-wide rows
+        moved = (tp_collectives(shape) - 1) * activation + activation / shape.dim * shape.vocab
     return shape.grad_accum * _ring(shape.tp) * moved / _bandwidth(cluster, shape.tp, GATHER_SCATTER)
 
 
