@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from titan_tpu.config import TrainConfig
 from titan_tpu.dryrun.report import RankReport, rank_report
-from titan_tpu.dryrun.step import StepTrace, simulate_step
+from titan_tpu.dryrun.step import PIPELINE_NOT_STEPPED, StepTrace, simulate_step
 from titan_tpu.dryrun.trainer import DryRunTrainer
 from titan_tpu.training.registered_names import check_registered_names
 
@@ -27,7 +27,9 @@ def _peak_rss_gib() -> float:
 def _notes(config: TrainConfig, trace: StepTrace) -> list[str]:
     notes = [
         f"one micro-batch of the step's {trace.micro_batches_per_step}: each of the others repeats its "
-        "forward, backward and FSDP collectives",
+        "forward, backward and FSDP collectives"
+        if trace.stepped
+        else PIPELINE_NOT_STEPPED,
         "kernels: each 'auto' kernel at its fallback, not measured",
         "rank placement: row-major; on TPU the topology-aware placement needs the chips and is not simulated",
     ]

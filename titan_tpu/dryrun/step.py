@@ -71,7 +71,16 @@ class StepTrace:
     gradient_bytes: int
     optimizer_bytes: int
     micro_batches_per_step: int  # the step's gradient accumulation, of which one micro-batch ran
+    stepped: bool  # False: set up only (a pipeline, PIPELINE_NOT_STEPPED)
     routed: bool  # a mixture-of-experts layer was routed by the stand-in (titan_tpu/dryrun/routing.py)
+
+
+# Why a pipeline is set up but not stepped.
+PIPELINE_NOT_STEPPED = (
+    "pipeline: set up, not stepped: torch's schedule starts with a vote between the stages (its P2P "
+    "warm-up reads the value it received), which the fake process group cannot carry; no "
+    "collectives or gradients are reported (the optimizer state is what reading its state dict creates)"
+)
 
 
 def _global_shapes(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -86,19 +95,22 @@ def _local_bytes(tensor: torch.Tensor) -> int:
 def simulate_step(trainer: DryRunTrainer) -> StepTrace:
     start = time.perf_counter()
     modules = trainer.pipeline.modules if trainer.pipeline is not None else [trainer.model]
-    batch = trainer.task.next_batch(trainer.model)
+    batch = trainer.task.next_batch(modules[0])
     trainer.task.next_batch = lambda model: batch  # type: ignore[method-assign]  # the batch drawn above
     micro_batches, trainer.grad_accum_steps = trainer.grad_accum_steps, 1
     mode = SimulatedTensors(group_axes(trainer.parallel.meshes))
     with mode:
         for module in modules:
             module.to_empty(device=torch.device("cpu"))
-        mode.recording = True
-        trainer.forward_backward()
-        # Read before the optimizer step, which sets them to None.
-        gradient_bytes = sum(_local_bytes(p.grad) for p in trainer.trained_params if p.grad is not None)
-        trainer.optimizer_step()
-        mode.recording = False
+        stepped = trainer.pipeline is None
+        gradient_bytes = 0
+        if stepped:
+            mode.recording = True
+            trainer.forward_backward()
+            # Read before the optimizer step, which sets them to None.
+            gradient_bytes = sum(_local_bytes(p.grad) for p in trainer.trained_params if p.grad is not None)
+            trainer.optimizer_step()
+            mode.recording = False
         states = trainer.checkpointer.stateful()
         model_state = _global_shapes(states["model"].state_dict())
         optimizer_state = _global_shapes(states["optimizer"].state_dict())
@@ -118,5 +130,6 @@ def simulate_step(trainer: DryRunTrainer) -> StepTrace:
         gradient_bytes=gradient_bytes,
         optimizer_bytes=optimizer_bytes,
         micro_batches_per_step=micro_batches,
+        stepped=stepped,
         routed=mode.routing.used,
     )

@@ -132,6 +132,14 @@ def test_checkpoint_keys_and_global_shapes_are_the_same_on_every_layout() -> Non
     for name, (world, overrides) in LAYOUTS.items():
         report = _run("llama3_debug", world, "--training.global_batch_size=64", *overrides, rank=world - 1)
         states[name] = (report.model_state, report.optimizer_state)
+    # Pipeline stages (set up, not stepped): each rank holds its stages' keys; together, every key.
+    overrides = ("--training.global_batch_size=64", "--parallelism.pp=2")
+    stages = [_run("llama3_debug", 4, *overrides, rank=rank) for rank in (0, 3)]
+    assert all(stage.model_state for stage in stages)
+    states["pp 2 x fsdp 2"] = (
+        {key: shape for stage in stages for key, shape in stage.model_state.items()},
+        {key: shape for stage in stages for key, shape in stage.optimizer_state.items()},
+    )
     first = next(iter(states.values()))
     assert first[0] and first[1]
     assert all(state == first for state in states.values())
