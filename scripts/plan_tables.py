@@ -5,7 +5,8 @@
     .venv/bin/python scripts/plan_tables.py --check   # exit 1 when that block is stale
 
 Table 1: shipped configs on TPU v6e and TPU7x slices with their own layouts (the TOML's tp / ep, FSDP
-over the rest; on several slices dp_replicate spans them). Table 2: the planner beside MaxText's
+over the rest; on several slices dp_replicate spans them), and what the dry run (titan_tpu/dryrun) said
+of each at that device count, read from DRY_RUNS, which `scripts/bench_dryrun.py --tables` writes. Table 2: the planner beside MaxText's
 published MFU (scripts/published_mfu.py), planned with the published slice, sequence length,
 global batch and FSDP layout; rows whose layout titan_tpu cannot express (context parallelism) are
 left out, and where the source states no layout or batch the config's own is used.
@@ -14,6 +15,7 @@ left out, and where the source states no layout or batch the config's own is use
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -36,6 +38,8 @@ from titan_tpu.training.registered_names import check_registered_names  # noqa: 
 # README stays, because tests/unit/plan/test_tables.py reads and monkeypatches `plan_tables.README`.
 README = ROOT / "docs" / "planner.md"
 BEGIN, END = "<!-- plan-tables:begin -->", "<!-- plan-tables:end -->"
+# {"cpu", "date", "runs": {"config@chips": {"result": "stepped" or the rejection, "seconds"}}}.
+DRY_RUNS = ROOT / "docs" / "benchmarks" / "dryrun_shipped.json"
 
 # (config, chips): each model on one v6e and one TPU7x slice large enough for its layout.
 SHIPPED: tuple[tuple[str, str], ...] = (
@@ -57,11 +61,9 @@ SHIPPED: tuple[tuple[str, str], ...] = (
 
 
 def _plan(config_name: str, chips: str, overrides: list[str]) -> Plan:
-    cluster = parse_chips(chips)
-    replicas = [f"--parallelism.dp_replicate={cluster.slices}"] if cluster.slices > 1 else []
-    config = load_config(config_name, [*replicas, *overrides])
+    config = load_config(config_name, [*shipped_overrides(chips), *overrides])
     check_registered_names(config)
-    return make_plan(config, cluster)
+    return make_plan(config, parse_chips(chips))
 
 
 def _cells(plan: Plan) -> str:
@@ -70,14 +72,24 @@ def _cells(plan: Plan) -> str:
     return f"{'yes' if fit.fits else 'no'} | {memory} | {plan.step.step_s:.2f} s | {100 * plan.step.mfu:.0f}%"
 
 
+def shipped_overrides(chips: str) -> list[str]:
+    """A shipped config's overrides on `chips`: dp_replicate over the slices when there are several."""
+    cluster = parse_chips(chips)
+    return [f"--parallelism.dp_replicate={cluster.slices}"] if cluster.slices > 1 else []
+
+
 def shipped_table() -> list[str]:
+    dry_runs = json.loads(DRY_RUNS.read_text(encoding="utf-8"))["runs"] if DRY_RUNS.is_file() else {}
     lines = [
-        "| config | chips | layout (devices) | fits | GiB per device (need / usable HBM) | step time | MFU |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| config | chips | layout (devices) | fits | GiB per device (need / usable HBM) | step time | MFU | dry run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for config_name, chips in SHIPPED:
         plan = _plan(config_name, chips, [])
-        lines.append(f"| `{config_name}` | {chips} | {plan.detail.layout.dims.describe()} | {_cells(plan)} |")
+        dry_run = dry_runs.get(f"{config_name}@{chips}", {}).get("result", "not run")
+        lines.append(
+            f"| `{config_name}` | {chips} | {plan.detail.layout.dims.describe()} | {_cells(plan)} | {dry_run} |"
+        )
     return lines
 
 
