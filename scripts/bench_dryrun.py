@@ -96,8 +96,14 @@ def _same(measured: int, planned: int) -> str:
 def check(case: str, report: dict[str, Any], wall: float) -> None:
     name, chips, overrides = CASES[case]
     config = load_config(name, list(overrides))
-    planned = make_plan(config, parse_chips(chips)).detail.local
-    state = state_bytes(planned)
+    detail = make_plan(config, parse_chips(chips)).detail
+    state = state_bytes(detail.local)
+    offloaded = report["state_where"] == "host"
+    # On the device: the step's live tensors (less the gradients FSDP offloads), and in a later step
+    # also the parameters and optimizer state, unless offloaded.
+    device = report["step_peak_bytes"] - (report["gradient_bytes"] if offloaded else 0)
+    if not offloaded:
+        device += report["parameter_bytes"] + report["optimizer_bytes"]
     measured_state = (report["parameter_bytes"], report["gradient_bytes"], report["optimizer_bytes"])
     gathered, reduced = measured_fsdp(report)
     with_padding = planned_fsdp(name, chips, overrides)
@@ -112,6 +118,8 @@ def check(case: str, report: dict[str, Any], wall: float) -> None:
         f"  state (parameters, gradients, optimizer) GiB: dry run "
         f"{', '.join(f'{b / GIB:.4f}' for b in measured_state)}; planner {', '.join(f'{b / GIB:.4f}' for b in state)}"
         f" ({'equal' if measured_state == state else 'differ'})\n"
+        f"  device memory GiB: dry run {device / GIB:.2f} (live fake tensors), planner "
+        f"{detail.memory.total / GIB:.2f} (planner / dry run {detail.memory.total / device:.3f})\n"
         f"  FSDP all-gather {gathered / GIB:.3f} GiB: planner {_same(gathered, with_padding[0])}, without padding "
         f"{_same(gathered, without_padding[0])}; reduce-scatter {reduced / GIB:.3f} GiB: planner "
         f"{_same(reduced, with_padding[1])}, without padding {_same(reduced, without_padding[1])}"

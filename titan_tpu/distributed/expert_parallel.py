@@ -311,9 +311,14 @@ def shard_experts(experts_modules: list[nn.Module], ctx: ParallelContext) -> Non
         fully_shard(
             experts,
             mesh=mesh,
-            shard_placement_fn=lambda param, placements=placements: placements[id(param)],
+            shard_placement_fn=_placement_of(placements),
             **ctx.fsdp.shard_kwargs(is_last_block=index == len(experts_modules) - 1),
         )
+
+
+def _placement_of(placements: dict[int, Shard]) -> Callable[[nn.Parameter], Shard | None]:
+    """A `shard_placement_fn` that gives each parameter its placement (by identity)."""
+    return lambda param: placements[id(param)]
 
 
 def expert_shard_dim(local_shape: list[int], shards: int) -> int | None:

@@ -104,5 +104,5 @@ def collective_of(func: Any, args: tuple[Any, ...], out: Any, axes: Mapping[str,
         return None
     kind, where = known
     axis, size = axes.get(_group_name(func, args) or "", ("other", 0))
-    buffer = out if where == "out" else args[where]
+    buffer = out if isinstance(where, str) else args[where]
     return Collective(kind, axis, size, 0 if kind == "barrier" else _nbytes(buffer))

@@ -44,6 +44,7 @@ class RankReport:
     gradient_bytes: int
     optimizer_bytes: int
     largest_gather_bytes: int  # the largest all-gather output of the step: one FSDP unit, gathered
+    step_peak_bytes: int  # titan_tpu/dryrun/step.py StepTrace
     collectives: list[CollectiveRow]
     model_state: dict[str, list[int]]
     optimizer_state: dict[str, list[int]]
@@ -116,6 +117,7 @@ def rank_report(
         gradient_bytes=trace.gradient_bytes,
         optimizer_bytes=trace.optimizer_bytes,
         largest_gather_bytes=max(gathers, default=0),
+        step_peak_bytes=trace.step_peak_bytes,
         collectives=summarise(trace.collectives),
         model_state={k: list(v) for k, v in trace.model_state.items()},
         optimizer_state={k: list(v) for k, v in trace.optimizer_state.items()},
@@ -133,6 +135,9 @@ def table(report: RankReport) -> str:
         f"  state on {report.state_where}: parameters {report.parameter_bytes / GIB:.3f} GiB, gradients "
         f"{report.gradient_bytes / GIB:.3f} GiB, optimizer {report.optimizer_bytes / GIB:.3f} GiB; largest "
         f"gathered unit {report.largest_gather_bytes / GIB:.3f} GiB",
+        f"  the step's own tensors peaked at {report.step_peak_bytes / GIB:.3f} GiB (activations, gathered "
+        f"parameters, gradients{', which FSDP moves to the host' if report.state_where == 'host' else ''})"
+        f"{later_step_line(report)}",
         f"  checkpoint: {len(report.model_state)} model keys, {len(report.optimizer_state)} optimizer keys",
         "  collectives of one micro-batch and the optimizer step (bytes: the whole buffer, see collectives.py):",
         f"    {'kind':<15}{'axis':<18}{'group':>7}{'count':>8}{'GiB':>12}",
@@ -141,6 +146,15 @@ def table(report: RankReport) -> str:
         lines.append(f"    {row.kind:<15}{row.axis:<18}{row.group_size:>7}{row.count:>8}{row.bytes / GIB:>12.3f}")
     lines.extend(f"  note: {note}" for note in report.notes)
     return "\n".join(lines)
+
+
+def later_step_line(report: RankReport) -> str:
+    """A later step also holds the parameters and the optimizer state throughout, on the device
+    unless FSDP offloads them."""
+    if report.state_where == "host":
+        return ""
+    later = report.step_peak_bytes + report.parameter_bytes + report.optimizer_bytes
+    return f"; a later step, with the parameters and optimizer state: {later / GIB:.3f} GiB"
 
 
 def write_report(report: RankReport, folder: Path) -> Path:

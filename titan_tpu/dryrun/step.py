@@ -18,45 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.tensor import DTensor
 
-from titan_tpu.dryrun.collectives import Collective, collective_of, group_axes
-from titan_tpu.dryrun.routing import NOT_HANDLED, EvenRouting, bins
+from titan_tpu.dryrun.collectives import Collective, group_axes
+from titan_tpu.dryrun.fake_mode import SimulatedTensors
 from titan_tpu.dryrun.trainer import DryRunTrainer
-
-_aten = torch.ops.aten
-
-
-class SimulatedTensors(FakeTensorMode):
-    """Fake tensors that record every collective and stand in for routing. Fake tensor mode is the
-    mode every op reaches, also those a tensor subclass (DTensor) issues inside its own dispatch,
-    which a mode stacked above it would not see."""
-
-    def __init__(self, axes: dict[str, tuple[str, int]]) -> None:
-        super().__init__(allow_non_fake_inputs=True)
-        self.axes = axes
-        self.collectives: list[Collective] = []
-        self.routing = EvenRouting()
-        self.recording = False
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if self.recording:
-            answer = self.routing.before(func, args, kwargs)
-            if answer is not NOT_HANDLED:
-                return answer
-        if self.recording and func is _aten.bincount.default:
-            # Its size depends on the data: the routing stand-in gives it values, this its shape.
-            out = super().__torch_dispatch__(_aten.new_zeros.default, types, (args[0], [bins(args, kwargs)]), {})
-        else:
-            out = super().__torch_dispatch__(func, types, args, kwargs)
-        if self.recording:
-            self.routing.after(func, args, kwargs, out)
-            collective = collective_of(func, args, out, self.axes)
-            if collective is not None:
-                self.collectives.append(collective)
-        return out
 
 
 @dataclass(frozen=True)
@@ -70,6 +36,9 @@ class StepTrace:
     parameter_bytes: int
     gradient_bytes: int
     optimizer_bytes: int
+    # The most bytes the step's own tensors held at once (activations, gathered parameters, gradients,
+    # the optimizer state as it is created), wherever they sit; the parameters from before it are not in it.
+    step_peak_bytes: int
     micro_batches_per_step: int  # the step's gradient accumulation, of which one micro-batch ran
     stepped: bool  # False: set up only (a pipeline, PIPELINE_NOT_STEPPED)
     routed: bool  # a mixture-of-experts layer was routed by the stand-in (titan_tpu/dryrun/routing.py)
@@ -110,6 +79,7 @@ def simulate_step(trainer: DryRunTrainer) -> StepTrace:
             # Read before the optimizer step, which sets them to None.
             gradient_bytes = sum(_local_bytes(p.grad) for p in trainer.trained_params if p.grad is not None)
             trainer.optimizer_step()
+            mode.live.sample()
             mode.recording = False
         states = trainer.checkpointer.stateful()
         model_state = _global_shapes(states["model"].state_dict())
@@ -129,6 +99,7 @@ def simulate_step(trainer: DryRunTrainer) -> StepTrace:
         parameter_bytes=sum(_local_bytes(p) for p in params),
         gradient_bytes=gradient_bytes,
         optimizer_bytes=optimizer_bytes,
+        step_peak_bytes=mode.live.peak,
         micro_batches_per_step=micro_batches,
         stepped=stepped,
         routed=mode.routing.used,

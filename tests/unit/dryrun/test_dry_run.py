@@ -58,6 +58,11 @@ def test_llama3_70b_as_shipped_at_64_ranks_matches_the_planner_to_the_byte() -> 
     assert _sent(report, "all_gather", "dp_shard") == (gathers, gathered)
     assert _sent(report, "reduce_scatter", "dp_shard") == (reductions, reduced)
     assert len(report.model_state) == 723 and len(report.optimizer_state) == 3 * 723
+    # Device memory: the planner's activations and gathered buffers against the step's live fake
+    # tensors less the gradients (FSDP moves them to the host). A planner without its buffers (12 of
+    # its 27 GiB) or its activations would miss by far more than the tolerance.
+    device = report.step_peak_bytes - report.gradient_bytes
+    assert abs(planned.memory.total / device - 1) < 0.15
 
 
 def test_padded_shards_are_planned_and_an_unpadded_planner_misses_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,7 +109,8 @@ def test_the_old_expert_placement_is_rejected(monkeypatch: pytest.MonkeyPatch) -
     """Negative control: the placement before the fix (the hidden dimension whenever the experts
     do not split) is what torch refuses, and the dry run says so in one line."""
     monkeypatch.setattr(
-        "titan_tpu.distributed.expert_parallel.expert_shard_dim", lambda shape, shards: 0 if shape[0] % shards == 0 else 1
+        "titan_tpu.distributed.expert_parallel.expert_shard_dim",
+        lambda shape, shards: 0 if shape[0] % shards == 0 else 1,
     )
     with pytest.raises(LayoutRejected, match="uneven sharding"):
         _run("qwen3_moe_debug", 64, *MOE)
