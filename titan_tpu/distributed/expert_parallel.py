@@ -334,7 +334,7 @@ def expert_shard_dim(local_shape: list[int], shards: int) -> int | None:
 
 
 def expert_fsdp_refusal(name: str, local_shape: list[int], shards: int, dims: ParallelDims) -> str:
-    """The one line for experts FSDP cannot shard, with the ep degrees that would work."""
+    """The one line for experts FSDP cannot shard, and what to change."""
     return (
         f"parallelism.ep = {dims.ep}: each rank's experts {name} {local_shape} are FSDP-sharded over "
         f"dp_shard / ep = {shards} ranks, and no dimension of them splits evenly over {shards} (FSDP2 shards "

@@ -20,6 +20,11 @@ class LayoutRejected(RuntimeError):
     """Set-up stopped: the config's checks or torch refused the layout at this world size."""
 
 
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
 
@@ -58,10 +63,16 @@ def dry_run_rank(config: TrainConfig, config_name: str, world: int, rank: int) -
         try:
             trainer = DryRunTrainer(simulated, names, rank, world)
         except (RuntimeError, NotImplementedError, ValueError, AssertionError) as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise LayoutRejected(f"{config_name} at {world} ranks: set-up failed on rank {rank}: {first}") from error
+            raise LayoutRejected(
+                f"{config_name} at {world} ranks: set-up failed on rank {rank}: {_first_line(error)}"
+            ) from error
         setup_s = time.perf_counter() - start
-        trace = simulate_step(trainer)
+        try:
+            trace = simulate_step(trainer)
+        except (RuntimeError, NotImplementedError, ValueError, AssertionError) as error:
+            raise LayoutRejected(
+                f"{config_name} at {world} ranks: the step failed on rank {rank}: {_first_line(error)}"
+            ) from error
         modules = trainer.pipeline.modules if trainer.pipeline is not None else [trainer.model]
         offloaded = trainer.parallel.dims.fsdp_enabled and config.parallelism.fsdp_cpu_offload
         report = rank_report(

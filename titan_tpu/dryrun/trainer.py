@@ -15,7 +15,8 @@ optimizer and the checkpoint state.
 - checkpointing: the manager is built without a folder and nothing is loaded: the dry run reads its
   state dicts (what a save would write), it never saves.
 
-Compile is left to the config's set-up but the step runs eagerly (titan_tpu/dryrun/step.py).
+Compile is turned off before the set-up (titan_tpu/dryrun/run.py), and the report says so: the fake
+step runs eagerly.
 """
 
 from __future__ import annotations

@@ -10,17 +10,20 @@ resharding a checkpoint relies on).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from titan_tpu.config import ConfigError, load_config
-from titan_tpu.dryrun.report import RankReport
+from titan_tpu.dryrun.__main__ import main as dry_run_main
+from titan_tpu.dryrun.report import RankReport, load_report
 from titan_tpu.dryrun.run import LayoutRejected, dry_run_rank
 from titan_tpu.plan.census import ParamShare
 from titan_tpu.plan.chips import parse_chips
 from titan_tpu.plan.memory import state_bytes
 from titan_tpu.plan.planner import make_plan, plan_memory
 from titan_tpu.plan.roofline import fsdp_traffic, tp_collectives
+from train import main as train_main
 
 
 def _run(name: str, world: int, *overrides: str, rank: int = 0) -> RankReport:
@@ -63,6 +66,16 @@ def test_llama3_70b_as_shipped_at_64_ranks_matches_the_planner_to_the_byte() -> 
     # its 27 GiB) or its activations would miss by far more than the tolerance.
     device = report.step_peak_bytes - report.gradient_bytes
     assert abs(planned.memory.total / device - 1) < 0.15
+
+
+@pytest.mark.parametrize("name", ["llama3_405b", "qwen3_moe_235b_a22b"])
+def test_the_large_configs_as_shipped_at_256_ranks_hold_the_planners_state(name: str) -> None:
+    """405B (FSDP 64 x CP 2 x TP 2, offload) and 235B-A22B (EP 8 inside FSDP 256, the routing stood
+    in for) set up and step as shipped; rank 0's state bytes are the planner's to the byte."""
+    report = _run(name, 256)
+    state = state_bytes(plan_memory(load_config(name, []), 256).local)
+    assert (report.parameter_bytes, report.gradient_bytes, report.optimizer_bytes) == state
+    assert report.collectives and report.empty_shards == 0
 
 
 def test_padded_shards_are_planned_and_an_unpadded_planner_misses_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,3 +162,24 @@ def test_checkpoint_keys_and_global_shapes_are_the_same_on_every_layout() -> Non
     first = next(iter(states.values()))
     assert first[0] and first[1]
     assert all(state == first for state in states.values())
+
+
+def test_the_command_line_answers_bad_input_and_rejection_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`train.py --dry-run` is `python -m titan_tpu.dryrun`: exit 2 and one line for bad input, 1 and
+    one line for a layout that is rejected, 0 with a JSON per asked rank otherwise."""
+    assert dry_run_main(["--config", "llama3_debug"]) == 2
+    assert "--config and --world are required" in capsys.readouterr().err
+    assert train_main(["--config", "llama3_debug", "--dry-run", "--world", "4", "--rank", "4"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --rank: expected ranks from 0 to 3, got 4"
+    rejected = ["--config", "qwen3_moe_debug", "--world", "6", "--parallelism.ep=2", "--training.global_batch_size=6"]
+    assert dry_run_main([*rejected, "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rejected: qwen3_moe_debug at 6 ranks") and "\n" not in err
+    assert (
+        train_main(["--config", "llama3_debug", "--dry-run", "--world", "4", "--rank", "2", "--out", str(tmp_path)])
+        == 0
+    )
+    assert "rank 2: dp_replicate 1 x dp_shard 4" in capsys.readouterr().out
+    assert load_report(tmp_path / "world-4-rank-2.json")["rank"] == 2
