@@ -41,7 +41,7 @@ from titan_tpu.training.registered_names import check_registered_names  # noqa: 
 MODELS = ("llama3_70b", "llama3_405b", "qwen3_moe_235b_a22b")
 SIZES = (64, 256, 1024, 4096, 8192)
 CHIP = "v7x"  # one family for the whole curve: a slice holds up to 9,216 chips, so every size is one slice
-OUT = ROOT / "docs" / "images" / "scaling_dryrun.png"
+OUT = ROOT / "docs" / "scaling_dryrun.png"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from titan_tpu.dryrun.report import CollectiveRow
 from titan_tpu.plan.chips import Cluster
-from titan_tpu.plan.roofline import ALL_REDUCE, ALL_TO_ALL, GATHER_SCATTER, StepShape, _bandwidth, _ring
+from titan_tpu.plan.roofline import ALL_REDUCE, ALL_TO_ALL, GATHER_SCATTER, StepShape, group_bandwidth, ring_factor
 
 # The StepEstimate fields measured traffic replaces; the others (P2P, host) stay the planner's.
 FIELDS = ("fsdp_s", "hsdp_s", "tp_s", "ep_s", "cp_s")
@@ -64,6 +64,6 @@ def step_seconds(rows: Iterable[CollectiveRow], shape: StepShape, cluster: Clust
         field, span = axis_placement(row.axis, shape)
         gradients = row.kind == "reduce_scatter" and row.axis in FSDP_AXES
         repeats = shape.gradient_reductions if gradients else shape.grad_accum
-        moved = repeats * passes * _ring(row.group_size) * row.bytes
-        seconds[field] += moved / _bandwidth(cluster, span, link_kinds)
+        moved = repeats * passes * ring_factor(row.group_size) * row.bytes
+        seconds[field] += moved / group_bandwidth(cluster, span, link_kinds)
     return seconds

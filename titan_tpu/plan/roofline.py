@@ -125,7 +125,8 @@ class StepEstimate:
         return self.useful_flops_per_device / (self.step_s * self.peak_flops)
 
 
-def _ring(n: int) -> float:
+def ring_factor(n: int) -> float:
+    """The share of a collective's buffer a ring moves over each device's links, for n devices."""
     return (n - 1) / n if n > 1 else 0.0
 
 
@@ -148,7 +149,7 @@ def assumed_bus_bandwidth(cluster: Cluster, fast: bool, kinds: tuple[str, ...] =
     return per_device * COLLECTIVE_EFFICIENCY
 
 
-def _bandwidth(cluster: Cluster, span: int, kinds: tuple[str, ...]) -> float:
+def group_bandwidth(cluster: Cluster, span: int, kinds: tuple[str, ...]) -> float:
     """Bytes/s a device receives in a collective over a group laid out across `span` devices."""
     return assumed_bus_bandwidth(cluster, span <= cluster.devices_per_slice, kinds)
 
@@ -207,17 +208,17 @@ def fsdp_traffic(census: Census, shape: StepShape, precision: Precision) -> dict
 def fsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster: Cluster) -> float:
     """All-gathers and reduce-scatters of one step over dp_shard."""
     moved = sum(
-        _ring(unit.degree) * (unit.gathered_bytes + unit.reduced_bytes)
+        ring_factor(unit.degree) * (unit.gathered_bytes + unit.reduced_bytes)
         for unit in fsdp_traffic(census, shape, precision).values()
     )
-    return moved / _bandwidth(cluster, shape.dp_shard * shape.tp, GATHER_SCATTER)
+    return moved / group_bandwidth(cluster, shape.dp_shard * shape.tp, GATHER_SCATTER)
 
 
 def hsdp_seconds(census: Census, shape: StepShape, precision: Precision, cluster: Cluster) -> float:
     trained = sum(p.local_numel for p in census.trained)
-    moved = 2 * _ring(shape.dp_replicate) * trained * precision.reduce_bytes
+    moved = 2 * ring_factor(shape.dp_replicate) * trained * precision.reduce_bytes
     # The data-parallel groups lie inside one pp coordinate.
-    return shape.gradient_reductions * moved / _bandwidth(cluster, shape.devices // shape.pp, ALL_REDUCE)
+    return shape.gradient_reductions * moved / group_bandwidth(cluster, shape.devices // shape.pp, ALL_REDUCE)
 
 
 def p2p_seconds(shape: StepShape, cluster: Cluster) -> float:
@@ -247,7 +248,7 @@ def tp_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> floa
         moved: float = tp_collectives(shape) * activation
     else:  # the logits' gather moves vocab-wide rows
         moved = (tp_collectives(shape) - 1) * activation + activation / shape.dim * shape.vocab
-    return shape.grad_accum * _ring(shape.tp) * moved / _bandwidth(cluster, shape.tp, GATHER_SCATTER)
+    return shape.grad_accum * ring_factor(shape.tp) * moved / group_bandwidth(cluster, shape.tp, GATHER_SCATTER)
 
 
 def ep_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> float:
@@ -256,8 +257,8 @@ def ep_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> floa
     routed = shape.micro_batch * shape.tokens_per_sample * shape.moe_top_k * shape.dim * precision.compute_bytes
     # Dispatch and combine, forward and backward, and forward again for a recomputed block.
     all_to_alls = 2 * (2 * shape.n_blocks + shape.recomputed_blocks)
-    bandwidth = _bandwidth(cluster, shape.ep * shape.tp, ALL_TO_ALL)
-    return shape.grad_accum * _ring(shape.ep) * routed * all_to_alls / bandwidth
+    bandwidth = group_bandwidth(cluster, shape.ep * shape.tp, ALL_TO_ALL)
+    return shape.grad_accum * ring_factor(shape.ep) * routed * all_to_alls / bandwidth
 
 
 def cp_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> float:
@@ -267,8 +268,8 @@ def cp_seconds(shape: StepShape, precision: Precision, cluster: Cluster) -> floa
         return 0.0
     gathered = shape.micro_batch * shape.tokens_per_sample * shape.cp * 2 * shape.kv_dim / shape.tp
     collectives = 2 * shape.n_blocks + shape.recomputed_blocks
-    bandwidth = _bandwidth(cluster, shape.cp * shape.tp, GATHER_SCATTER)
-    return shape.grad_accum * _ring(shape.cp) * gathered * precision.compute_bytes * collectives / bandwidth
+    bandwidth = group_bandwidth(cluster, shape.cp * shape.tp, GATHER_SCATTER)
+    return shape.grad_accum * ring_factor(shape.cp) * gathered * precision.compute_bytes * collectives / bandwidth
 
 
 def estimate_step(
