@@ -8,10 +8,9 @@ would not see.
 Live bytes leave out two kinds of fake tensor that a real step never allocates. DTensor derives an
 op's output shape by running it on fake tensors of the global shape, in whichever fake mode is
 active (this one, entered a second time): what is made while this mode is entered more than once
-is not counted. And the peak is read before an outermost op, when the tensors DTensor made to
-propagate the previous one are gone: before every SAMPLE_EVERY-th, and after any op that made a
-storage of LARGE bytes or more (the logits, a gathered block), since a reading sums every live
-storage (thousands) and a step is a hundred thousand ops.
+is not counted. And the peak is read before each outermost op, when the tensors DTensor made to
+propagate the previous one are gone; every RESCAN_EVERY outermost ops the sizes are read again, so
+FSDP's resizes of its gathered buffers count from then (titan_tpu/dryrun/live_bytes.py).
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ from titan_tpu.dryrun.live_bytes import LiveBytes
 from titan_tpu.dryrun.routing import NOT_HANDLED, EvenRouting, bins
 
 _aten = torch.ops.aten
-SAMPLE_EVERY = 32
-LARGE = 64 * 2**20
+RESCAN_EVERY = 256
 
 
 class SimulatedTensors(FakeTensorMode):
@@ -41,7 +39,6 @@ class SimulatedTensors(FakeTensorMode):
         self._entered = 0
         self._depth = 0  # ops inside ops (a DTensor op's local ops)
         self._outermost = 0  # outermost ops counted so far
-        self._grew = False  # an op made a LARGE storage since the last reading
 
     def __enter__(self) -> SimulatedTensors:
         self._entered += 1
@@ -57,9 +54,9 @@ class SimulatedTensors(FakeTensorMode):
         counted = self.recording and self._entered == 1
         if counted and self._depth == 0:
             self._outermost += 1
-            if self._grew or self._outermost % SAMPLE_EVERY == 0:
-                self.live.sample()
-                self._grew = False
+            if self._outermost % RESCAN_EVERY == 0:
+                self.live.rescan()
+            self.live.sample()
         if self.recording:
             answer = self.routing.before(func, args, kwargs)
             if answer is not NOT_HANDLED:
@@ -78,6 +75,6 @@ class SimulatedTensors(FakeTensorMode):
             collective = collective_of(func, args, out, self.axes)
             if collective is not None:
                 self.collectives.append(collective)
-        if counted and self.live.track(out) >= LARGE:
-            self._grew = True
+        if counted:
+            self.live.track(out)
         return out

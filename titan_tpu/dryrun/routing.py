@@ -62,6 +62,8 @@ class EvenRouting:
                 self.values[out] = even_counts(args[0].numel(), bins(args, kwargs))
             self.used = True
             return
+        if not self.values:  # no router has run (a dense model): nothing to carry
+            return
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if not any(t in self.values for t in tensors):
             return

@@ -79,6 +79,7 @@ def simulate_step(trainer: DryRunTrainer) -> StepTrace:
             # Read before the optimizer step, which sets them to None.
             gradient_bytes = sum(_local_bytes(p.grad) for p in trainer.trained_params if p.grad is not None)
             trainer.optimizer_step()
+            mode.live.rescan()
             mode.live.sample()
             mode.recording = False
         states = trainer.checkpointer.stateful()
