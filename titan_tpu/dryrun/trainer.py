@@ -27,13 +27,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from titan_tpu.checkpoint import CheckpointManager
 from titan_tpu.config import ResolvedConfig, TrainConfig
 from titan_tpu.device import Device, dtype_name
 from titan_tpu.device.dtype import dtype_from_name
 from titan_tpu.distributed.process_group import ProcessInfo
 from titan_tpu.training.registered_names import RegisteredNames
-from titan_tpu.training.resume_settings import run_settings
 from titan_tpu.training.seeding import seed_everything
 from titan_tpu.training.trainer import Trainer
 
@@ -64,24 +62,10 @@ class DryRunTrainer(Trainer):
         seed_everything(config.training.seed, config.training.deterministic)
 
     def _setup_metrics(self) -> None:
-        self.flops_per_item = self.task.flops_per_item()
+        """No sinks: a dry run writes nothing of the run."""
 
     def _setup_checkpointing(self) -> None:
-        config = self.config
-        self.checkpointer = CheckpointManager(
-            dataclasses.replace(config.checkpoint, enable=False, create_seed_checkpoint=False),
-            self.dump_folder,
-            model=self.model,
-            optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler,
-            dataloader=self.task.data_state(),
-            device_type=self.device.type,
-            pipeline_stages=self.pipeline is not None,
-            run_settings=run_settings(config),
-            trainable_only=config.lora.enable,
+        # Built as the trainer builds it, without a folder, so reading its state dicts writes nothing.
+        self.checkpointer = self._checkpoint_manager(
+            dataclasses.replace(self.config.checkpoint, enable=False, create_seed_checkpoint=False)
         )
-
-    def close(self) -> None:
-        self.task.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()

@@ -28,6 +28,7 @@ from titan_tpu.checkpoint import CheckpointManager
 from titan_tpu.checkpoint.hf_import import check_hf_config
 from titan_tpu.config import ResolvedConfig, TrainConfig, write_resolved_config
 from titan_tpu.config.batch import split_global_batch
+from titan_tpu.config.sections import CheckpointConfig
 from titan_tpu.device import Device, dtype_name, host_peak_flops, resolve_compute_dtype, select_device
 from titan_tpu.device.peak import peak_covering
 from titan_tpu.distributed import process_group
@@ -241,10 +242,10 @@ class Trainer:
         self.metrics = MetricsLogger(self.config.metrics, self.dump_folder, self.is_writer, run_config=run_config)
         self.profiler = StepProfiler(self.config.profiling, self.dump_folder, self.process.rank, self.device.type)
 
-    def _setup_checkpointing(self) -> None:
-        config = self.config
-        self.checkpointer = CheckpointManager(
-            config.checkpoint,
+    def _checkpoint_manager(self, cfg: CheckpointConfig) -> CheckpointManager:
+        """The run's checkpoint manager over its model, optimizer, schedule and data state."""
+        return CheckpointManager(
+            cfg,
             self.dump_folder,
             model=self.model,
             optimizer=self.optimizer,
@@ -252,9 +253,13 @@ class Trainer:
             dataloader=self.task.data_state(),
             device_type=self.device.type,
             pipeline_stages=self.pipeline is not None,
-            run_settings=run_settings(config),
-            trainable_only=config.lora.enable,  # a LoRA run saves its adapters; the base is rebuilt
+            run_settings=run_settings(self.config),
+            trainable_only=self.config.lora.enable,  # a LoRA run saves its adapters; the base is rebuilt
         )
+
+    def _setup_checkpointing(self) -> None:
+        config = self.config
+        self.checkpointer = self._checkpoint_manager(config.checkpoint)
         self.comm.govern_group(self.checkpointer.process_group)
         if not config.checkpoint.create_seed_checkpoint:
             self.step = load_initial_state(
