@@ -114,6 +114,9 @@ def test_experts_shard_on_a_dimension_that_splits_evenly() -> None:
     """4 local experts over 32 FSDP shards: neither the expert dimension nor the 80-wide hidden one
     splits evenly, the 256-wide model dimension does; the step runs with the routing stand-in."""
     report = _run("qwen3_moe_debug", 64, *MOE)
+    experts = {name: shape for name, shape in report.local_shapes.items() if ".experts.w" in name}
+    # w1 / w3 [4, 80, 256] and w2 [4, 256, 80]: the 256-wide dimension split 32 ways.
+    assert experts and all(shape in ([4, 80, 8], [4, 8, 80]) for shape in experts.values())
     assert _sent(report, "all_to_all", "ep")[0] > 0
     assert any("routing" in note for note in report.notes)
 
